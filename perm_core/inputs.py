@@ -127,7 +127,7 @@ def image_to_pixels(image: Image.Image, loaded: LoadedModel) -> torch.Tensor:
         raise InputError(f"{loaded.info.name} takes text, not images.")
     config = loaded.model.config
     if getattr(config, "digits_preprocessing", None) is not None:
-        pixels = _digits_pixels(image, loaded.image_size)
+        pixels = _digits_pixels(image, loaded.image_size, config.digits_preprocessing)
     elif getattr(loaded, "image_processor", None) is not None:
         pixels = loaded.image_processor(images=image.convert("RGB"), return_tensors="pt")["pixel_values"]
     else:
@@ -140,7 +140,7 @@ def image_to_pixels(image: Image.Image, loaded: LoadedModel) -> torch.Tensor:
     return pixels.to(dtype)
 
 
-def _digits_pixels(image: Image.Image, size: int) -> torch.Tensor:
+def _digits_pixels(image: Image.Image, size: int, preprocessing: dict) -> torch.Tensor:
     """Make any picture look like a scikit-learn digit: light strokes on black, 0..16, 8x8.
 
     Inversion heuristic: digits are light-on-dark, most drawings and scans are dark-on-light.
@@ -163,8 +163,10 @@ def _digits_pixels(image: Image.Image, size: int) -> torch.Tensor:
         gray = np.asarray(resized, dtype=np.float32)
         if gray.max() > 0:
             gray = gray * (255.0 / gray.max())
-    raw = torch.from_numpy(gray / 255.0 * digits.PIXEL_SCALE)[None, None]
-    return digits.normalize_pixels(raw)
+    # The constants travel in the model's config.json, so a retrained model brings its own.
+    scale, mean, std = preprocessing["scale"], preprocessing["mean"], preprocessing["std"]
+    raw = torch.from_numpy(gray / 255.0 * scale)[None, None]  # digits' own 0..16 range
+    return (raw / scale - mean) / std
 
 
 def _fit_ink(gray: np.ndarray, threshold: float = 32.0, margin: float = 0.0) -> np.ndarray:

