@@ -7,7 +7,8 @@ Sources:
   random   random:FAMILY[-SIZE], freshly initialized by perm_core.random_models
 A local directory written by save_pretrained (safetensors only) also loads by its path.
 
-Every model is loaded with attn_implementation="eager" (attention maps need it), in eval
+Every model is loaded with eager attention (attention maps need it; perm_core.numerics then
+switches it to the full-precision variant of eager), in eval
 mode, in the requested dtype; parameters are left as loaded (requires_grad untouched).
 """
 
@@ -97,10 +98,12 @@ def meta_param_count(config, auto_class: str = "AutoModel") -> int:
 
 
 def finish(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
-    """The invariant every loader ends with: eager attention, eval mode, requested dtype."""
-    if getattr(model.config, "_attn_implementation", "eager") != "eager":
-        model.set_attn_implementation("eager")
-    return model.to(dtype).eval()
+    """The invariant every loader ends with: exact eager attention, eval mode, requested dtype."""
+    from perm_core.numerics import use_exact_numerics
+
+    model = model.to(dtype).eval()
+    use_exact_numerics(model)
+    return model
 
 
 # --- shipped ---

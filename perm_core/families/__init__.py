@@ -1,0 +1,72 @@
+"""One adapter per architecture: which Hugging Face parameter has which roles, and nothing else."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from perm_core.spec import FamilySpec, Rule
+
+
+class UnsupportedModelError(ValueError):
+    """An architecture this project has no symmetry spec for."""
+
+
+@dataclass(frozen=True)
+class Geometry:
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    d_mlp: int
+    rope: bool  # rotary position embeddings: only rotations inside rotary planes are symmetries
+    first_token_fixed: bool  # a pooled first token ([CLS]) stays in place under token permutation
+    input_kind: str  # "image" | "bidirectional-text" | "causal-text"
+    patch_size: int | None = None
+
+    @property
+    def heads_per_group(self) -> int:
+        return self.n_heads // self.n_kv_heads
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    model_types: tuple[str, ...]
+    classes: tuple[str, ...]  # the Hugging Face classes whose every parameter the spec claims
+    geometry: Callable[[object], Geometry]
+    rules: Callable[[Geometry], tuple[Rule, ...]]
+
+    def spec(self, config) -> FamilySpec:
+        return FamilySpec(self.name, self.rules(self.geometry(config)))
+
+
+def _registry() -> dict[str, Family]:
+    from perm_core.families import bert, gpt2, llama, vit
+
+    return {fam.FAMILY.name: fam.FAMILY for fam in (vit, bert, gpt2, llama)}
+
+
+def supported_summary() -> str:
+    return "; ".join(f"{f.name} ({', '.join(f.classes)})" for f in _registry().values())
+
+
+def family_of(model) -> Family:
+    model_type = getattr(model.config, "model_type", None)
+    class_name = type(model).__name__
+    for family in _registry().values():
+        if model_type in family.model_types:
+            if class_name not in family.classes:
+                break
+            return family
+    raise UnsupportedModelError(
+        f"{class_name} (model_type {model_type!r}) is not supported. Supported: {supported_summary()}."
+    )
+
+
+def family_by_name(name: str) -> Family:
+    registry = _registry()
+    if name not in registry:
+        raise UnsupportedModelError(f"unknown family {name!r}; supported: {', '.join(registry)}")
+    return registry[name]

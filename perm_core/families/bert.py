@@ -1,0 +1,43 @@
+"""BERT (encoder.layer.N.attention.self.{query,key,value}); the MLM decoder is tied to the embeddings."""
+
+from perm_core.families import Family, Geometry
+from perm_core.spec import Rule
+
+P = r"(?:bert\.)?"
+L = P + r"encoder\.layer\.(?P<layer>\d+)\."
+QKV = {"query": "q", "key": "k", "value": "v"}
+
+
+def geometry(config) -> Geometry:
+    d, heads = config.hidden_size, config.num_attention_heads
+    return Geometry(d, config.num_hidden_layers, heads, heads, d // heads, config.intermediate_size,
+                    rope=False, first_token_fixed=True, input_kind="bidirectional-text")
+
+
+def rules(g: Geometry) -> tuple[Rule, ...]:
+    return (
+        Rule(P + r"embeddings\.(?:word|position|token_type)_embeddings\.weight", (None, "resid"), "embedding"),
+        Rule(P + r"embeddings\.LayerNorm\.(?:weight|bias)", ("resid",), "norm"),
+        *(Rule(L + rf"attention\.self\.{n}\.weight", (r, "resid"), f"attn.{r}") for n, r in QKV.items()),
+        *(Rule(L + rf"attention\.self\.{n}\.bias", (r,), f"attn.{r}") for n, r in QKV.items()),
+        Rule(L + r"attention\.output\.dense\.weight", ("resid", "o"), "attn.o"),
+        Rule(L + r"attention\.output\.dense\.bias", ("resid",), "attn.o"),
+        Rule(L + r"(?:attention\.output|output)\.LayerNorm\.(?:weight|bias)", ("resid",), "norm"),
+        Rule(L + r"intermediate\.dense\.weight", ("mlp", "resid"), "mlp.in"),
+        Rule(L + r"intermediate\.dense\.bias", ("mlp",), "mlp.in"),
+        Rule(L + r"output\.dense\.weight", ("resid", "mlp"), "mlp.out"),
+        Rule(L + r"output\.dense\.bias", ("resid",), "mlp.out"),
+        Rule(P + r"pooler\.dense\.weight", ("resid", "resid"), "head"),
+        Rule(P + r"pooler\.dense\.bias", ("resid",), "head"),
+        Rule(r"cls\.predictions\.transform\.dense\.weight", ("resid", "resid"), "head"),
+        Rule(r"cls\.predictions\.transform\.dense\.bias", ("resid",), "head"),
+        Rule(r"cls\.predictions\.transform\.LayerNorm\.(?:weight|bias)", ("resid",), "norm"),
+        Rule(r"cls\.predictions\.decoder\.weight", (None, "resid"), "head"),
+        Rule(r"cls\.predictions\.(?:decoder\.)?bias", (None,), "head"),
+        Rule(r"classifier\.weight", (None, "resid"), "head"),
+        Rule(r"classifier\.bias", (None,), "head"),
+    )
+
+
+FAMILY = Family("bert", ("bert",), ("BertModel", "BertForMaskedLM", "BertForSequenceClassification"),
+                geometry, rules)

@@ -1,0 +1,35 @@
+"""GPT-2: Conv1D weights are stored [in, out]; c_attn fuses q|k|v along its output axis."""
+
+from perm_core.families import Family, Geometry
+from perm_core.spec import Concat, Rule
+
+P = r"(?:transformer\.)?"
+L = P + r"h\.(?P<layer>\d+)\."
+
+
+def geometry(config) -> Geometry:
+    d, heads = config.n_embd, config.n_head
+    return Geometry(d, config.n_layer, heads, heads, d // heads, config.n_inner or 4 * d,
+                    rope=False, first_token_fixed=False, input_kind="causal-text")
+
+
+def rules(g: Geometry) -> tuple[Rule, ...]:
+    qkv = Concat((("q", g.d_model), ("k", g.d_model), ("v", g.d_model)))
+    return (
+        Rule(P + r"wte\.weight", (None, "resid"), "embedding"),
+        Rule(P + r"wpe\.weight", (None, "resid"), "embedding"),
+        Rule(L + r"ln_[12]\.(?:weight|bias)", ("resid",), "norm"),
+        Rule(L + r"attn\.c_attn\.weight", ("resid", qkv), "attn.qkv"),
+        Rule(L + r"attn\.c_attn\.bias", (qkv,), "attn.qkv"),
+        Rule(L + r"attn\.c_proj\.weight", ("o", "resid"), "attn.o"),
+        Rule(L + r"attn\.c_proj\.bias", ("resid",), "attn.o"),
+        Rule(L + r"mlp\.c_fc\.weight", ("resid", "mlp"), "mlp.in"),
+        Rule(L + r"mlp\.c_fc\.bias", ("mlp",), "mlp.in"),
+        Rule(L + r"mlp\.c_proj\.weight", ("mlp", "resid"), "mlp.out"),
+        Rule(L + r"mlp\.c_proj\.bias", ("resid",), "mlp.out"),
+        Rule(P + r"ln_f\.(?:weight|bias)", ("resid",), "norm"),
+        Rule(r"lm_head\.weight", (None, "resid"), "head"),
+    )
+
+
+FAMILY = Family("gpt2", ("gpt2",), ("GPT2Model", "GPT2LMHeadModel"), geometry, rules)

@@ -1,0 +1,82 @@
+"""Integer keys -> permutations and orthogonal matrices, reproducible on every machine.
+
+A key and a purpose string ("channels", "heads/3", ...) seed numpy's PCG64 through a
+SeedSequence; both are platform independent, so the same key gives the same transform
+everywhere and in every process (Python's own hash() is salted per process, crc32 is not).
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import numpy as np
+import torch
+
+KEY_BITS = 64
+MAX_KEY = 2**KEY_BITS - 1
+
+
+class InvalidKeyError(ValueError):
+    """A key that is not an integer in [0, 2**64)."""
+
+
+def validate_key(key) -> int:
+    if isinstance(key, bool) or not isinstance(key, int | np.integer):
+        try:
+            text = str(key).strip()
+            key = int(text)
+        except (TypeError, ValueError):
+            raise InvalidKeyError(f"A key must be a whole number from 0 to 2**64-1, got {key!r}.") from None
+    key = int(key)
+    if not 0 <= key <= MAX_KEY:
+        raise InvalidKeyError(f"A key must be a whole number from 0 to 2**64-1 (18446744073709551615), got {key}.")
+    return key
+
+
+def rng_for(key: int, purpose: str) -> np.random.Generator:
+    key = validate_key(key)
+    words = [key & 0xFFFFFFFF, key >> 32, zlib.crc32(purpose.encode())]
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(words)))
+
+
+def permutation(key: int, n: int, purpose: str) -> torch.Tensor:
+    return torch.from_numpy(rng_for(key, purpose).permutation(n)).long()
+
+
+def permutations(key: int, count: int, n: int, purpose: str) -> torch.Tensor:
+    rng = rng_for(key, purpose)
+    return torch.from_numpy(np.stack([rng.permutation(n) for _ in range(count)])).long()
+
+
+def orthogonal(key: int, count: int, n: int, purpose: str) -> torch.Tensor:
+    """`count` Haar-random n x n orthogonal matrices (QR of a Gaussian, signs fixed), float64."""
+    gauss = torch.from_numpy(rng_for(key, purpose).standard_normal((count, n, n)))
+    q, r = torch.linalg.qr(gauss)
+    return q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1)).unsqueeze(-2)
+
+
+def plane_rotations(key: int, count: int, n: int, purpose: str) -> torch.Tensor:
+    """Rotations that commute with RoPE: one 2-D rotation inside each rotary plane.
+
+    Hugging Face's rotate_half pairs channel i with channel i + n/2, and both carry the same
+    frequency, so a rotation acting only inside those planes commutes with every position's
+    rotary matrix; any other orthogonal map does not.
+    """
+    if n % 2:
+        raise ValueError(f"rotary head size must be even, got {n}")
+    half = n // 2
+    angles = torch.from_numpy(rng_for(key, purpose).uniform(-math.pi, math.pi, (count, half)))
+    blocks = torch.zeros(count, n, n, dtype=torch.float64)
+    idx = torch.arange(half)
+    cos, sin = torch.cos(angles), torch.sin(angles)
+    blocks[:, idx, idx] = cos
+    blocks[:, idx + half, idx + half] = cos
+    blocks[:, idx, idx + half] = -sin
+    blocks[:, idx + half, idx] = sin
+    return blocks
+
+
+def permutation_bits(n: int) -> float:
+    """log2(n!): the key space of a uniformly random permutation of n items."""
+    return math.lgamma(n + 1) / math.log(2)

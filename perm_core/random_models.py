@@ -1,0 +1,93 @@
+"""random:FAMILY models whose norms, biases and position values are far from Hugging Face's init.
+
+HF's init (LayerNorm weight 1, bias 0, position embeddings std 0.02, tiny Q/K) makes a forgotten
+norm or an unmoved position nearly invisible; these weights make every such bug loud.
+"""
+
+from __future__ import annotations
+
+import torch
+import transformers as hf
+
+from perm_core.numerics import use_exact_numerics
+
+RANDOM_SIZES = ("tiny", "base")
+TINY_VOCAB = 120
+
+CONFIGS = {
+    ("vit", "tiny"): lambda: hf.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                          intermediate_size=64, image_size=16, patch_size=4, num_channels=3,
+                                          num_labels=5),
+    ("vit", "base"): lambda: hf.ViTConfig(num_labels=1000),  # ViT-B/16-224
+    ("bert", "tiny"): lambda: hf.BertConfig(vocab_size=TINY_VOCAB, hidden_size=32, num_hidden_layers=2,
+                                            num_attention_heads=4, intermediate_size=64,
+                                            max_position_embeddings=64),
+    ("bert", "base"): lambda: hf.BertConfig(),  # bert-base-uncased
+    ("gpt2", "tiny"): lambda: hf.GPT2Config(vocab_size=TINY_VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                                            bos_token_id=0, eos_token_id=0),
+    ("gpt2", "base"): lambda: hf.GPT2Config(),  # GPT-2 small
+    ("llama", "tiny"): lambda: hf.LlamaConfig(vocab_size=TINY_VOCAB, hidden_size=32, num_hidden_layers=2,
+                                              num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                                              max_position_embeddings=64, tie_word_embeddings=False,
+                                              bos_token_id=0, eos_token_id=0, pad_token_id=None),
+    ("llama", "base"): lambda: hf.LlamaConfig(vocab_size=49152, hidden_size=576, num_hidden_layers=30,
+                                              num_attention_heads=9, num_key_value_heads=3,
+                                              intermediate_size=1536, max_position_embeddings=8192,
+                                              tie_word_embeddings=True, rope_theta=100000.0),  # SmolLM2-135M shape
+}
+DEFAULT_CLASSES = {"vit": "ViTForImageClassification", "bert": "BertForMaskedLM", "gpt2": "GPT2LMHeadModel",
+                   "llama": "LlamaForCausalLM"}
+
+
+def random_config(family: str, size: str = "tiny"):
+    if (family, size) not in CONFIGS:
+        raise ValueError(f"no random model {family}-{size}; families: vit, bert, gpt2, llama; sizes: "
+                         f"{', '.join(RANDOM_SIZES)}")
+    config = CONFIGS[family, size]()
+    config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
+    return config
+
+
+def randomize_(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    generator = torch.Generator().manual_seed(seed)
+    d_model = model.config.hidden_size
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=generator, dtype=torch.float64)
+            if param.dim() == 1:
+                is_scale = name.endswith("weight")  # LayerNorm / RMSNorm gains
+                value = 1.0 + 0.4 * noise if is_scale else 0.3 * noise
+            elif "embed" in name or "wte" in name or "wpe" in name or "cls_token" in name:
+                value = noise
+            else:
+                value = noise * 1.5 / d_model**0.5
+            param.copy_(value.to(param.dtype))
+    return model
+
+
+def build_random_model(family: str, size: str = "tiny", seed: int = 0, model_class: str | None = None,
+                       dtype: torch.dtype = torch.float32):
+    """A small (or real-size) random model of a family and no tokenizer: (model, None)."""
+    config = random_config(family, size)
+    cls = getattr(hf, model_class or DEFAULT_CLASSES[family])
+    torch.manual_seed(seed)
+    model = cls(config).to(dtype)
+    randomize_(model, seed)
+    use_exact_numerics(model)
+    return model.eval(), None
+
+
+def random_inputs(family: str, model, seed: int = 0, n_tokens: int = 12) -> dict:
+    """Inputs for a random model: an image batch, or ids with a padded last position."""
+    generator = torch.Generator().manual_seed(seed)
+    config = model.config
+    if family == "vit":
+        shape = (1, config.num_channels, config.image_size, config.image_size)
+        return {"pixel_values": torch.randn(shape, generator=generator)}
+    ids = torch.randint(0, config.vocab_size, (1, n_tokens), generator=generator)
+    mask = torch.ones_like(ids)
+    mask[:, -1] = 0
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    if family == "bert":
+        inputs["token_type_ids"] = torch.randint(0, 2, (1, n_tokens), generator=generator)
+    return inputs

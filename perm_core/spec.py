@@ -1,0 +1,169 @@
+"""The declarative symmetry spec and the one engine that applies it.
+
+A family spec is a list of rules: a regular expression for a parameter name and, for each axis of
+that parameter, the *role* of the space it lives in ("resid", "q", "mlp", ...). A group element
+(`Scramble`) maps each space to a chain of axis transforms. Applying, inverting and composing are
+written once here, for parameters, gradients and recorded activations alike.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from perm_core.transforms import AxisTransform, Permutation, apply_chain, invert_chain
+
+# Roles that exist once per block: a rule's `(?P<layer>\d+)` group says which block.
+LAYERED_ROLES = frozenset({"q", "k", "v", "o", "mlp", "heads"})
+# Roles of the whole model. "positions" is the token axis of a learned position table (ViT),
+# which moves with the tokens; "tokens" is the sequence axis of activations.
+GLOBAL_ROLES = frozenset({"resid", "tokens", "positions"})
+PIXELS = "pixels"  # an axis spec meaning "this tensor is a whole image batch [B, C, H, W]"
+
+
+class UnclaimedParameterError(ValueError):
+    """A parameter that no rule of the family spec claims: never silently left alone."""
+
+
+@dataclass(frozen=True)
+class Concat:
+    """An axis that is several spaces laid end to end (GPT-2's fused q|k|v projection)."""
+
+    parts: tuple[tuple[str, int], ...]  # (role, size)
+
+
+@dataclass(frozen=True)
+class Rule:
+    pattern: str
+    axes: tuple  # per axis: None (untouched) | role | Concat
+    tag: str  # what the parameter is, e.g. "norm", "attn.k", "mlp.out": negative controls skip by tag
+
+    def match(self, name: str) -> re.Match | None:
+        return re.fullmatch(self.pattern, name)
+
+
+@dataclass(frozen=True)
+class Claim:
+    rule: Rule
+    layer: int | None
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    family: str
+    rules: tuple[Rule, ...]
+
+    def claim(self, name: str) -> Claim:
+        for rule in self.rules:
+            found = rule.match(name)
+            if found:
+                layer = found.groupdict().get("layer")
+                return Claim(rule, int(layer) if layer is not None else None)
+        raise UnclaimedParameterError(
+            f"parameter {name!r} is not claimed by the {self.family} symmetry spec; "
+            "refusing to guess how it transforms"
+        )
+
+    def claim_all(self, names) -> dict[str, Claim]:
+        return {name: self.claim(name) for name in names}
+
+
+@dataclass(frozen=True)
+class Scramble:
+    """One group element: a chain of axis transforms per space, plus an input token permutation.
+
+    `positions_follow_tokens` and `skip_tags` only exist to build negative controls: they change how
+    the element is *applied* to the model, never how its inverse un-scrambles what the model produced.
+    """
+
+    spaces: dict = field(default_factory=dict)  # (role, layer | None) -> tuple[AxisTransform, ...]
+    tokens: Permutation | None = None
+    positions_follow_tokens: bool = True
+    skip_tags: frozenset = frozenset()
+
+    def chain(self, role: str, layer: int | None = None) -> tuple[AxisTransform, ...]:
+        if role in ("tokens", "positions"):
+            if self.tokens is None or (role == "positions" and not self.positions_follow_tokens):
+                return ()
+            return (self.tokens,)
+        return self.spaces.get((role, layer if role in LAYERED_ROLES else None), ())
+
+    def inverse(self) -> Scramble:
+        return Scramble(
+            spaces={space: invert_chain(chain) for space, chain in self.spaces.items()},
+            tokens=self.tokens.inverse() if self.tokens is not None else None,
+        )
+
+    def then(self, other: Scramble) -> Scramble:
+        """This element followed by `other` (what you get applying self, then other)."""
+        spaces = dict(self.spaces)
+        for space, chain in other.spaces.items():
+            spaces[space] = spaces.get(space, ()) + chain
+        tokens = self.tokens
+        if other.tokens is not None:
+            tokens = other.tokens if tokens is None else Permutation(tokens.index[other.tokens.index])
+        return Scramble(spaces, tokens, self.positions_follow_tokens and other.positions_follow_tokens,
+                        self.skip_tags | other.skip_tags)
+
+    def with_controls(self, **changes) -> Scramble:
+        return replace(self, **changes)
+
+    @property
+    def is_identity(self) -> bool:
+        return self.tokens is None and not any(self.spaces.values())
+
+
+def apply_axes(tensor: torch.Tensor, axes, scramble: Scramble, layer: int | None = None,
+               patch_size: int | None = None) -> torch.Tensor:
+    """Transform every axis of `tensor` by the chain of the space its role names."""
+    if axes == PIXELS:
+        from perm_core.tokens import shuffle_patches
+
+        return shuffle_patches(tensor, scramble.tokens, patch_size) if scramble.tokens is not None else tensor
+    if len(axes) != tensor.dim():
+        raise ValueError(f"axis spec {axes} does not fit a tensor of shape {tuple(tensor.shape)}")
+    for axis, role in enumerate(axes):
+        if role is None:
+            continue
+        if isinstance(role, Concat):
+            tensor = _apply_concat(tensor, axis, role, scramble, layer)
+            continue
+        role, role_layer = role if isinstance(role, tuple) else (role, layer)
+        chain = scramble.chain(role, role_layer)
+        if chain:
+            _check_size(chain, tensor.shape[axis], role)
+            tensor = apply_chain(chain, tensor, axis)
+    return tensor
+
+
+def _apply_concat(tensor, axis, concat: Concat, scramble, layer):
+    sizes = [size for _, size in concat.parts]
+    if sum(sizes) != tensor.shape[axis]:
+        raise ValueError(f"fused axis of size {tensor.shape[axis]} does not split into {sizes}")
+    pieces = []
+    for piece, (role, _) in zip(tensor.split(sizes, dim=axis), concat.parts, strict=True):
+        chain = scramble.chain(role, layer)
+        pieces.append(apply_chain(chain, piece, axis) if chain else piece)
+    return torch.cat(pieces, dim=axis)
+
+
+def _check_size(chain, size, role):
+    for transform in chain:
+        if transform.size != size:
+            raise ValueError(f"a {role} transform of size {transform.size} cannot act on an axis of size {size}")
+
+
+def transform_params(params: dict[str, torch.Tensor], spec: FamilySpec, scramble: Scramble,
+                     claims: dict[str, Claim] | None = None) -> dict[str, torch.Tensor]:
+    """The parameter dict of the transformed model. Untouched tensors are shared, never copied."""
+    claims = claims or spec.claim_all(params)
+    transformed = {}
+    for name, tensor in params.items():
+        claim = claims[name]
+        if claim.rule.tag in scramble.skip_tags:
+            transformed[name] = tensor
+        else:
+            transformed[name] = apply_axes(tensor, claim.rule.axes, scramble, claim.layer)
+    return transformed

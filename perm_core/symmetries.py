@@ -1,0 +1,227 @@
+"""Each symmetry, built from a key for a model's geometry, and the negative controls that must break.
+
+Per-block transforms draw from the key with purpose strings like "mlp/3", so one key gives every
+block its own permutation, and different symmetries of the same key are independent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from perm_core import keys
+from perm_core.families import Geometry
+from perm_core.spec import Scramble
+from perm_core.transforms import BlockOrthogonal, Permutation
+
+SYMMETRIES = ("tokens", "channels", "heads", "head_channels", "mlp", "rotation")
+WEIGHT_SYMMETRIES = SYMMETRIES[1:]
+DESCRIPTIONS = {
+    "tokens": "inter-token permutation of the input (positions move with their tokens)",
+    "channels": "intra-token permutation of the residual stream, weights permuted to match",
+    "heads": "permutation of attention heads (key/value groups move with their query heads)",
+    "head_channels": "permutation of channels inside each head (one for Q/K, one for V/O)",
+    "mlp": "permutation of MLP hidden neurons",
+    "rotation": "per-head orthogonal rotations: Q/K by R, V by S and O by S^T",
+}
+
+
+def token_permutation(key: int, n_tokens: int, first_token_fixed: bool) -> Permutation:
+    if not first_token_fixed:
+        return Permutation(keys.permutation(key, n_tokens, "tokens"))
+    rest = keys.permutation(key, n_tokens - 1, "tokens") + 1
+    return Permutation(torch.cat([torch.zeros(1, dtype=torch.long), rest]))
+
+
+def _channel_index(head_index: torch.Tensor, channel_perms: torch.Tensor | None, head_dim: int) -> torch.Tensor:
+    """Flat (head, channel) gather index: new head j holds old head head_index[j], channels permuted."""
+    channels = torch.arange(head_dim).expand(len(head_index), head_dim)
+    if channel_perms is not None:
+        channels = channel_perms
+    return (head_index[:, None] * head_dim + channels).flatten()
+
+
+def _per_layer(g: Geometry, build: Callable[[int], dict]) -> dict:
+    spaces = {}
+    for layer in range(g.n_layers):
+        spaces.update({(role, layer): chain for role, chain in build(layer).items()})
+    return spaces
+
+
+def channels(key: int, g: Geometry) -> Scramble:
+    return Scramble({("resid", None): (Permutation(keys.permutation(key, g.d_model, "channels")),)})
+
+
+def heads(key: int, g: Geometry) -> Scramble:
+    rep = g.heads_per_group
+
+    def build(layer):
+        groups = keys.permutation(key, g.n_kv_heads, f"heads/{layer}/groups")
+        within = keys.permutations(key, g.n_kv_heads, rep, f"heads/{layer}/within")
+        q_heads = (groups[:, None] * rep + within).flatten()
+        q_index = Permutation(_channel_index(q_heads, None, g.head_dim))
+        kv_index = Permutation(_channel_index(groups, None, g.head_dim))
+        return {"q": (q_index,), "o": (q_index,), "k": (kv_index,), "v": (kv_index,),
+                "heads": (Permutation(q_heads),)}
+
+    return Scramble(_per_layer(g, build))
+
+
+def head_channels(key: int, g: Geometry, permute_qk: bool | None = None) -> Scramble:
+    """On RoPE models Q/K channels cannot move (each rotary plane has its own frequency): V/O only."""
+    permute_qk = not g.rope if permute_qk is None else permute_qk
+    rep = g.heads_per_group
+    q_heads, kv_heads = torch.arange(g.n_heads), torch.arange(g.n_kv_heads)
+
+    def build(layer):
+        spaces = {}
+        pairs = (("qk", "q", "k"), ("vo", "o", "v")) if permute_qk else (("vo", "o", "v"),)
+        for purpose, query_side, kv_side in pairs:
+            perms = keys.permutations(key, g.n_kv_heads, g.head_dim, f"head_channels/{layer}/{purpose}")
+            spaces[query_side] = (Permutation(_channel_index(q_heads, perms.repeat_interleave(rep, 0),
+                                                             g.head_dim)),)
+            spaces[kv_side] = (Permutation(_channel_index(kv_heads, perms, g.head_dim)),)
+        return spaces
+
+    return Scramble(_per_layer(g, build))
+
+
+def mlp(key: int, g: Geometry) -> Scramble:
+    return Scramble(_per_layer(g, lambda layer: {"mlp": (Permutation(keys.permutation(key, g.d_mlp,
+                                                                                      f"mlp/{layer}")),)}))
+
+
+def rotation(key: int, g: Geometry, general_qk: bool | None = None, k_key: int | None = None) -> Scramble:
+    """Q and K by R, V by S and O by S^T, one (R, S) per key/value group. RoPE: R inside rotary planes."""
+    general_qk = not g.rope if general_qk is None else general_qk
+    rep = g.heads_per_group
+
+    def build(layer):
+        def qk_blocks(k):
+            if general_qk:
+                return keys.orthogonal(k, g.n_kv_heads, g.head_dim, f"rotation/{layer}/qk")
+            return keys.plane_rotations(k, g.n_kv_heads, g.head_dim, f"rotation/{layer}/qk")
+
+        r = qk_blocks(key)
+        r_k = r if k_key is None else qk_blocks(k_key)
+        s = keys.orthogonal(key, g.n_kv_heads, g.head_dim, f"rotation/{layer}/vo")
+        return {"q": (BlockOrthogonal(r.repeat_interleave(rep, 0)),), "k": (BlockOrthogonal(r_k),),
+                "v": (BlockOrthogonal(s),), "o": (BlockOrthogonal(s.repeat_interleave(rep, 0)),)}
+
+    return Scramble(_per_layer(g, build))
+
+
+def build(name: str, key: int, g: Geometry, n_tokens: int | None = None) -> Scramble:
+    key = keys.validate_key(key)
+    if name == "tokens":
+        if not n_tokens:
+            raise ValueError("the tokens symmetry needs the number of input tokens")
+        return Scramble(tokens=token_permutation(key, n_tokens, g.first_token_fixed))
+    builders = {"channels": channels, "heads": heads, "head_channels": head_channels, "mlp": mlp,
+                "rotation": rotation}
+    if name not in builders:
+        raise ValueError(f"unknown symmetry {name!r}; choose from {', '.join(SYMMETRIES)}")
+    return builders[name](key, g)
+
+
+def build_many(key_by_symmetry: dict[str, int], g: Geometry, n_tokens: int | None = None) -> Scramble:
+    """Compose several symmetries, each with its own key, in the canonical order."""
+    element = Scramble()
+    for name in SYMMETRIES:
+        if name in key_by_symmetry:
+            element = element.then(build(name, key_by_symmetry[name], g, n_tokens))
+    return element
+
+
+@dataclass(frozen=True)
+class Control:
+    symmetry: str
+    name: str
+    description: str
+    scramble: Scramble  # applied to the model; un-scrambling still uses the intended element
+
+
+def _mismatched_qk(element: Scramble) -> Scramble:
+    """Keys left as they were while queries move: the Q/K pairing inside each head is broken."""
+    return Scramble({s: c for s, c in element.spaces.items() if s[0] != "k"})
+
+
+def _heads_out_of_step(element: Scramble, g: Geometry) -> Scramble:
+    """Key/value heads shifted one group further than their query heads, for any key."""
+    spaces = dict(element.spaces)
+    for layer in range(g.n_layers):
+        kv_index = spaces[("k", layer)][0].index.view(g.n_kv_heads, g.head_dim).roll(1, 0).flatten()
+        spaces[("k", layer)] = spaces[("v", layer)] = (Permutation(kv_index),)
+    return Scramble(spaces)
+
+
+def _nontrivial_tokens(element: Scramble) -> Scramble:
+    """A control needs tokens that really move: an identity draw becomes a cyclic shift."""
+    index = element.tokens.index
+    if torch.equal(index, torch.arange(len(index))):
+        start = 1 if index[0] == 0 and len(index) > 2 else 0
+        index = torch.cat([index[:start], index[start:].roll(1)])
+    return Scramble(tokens=Permutation(index))
+
+
+def controls(name: str, key: int, g: Geometry, n_tokens: int | None = None) -> list[Control]:
+    """Near misses of each symmetry; every one of them must visibly break the model."""
+    element = build(name, key, g, n_tokens)
+    found = []
+    if name == "tokens":
+        if n_tokens - (1 if g.first_token_fixed else 0) >= 2:
+            moving = _nontrivial_tokens(element)
+            found.append(Control(name, "positions_not_moved", "tokens shuffled but their positions not",
+                                 moving.with_controls(positions_follow_tokens=False)))
+    elif name == "channels":
+        found.append(Control(name, "norms_not_permuted", "forget to permute the LayerNorm/RMSNorm weights",
+                             element.with_controls(skip_tags=frozenset({"norm"}))))
+        rotation_of_resid = BlockOrthogonal(keys.orthogonal(key, 1, g.d_model, "channels/rotation"))
+        found.append(Control(name, "residual_rotation", "a general rotation of the residual stream",
+                             Scramble({("resid", None): (rotation_of_resid,)})))
+    elif name == "heads":
+        if g.n_kv_heads > 1:
+            found.append(Control(name, "keys_moved_wrongly", "query heads and key/value heads out of step",
+                                 _heads_out_of_step(element, g)))
+        if g.n_kv_heads == g.n_heads:
+            across = Permutation(keys.permutation(key, g.n_heads * g.head_dim, "heads/across"))
+            found.append(Control(name, "qk_across_heads", "one Q/K channel permutation that crosses heads",
+                                 Scramble(_per_layer(g, lambda layer: {"q": (across,), "k": (across,)}))))
+    elif name == "head_channels":
+        qk = head_channels(key, g, permute_qk=True)
+        found.append(Control(name, "keys_not_permuted", "query channels permuted, key channels not",
+                             _mismatched_qk(qk)))
+        if g.rope:
+            found.append(Control(name, "qk_channels_with_rope", "Q/K channel permutation on a RoPE model", qk))
+    elif name == "mlp":
+        found.append(Control(name, "output_not_permuted", "MLP input side permuted, output projection not",
+                             element.with_controls(skip_tags=frozenset({"mlp.out"}))))
+    elif name == "rotation":
+        found.append(Control(name, "keys_rotated_differently", "Q rotated by R, K by another rotation",
+                             rotation(key, g, k_key=keys.validate_key(key) ^ 0x5EED)))
+        if g.rope:
+            found.append(Control(name, "general_rotation_with_rope",
+                                 "a general Q/K rotation on a RoPE model", rotation(key, g, general_qk=True)))
+    return found
+
+
+def key_space_bits(name: str, g: Geometry, n_tokens: int | None = None) -> float:
+    """log2 of the number of distinct elements; rotations are continuous (inf)."""
+    perm_bits = keys.permutation_bits
+    if name == "tokens":
+        return perm_bits((n_tokens or 1) - (1 if g.first_token_fixed else 0))
+    if name == "channels":
+        return perm_bits(g.d_model)
+    if name == "heads":
+        rep = g.heads_per_group
+        return g.n_layers * (perm_bits(g.n_kv_heads) + g.n_kv_heads * perm_bits(rep))
+    if name == "head_channels":
+        sides = 1 if g.rope else 2
+        return g.n_layers * sides * g.n_kv_heads * perm_bits(g.head_dim)
+    if name == "mlp":
+        return g.n_layers * perm_bits(g.d_mlp)
+    if name == "rotation":
+        return float("inf")
+    raise ValueError(f"unknown symmetry {name!r}")

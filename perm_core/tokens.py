@@ -1,0 +1,68 @@
+"""Inter-token permutation of model inputs: ids, position ids, token types, masks, image patches.
+
+Positions travel with their tokens (position ids for text; for ViT the learned position table is
+permuted by the spec's "positions" role), so the model sees the same set of (token, position) pairs.
+Causal models get the causal mask as an additive float 4D mask built from the permuted positions:
+query i may attend key j iff position[j] <= position[i]. (A bool 4D mask is silently wrong in eager.)
+"""
+
+from __future__ import annotations
+
+import torch
+from einops import rearrange
+
+from perm_core.families import Geometry
+from perm_core.spec import Scramble
+from perm_core.transforms import Permutation
+
+
+def shuffle_patches(pixels: torch.Tensor, tokens: Permutation, patch_size: int) -> torch.Tensor:
+    """Rearrange an image batch [B, C, H, W] as a mosaic; token 0 is ViT's class token, not a patch."""
+    patch_order = tokens.index[1:] - 1
+    height = pixels.shape[-2] // patch_size
+    patches = rearrange(pixels, "b c (h p1) (w p2) -> b (h w) c p1 p2", p1=patch_size, p2=patch_size)
+    patches = patches[:, patch_order.to(pixels.device)]
+    return rearrange(patches, "b (h w) c p1 p2 -> b c (h p1) (w p2)", h=height)
+
+
+def n_tokens(inputs: dict, g: Geometry) -> int:
+    if g.input_kind == "image":
+        pixels = inputs["pixel_values"]
+        return (pixels.shape[-2] // g.patch_size) * (pixels.shape[-1] // g.patch_size) + 1
+    return inputs["input_ids"].shape[1]
+
+
+def model_inputs(inputs: dict, g: Geometry, scramble: Scramble, dtype: torch.dtype) -> dict:
+    """The keyword arguments for the stock model, with the scramble's token permutation applied."""
+    tokens = scramble.tokens
+    if g.input_kind == "image":
+        pixels = inputs["pixel_values"].to(dtype)
+        return {"pixel_values": shuffle_patches(pixels, tokens, g.patch_size) if tokens is not None else pixels}
+    ids = inputs["input_ids"]
+    batch, length = ids.shape
+    mask = inputs.get("attention_mask")
+    mask = torch.ones_like(ids) if mask is None else mask
+    positions = torch.arange(length, device=ids.device).expand(batch, length)
+    token_types = inputs.get("token_type_ids")
+    if tokens is not None:
+        order = tokens.index.to(ids.device)
+        ids, mask = ids[:, order], mask[:, order]
+        token_types = token_types[:, order] if token_types is not None else None
+        if scramble.positions_follow_tokens:
+            positions = positions[:, order]
+    kwargs = {"input_ids": ids, "position_ids": positions}
+    if g.input_kind == "bidirectional-text":
+        kwargs["attention_mask"] = mask
+        if token_types is not None:
+            kwargs["token_type_ids"] = token_types
+    else:
+        kwargs["attention_mask"] = causal_float_mask(positions, mask, dtype)
+    return kwargs
+
+
+def causal_float_mask(positions: torch.Tensor, padding_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    allowed = positions[:, None, :] <= positions[:, :, None]  # [B, query, key]
+    allowed = allowed & padding_mask[:, None, :].bool()
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=positions.device)
+    mask = mask.masked_fill(~allowed, torch.finfo(dtype).min)
+    return mask[:, None]  # [B, 1, query, key]

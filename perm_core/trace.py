@@ -1,0 +1,103 @@
+"""Run a stock model through functional_call and record everything under one naming scheme.
+
+Names, the same for every family:
+  embed                      the embedding output fed to block 0           [B, T, d]
+  blocks.{i}.hidden          the residual stream after block i             [B, T, d]
+  blocks.{i}.attn            attention probabilities of block i            [B, H, T, T]
+  output.logits / output.pooler / output.last_hidden
+  grad.input                 d loss / d pixels (ViT) or d loss / d embed (text)
+  grad.blocks.{i}.hidden     d loss / d hidden state
+  grad.param.{name}          d loss / d parameter
+Every record carries its axis roles, so the spec engine can un-scramble it like a weight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.func import functional_call
+
+from perm_core.families import Geometry
+from perm_core.spec import PIXELS, Claim
+
+TOKEN_RESID = (None, "tokens", "resid")
+
+
+@dataclass
+class Record:
+    tensor: torch.Tensor
+    axes: object  # axis roles, or PIXELS
+    layer: int | None = None
+
+
+def invariant_loss(primary: torch.Tensor) -> torch.Tensor:
+    """A loss every symmetry leaves unchanged (it only sees the multiset of output entries)."""
+    flat = primary.flatten()
+    return torch.logsumexp(flat, 0) + flat.square().mean()
+
+
+def run(model, params: dict, kwargs: dict, g: Geometry, claims: dict[str, Claim] | None = None,
+        backward: bool = False) -> dict[str, Record]:
+    if backward:
+        params = {name: p.detach().requires_grad_(True) for name, p in params.items()}
+        if "pixel_values" in kwargs:
+            kwargs = {**kwargs, "pixel_values": kwargs["pixel_values"].detach().requires_grad_(True)}
+    context = torch.enable_grad() if backward else torch.no_grad()
+    with context:
+        out = functional_call(model, params, args=(), kwargs={**kwargs, "output_hidden_states": True,
+                                                            "output_attentions": True}, strict=False)
+        records = _forward_records(out, model, g)
+        if backward:
+            records.update(_backward_records(out, records, params, kwargs, claims, g))
+    for record in records.values():
+        record.tensor = record.tensor.detach()
+    return records
+
+
+def _forward_records(out, model, g: Geometry) -> dict[str, Record]:
+    hidden = out.hidden_states
+    records = {"embed": Record(hidden[0], TOKEN_RESID)}
+    for i, state in enumerate(hidden[1:]):
+        records[f"blocks.{i}.hidden"] = Record(state, TOKEN_RESID)
+    for i, probs in enumerate(out.attentions):
+        records[f"blocks.{i}.attn"] = Record(probs, (None, ("heads", i), "tokens", "tokens"))
+    logits = getattr(out, "logits", None)
+    if logits is not None:
+        per_token = logits.dim() == 3  # language-model heads; classifiers pool to [B, classes]
+        records["output.logits"] = Record(logits, (None, "tokens", None) if per_token else (None, None))
+    if getattr(out, "pooler_output", None) is not None:
+        records["output.pooler"] = Record(out.pooler_output, (None, "resid"))
+    if getattr(out, "last_hidden_state", None) is not None:
+        records["output.last_hidden"] = Record(out.last_hidden_state, TOKEN_RESID)
+    return records
+
+
+def primary_output(records: dict[str, Record]) -> torch.Tensor:
+    for name in ("output.logits", "output.last_hidden"):
+        if name in records:
+            return records[name].tensor
+    raise ValueError("the model produced neither logits nor a last hidden state")
+
+
+def _backward_records(out, records, params, kwargs, claims, g: Geometry) -> dict[str, Record]:
+    loss = invariant_loss(primary_output(records))
+    image = "pixel_values" in kwargs
+    hidden_names = ["embed"] + [f"blocks.{i}.hidden" for i in range(len(out.hidden_states) - 1)]
+    hidden_names = [n for n in hidden_names if records[n].tensor.requires_grad]
+    targets = [records[n].tensor for n in hidden_names] + list(params.values())
+    if image:
+        targets.append(kwargs["pixel_values"])
+    grads = torch.autograd.grad(loss, targets, allow_unused=True)
+    result = {}
+    for name, grad in zip(hidden_names, grads, strict=False):
+        # For text the embedding output is the model's input; for images the pixels are.
+        label = "grad.input" if name == "embed" and not image else f"grad.{name}"
+        if grad is not None:
+            result[label] = Record(grad, records[name].axes)
+    for name, grad in zip(params, grads[len(hidden_names):], strict=False):
+        if grad is not None:
+            result[f"grad.param.{name}"] = Record(grad, claims[name].rule.axes, claims[name].layer)
+    if image and grads[-1] is not None:
+        result["grad.input"] = Record(grads[-1], PIXELS)
+    return result

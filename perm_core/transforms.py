@@ -1,0 +1,66 @@
+"""The two kinds of group element that act on one axis, and chains of them.
+
+Both act the same way on every axis, input or output: new[..., i, ...] = sum_j M[i, j] old[..., j, ...].
+For an orthogonal M that is W' = M W on an output axis and W' = W M^T on an input axis, which is
+exactly what keeps a layer's function; a permutation is the special case M[i, j] = [j == index[i]],
+done as a gather (O(n) per slice instead of a matmul).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from einops import rearrange
+
+
+@dataclass(frozen=True)
+class Permutation:
+    index: torch.Tensor  # [n] long: new position i holds old position index[i]
+
+    @property
+    def size(self) -> int:
+        return self.index.numel()
+
+    def apply(self, tensor: torch.Tensor, axis: int) -> torch.Tensor:
+        return tensor.index_select(axis, self.index.to(tensor.device))
+
+    def inverse(self) -> Permutation:
+        return Permutation(torch.argsort(self.index))
+
+    def matrix(self) -> torch.Tensor:
+        return torch.eye(self.size, dtype=torch.float64)[self.index]
+
+
+@dataclass(frozen=True)
+class BlockOrthogonal:
+    blocks: torch.Tensor  # [n_blocks, b, b] float64, block-diagonal orthogonal map on n_blocks * b channels
+
+    @property
+    def size(self) -> int:
+        return self.blocks.shape[0] * self.blocks.shape[1]
+
+    def apply(self, tensor: torch.Tensor, axis: int) -> torch.Tensor:
+        blocks = self.blocks.to(device=tensor.device, dtype=tensor.dtype)
+        moved = rearrange(tensor.movedim(axis, -1), "... (n b) -> ... n b", n=blocks.shape[0])
+        rotated = torch.einsum("...nj,nij->...ni", moved, blocks)
+        return rearrange(rotated, "... n b -> ... (n b)").movedim(-1, axis)
+
+    def inverse(self) -> BlockOrthogonal:
+        return BlockOrthogonal(self.blocks.transpose(-1, -2))
+
+    def matrix(self) -> torch.Tensor:
+        return torch.block_diag(*self.blocks)
+
+
+AxisTransform = Permutation | BlockOrthogonal
+
+
+def apply_chain(chain: tuple[AxisTransform, ...], tensor: torch.Tensor, axis: int) -> torch.Tensor:
+    for transform in chain:
+        tensor = transform.apply(tensor, axis)
+    return tensor
+
+
+def invert_chain(chain: tuple[AxisTransform, ...]) -> tuple[AxisTransform, ...]:
+    return tuple(t.inverse() for t in reversed(chain))
