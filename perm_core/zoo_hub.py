@@ -11,9 +11,9 @@ instantiation on the meta device, so list_models() knows them without any downlo
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 
 import torch
@@ -69,11 +69,24 @@ HUB_MODELS: dict[str, HubModel] = {
 def hub_offline() -> bool:
     from huggingface_hub import constants
 
-    return bool(constants.HF_HUB_OFFLINE) or os.environ.get("HF_HUB_OFFLINE", "").lower() in (
-        "1",
-        "true",
-        "yes",
-    )
+    flagged = bool(constants.HF_HUB_OFFLINE) or os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+    return flagged or not hub_reachable()
+
+
+@functools.cache
+def hub_reachable(timeout_s: float = 2.0) -> bool:
+    """One quick TCP connect instead of the hub client's minute of retries on a closed network."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    host = urlparse(constants.ENDPOINT).hostname
+    try:
+        socket.create_connection((host, 443), timeout=timeout_s).close()
+        return True
+    except OSError:
+        return False
 
 
 def is_cached(repo_id: str) -> bool:
@@ -88,7 +101,7 @@ def is_cached(repo_id: str) -> bool:
     )
 
 
-@cache
+@functools.cache
 def hub_param_count(name: str) -> int | None:
     from transformers import AutoConfig
 

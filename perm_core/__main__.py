@@ -1,0 +1,38 @@
+"""python -m perm_core COMMAND ...  (run with --help for the list of commands)
+
+Each command lives in perm_core/commands/NAME.py with `register(subparsers)`; the module's
+`run(args) -> int` is the exit code. Exit 2 means bad usage or a model that cannot be used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+import perm_core.commands as commands_package
+from perm_core.commands import UsageError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m perm_core",
+                                     description="Exact symmetries of Transformers: check, scramble, apply.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for info in sorted(pkgutil.iter_modules(commands_package.__path__), key=lambda m: m.name):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"perm_core.commands.{info.name}").register(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,25 @@
+"""CLI commands: one module each, with register(subparsers) setting `run` as the handler."""
+
+from __future__ import annotations
+
+import torch
+
+
+class UsageError(Exception):
+    """Bad usage or an unusable model: one line on stderr, exit code 2."""
+
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def load_or_usage_error(name: str, dtype: torch.dtype = torch.float32):
+    """A zoo model, or UsageError with the loader's one-line reason (unknown, offline, unsupported)."""
+    from perm_core.families import UnsupportedModelError, family_of
+    from perm_core.zoo import ModelLoadError, load_model
+
+    try:
+        loaded = load_model(name, dtype=dtype)
+        family_of(loaded.model)
+    except (ModelLoadError, UnsupportedModelError, OSError, ValueError) as error:
+        raise UsageError(str(error).splitlines()[0] if str(error) else type(error).__name__) from None
+    return loaded

@@ -1,0 +1,51 @@
+"""python -m perm_core check MODEL [--symmetry NAME ...] [--key N] [--dtype float32|float64] [--json]"""
+
+from __future__ import annotations
+
+import json
+
+from perm_core.commands import DTYPES, UsageError, load_or_usage_error
+from perm_core.symmetries import SYMMETRIES
+
+
+def register(sub) -> None:
+    parser = sub.add_parser("check", help="verify every symmetry forward and backward, with negative controls")
+    parser.add_argument("model", help="zoo name (see `models`), random:FAMILY, or a save_pretrained directory")
+    parser.add_argument("--symmetry", action="append", choices=SYMMETRIES,
+                        help="repeatable; default: all of them")
+    parser.add_argument("--key", type=str, default="0", help="integer key, 0 .. 2**64-1 (default 0)")
+    parser.add_argument("--dtype", choices=DTYPES, default="float64")
+    parser.add_argument("--json", action="store_true", help="machine-readable report on stdout")
+    parser.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from perm_core.defaults import default_inputs
+    from perm_core.keys import InvalidKeyError, validate_key
+    from perm_core.verify import check
+
+    try:
+        key = validate_key(args.key)
+    except InvalidKeyError as error:
+        raise UsageError(str(error)) from None
+    loaded = load_or_usage_error(args.model, DTYPES[args.dtype])
+    report = check(loaded.model, default_inputs(loaded), args.symmetry or SYMMETRIES, key, model_name=args.model)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        print(format_report(report))
+    return 0 if report.passed else 1
+
+
+def format_report(report) -> str:
+    lines = [f"{report.model}  ({report.family}, {report.dtype})", "",
+             f"{'symmetry':<14} {'direction':<9} {'max abs err':>12} {'max rel err':>12} {'tolerance':>10}  result"]
+    for c in report.checks:
+        lines.append(f"{c.symmetry:<14} {c.direction:<9} {c.max_abs_error:>12.2e} {c.max_rel_error:>12.2e} "
+                     f"{c.tolerance:>10.0e}  {'pass' if c.passed else 'FAIL'}")
+    lines += ["", f"{'negative control':<40} {'max rel err':>12}  result"]
+    for c in report.controls:
+        lines.append(f"{c.symmetry + ': ' + c.name:<40} {c.max_rel_error:>12.2e}  "
+                     f"{'broken (as it must be)' if c.broken else 'NOT BROKEN'}")
+    lines += ["", "PASSED" if report.passed else "FAILED"]
+    return "\n".join(lines)
