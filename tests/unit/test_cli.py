@@ -1,0 +1,109 @@
+"""The CLI: JSON shape, exit codes, scramble round trip through plain transformers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import transformers as hf
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cli(*args, timeout=300):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "perm_core", *args], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=timeout)
+
+
+def test_check_json_shape_and_exit_zero():
+    result = cli("check", "random:gpt2", "--symmetry", "channels", "--symmetry", "tokens", "--key", "99",
+                 "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert set(report) == {"model", "family", "dtype", "passed", "checks", "controls"}
+    assert (report["model"], report["family"], report["dtype"], report["passed"]) == (
+        "random:gpt2", "gpt2", "float64", True)
+    assert {(c["symmetry"], c["direction"]) for c in report["checks"]} == {
+        (s, d) for s in ("channels", "tokens", "all") for d in ("forward", "backward")}
+    for c in report["checks"]:
+        assert set(c) == {"symmetry", "direction", "passed", "max_abs_error", "max_rel_error", "tolerance",
+                          "tensors"}
+        assert c["passed"] and c["max_rel_error"] < 1e-9 and c["tolerance"] == 1e-9
+        assert all(set(t) == {"name", "max_abs_error", "max_rel_error"} for t in c["tensors"])
+    assert report["controls"]
+    for c in report["controls"]:
+        assert set(c) == {"symmetry", "name", "broken", "max_rel_error"}
+        assert c["broken"] and c["max_rel_error"] > 1e-2
+
+
+def test_check_table_float32():
+    result = cli("check", "random:llama", "--symmetry", "rotation", "--dtype", "float32")
+    assert result.returncode == 0, result.stderr
+    assert "general_rotation_with_rope" in result.stdout and "PASSED" in result.stdout
+    assert "1e-04" in result.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (("check", "random:deberta"), "vit, bert, gpt2, llama"),
+    (("check", "no-such-model"), "nknown model"),
+    (("check", "random:vit", "--key", "-1"), "A key must be a whole number"),
+    (("check", "random:vit", "--key", str(10**30)), "A key must be a whole number"),
+    (("check", "gpt2"), "offline"),
+    (("scramble", "random:vit", "--symmetry", "tokens", "--key", "1", "--out", "/tmp/never"), "tokens"),
+])
+def test_bad_usage_exits_2_with_one_line(args, message):
+    result = cli(*args)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_unsupported_local_directory_exits_2(tmp_path):
+    config = hf.DebertaV2Config(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                intermediate_size=64)
+    hf.DebertaV2Model(config).save_pretrained(tmp_path / "deberta")
+    result = cli("check", str(tmp_path / "deberta"))
+    assert result.returncode == 2
+    assert "not supported" in result.stderr and "llama" in result.stderr
+
+
+def test_a_broken_spec_exits_1(tmp_path, monkeypatch):
+    """If the engine were wrong the exit code says so: forget the norms in the real spec."""
+    import dataclasses
+
+    from perm_core.commands import check as check_command
+    from perm_core.families import bert
+
+    def rules_without_norms(g):
+        return tuple(dataclasses.replace(r, axes=(None,) * len(r.axes)) if r.tag == "norm" else r
+                     for r in bert.rules(g))
+
+    monkeypatch.setattr(bert, "FAMILY", dataclasses.replace(bert.FAMILY, rules=rules_without_norms))
+    args = type("Args", (), {"model": "random:bert", "symmetry": ["channels"], "key": "3", "dtype": "float64",
+                             "json": True})
+    assert check_command.run(args) == 1
+
+
+def test_scramble_writes_a_function_identical_model(tmp_path):
+    out = tmp_path / "scrambled"
+    result = cli("scramble", "random:gpt2", "--symmetry", "channels", "--symmetry", "heads",
+                 "--symmetry", "mlp", "--key", "7", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    record = json.loads((out / "key.json").read_text())
+    assert record["key"] == 7 and set(record["symmetries"]) == {"channels", "heads", "mlp"}
+    assert (out / "model.safetensors").exists() and not list(out.glob("*.bin"))
+    from perm_core.random_models import build_random_model, random_inputs
+    original, _ = build_random_model("gpt2")
+    scrambled = hf.AutoModelForCausalLM.from_pretrained(out).eval()
+    inputs = random_inputs("gpt2", original)
+    with torch.no_grad():
+        a, b = original(**inputs).logits, scrambled(**inputs).logits
+    assert (a - b).abs().max() / a.abs().max() < 1e-5
+    assert (original.transformer.wte.weight - scrambled.transformer.wte.weight).abs().max() > 0.5

@@ -1,0 +1,59 @@
+"""Keys: reproducible across processes, validated, with a key-space size."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from perm_core import keys, symmetries
+from perm_core.families import family_by_name
+from perm_core.random_models import random_config
+
+SNIPPET = "from perm_core import keys; print(keys.permutation(987654321, 20, 'channels').tolist(), " \
+          "keys.orthogonal(3, 1, 3, 'rotation/0/qk').flatten().tolist())"
+
+
+def test_same_key_same_transform_in_another_process():
+    here = str(keys.permutation(987654321, 20, "channels").tolist()) + " " + str(
+        keys.orthogonal(3, 1, 3, "rotation/0/qk").flatten().tolist())
+    there = subprocess.run([sys.executable, "-c", SNIPPET], capture_output=True, text=True, check=True,
+                           env={"PYTHONHASHSEED": "123", "PATH": ""}, cwd=".").stdout.strip()
+    assert there == here
+
+
+def test_different_keys_and_purposes_differ():
+    assert not torch.equal(keys.permutation(1, 50, "channels"), keys.permutation(2, 50, "channels"))
+    assert not torch.equal(keys.permutation(1, 50, "mlp/0"), keys.permutation(1, 50, "mlp/1"))
+    assert sorted(keys.permutation(1, 50, "x").tolist()) == list(range(50))
+
+
+@pytest.mark.parametrize("bad", [-1, 10**30, "abc", 2**64, 1.5, "", None])
+def test_bad_keys_get_a_clear_message(bad):
+    with pytest.raises(keys.InvalidKeyError, match="A key must be a whole number from 0 to 2\\*\\*64-1"):
+        keys.validate_key(bad)
+
+
+def test_good_keys_accepted():
+    assert keys.validate_key("42") == 42
+    assert keys.validate_key(2**64 - 1) == 2**64 - 1
+
+
+def test_orthogonal_and_plane_rotations():
+    q = keys.orthogonal(5, 3, 8, "r")
+    assert torch.allclose(q @ q.transpose(1, 2), torch.eye(8, dtype=torch.float64).expand(3, 8, 8), atol=1e-13)
+    p = keys.plane_rotations(5, 2, 8, "r")
+    assert torch.allclose(p @ p.transpose(1, 2), torch.eye(8, dtype=torch.float64).expand(2, 8, 8), atol=1e-13)
+    # only planes (i, i+4) are mixed
+    assert p[0, 0, 1] == 0 and p[0, 0, 4] != 0
+
+
+def test_key_space_bits():
+    assert keys.permutation_bits(4) == pytest.approx(math.log2(24))
+    g = family_by_name("bert").geometry(random_config("bert"))
+    assert symmetries.key_space_bits("channels", g) == pytest.approx(math.lgamma(33) / math.log(2))
+    assert symmetries.key_space_bits("tokens", g, n_tokens=12) == pytest.approx(math.log2(math.factorial(11)))
+    assert symmetries.key_space_bits("rotation", g) == math.inf
