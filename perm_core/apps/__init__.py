@@ -1,0 +1,1 @@
+"""Applications of the symmetries: backward pass and SGD, model authorization, split learning, fusion."""

@@ -1,0 +1,221 @@
+"""The backward pass under a symmetry: gradients and SGD steps commute with scrambling.
+
+If g is a symmetry (f(g.theta, g.x) = g.f(theta, x)) and the loss is measured on the un-scrambled
+output, then L(g.theta, g.x) = L(theta, x) for every theta, so its gradient is equivariant:
+grad L(g.theta, g.x) = g.grad L(theta, x). Hence a plain SGD step taken in the scrambled world lands
+exactly on the scrambled image of the step taken in the original world, step after step.
+
+Losses (the loss sees the output after it is un-scrambled, so it is invariant by construction):
+  class       cross-entropy of the classifier logits to a target class (or a label per image)
+  next_token  mean next-token cross-entropy of a causal LM on its own input
+  similarity  1 - cosine(mean-pooled last hidden state, embedding of a reference sentence)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call
+
+from perm_core.spec import PIXELS, Scramble, apply_axes, transform_params
+from perm_core.tokens import model_inputs
+from perm_core.trace import TOKEN_RESID, Record
+from perm_core.verify import TOLERANCE, ZERO_FLOOR, Subject, TensorError, tensor_errors
+from perm_core.zoo import mean_pool
+
+LOSSES = {
+    "class": "cross-entropy to a chosen class",
+    "next_token": "next-token cross-entropy",
+    "similarity": "1 - cosine similarity to a reference sentence's embedding",
+}
+
+
+@dataclass(frozen=True)
+class Loss:
+    kind: str  # a key of LOSSES
+    targets: torch.Tensor | None = None  # "class": one label per batch item
+    reference: torch.Tensor | None = None  # "similarity": reference embedding [D], original space
+
+
+def losses_for(model) -> list[str]:
+    """The losses that make sense for a model's output."""
+    from perm_core.families import family_of
+
+    g = family_of(model).geometry(model.config)
+    if g.input_kind == "image":
+        return ["class"]
+    if g.input_kind == "causal-text":
+        return ["next_token", "similarity"]
+    return ["similarity"]
+
+
+def _outputs(subject: Subject, params: dict, scramble: Scramble, pixels_grad: bool):
+    """Run the model in the world of `scramble`; return (model output, the tensor standing for the input)."""
+    kwargs = model_inputs(subject.inputs, subject.geometry, scramble, subject.dtype)
+    if "pixel_values" in kwargs and pixels_grad:
+        kwargs["pixel_values"] = kwargs["pixel_values"].detach().requires_grad_(True)
+    out = functional_call(subject.model, params, args=(), kwargs={**kwargs, "output_hidden_states": True},
+                          strict=False)
+    source = kwargs["pixel_values"] if "pixel_values" in kwargs else out.hidden_states[0]
+    return out, source
+
+
+def loss_of(subject: Subject, out, scramble: Scramble, loss: Loss) -> torch.Tensor:
+    """The loss on the un-scrambled output, so the same number comes out in either world."""
+    inverse = scramble.inverse()
+    if loss.kind == "class":
+        logits = out.logits
+        if logits.dim() != 2:
+            raise ValueError("the class loss needs a classifier ([batch, classes] logits)")
+        return F.cross_entropy(logits, loss.targets.to(logits.device))
+    if loss.kind == "next_token":
+        logits = apply_axes(out.logits, (None, "tokens", None), inverse)  # back to the original order
+        ids = subject.inputs["input_ids"]
+        mask = subject.inputs.get("attention_mask", torch.ones_like(ids))[:, 1:].bool()
+        per_token = F.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
+        return per_token[mask].mean()
+    if loss.kind == "similarity":
+        last = apply_axes(out.hidden_states[-1], TOKEN_RESID, inverse)
+        ids = subject.inputs["input_ids"]
+        mask = subject.inputs.get("attention_mask", torch.ones_like(ids))
+        embedding = mean_pool(last, mask)[0]
+        return 1 - F.cosine_similarity(embedding, loss.reference.to(embedding), dim=0)
+    raise ValueError(f"unknown loss {loss.kind!r}; choose from {', '.join(LOSSES)}")
+
+
+def sentence_embedding(subject: Subject, inputs: dict) -> torch.Tensor:
+    """Mean-pooled last hidden state [D] of a text input, with the subject's own weights."""
+    with torch.no_grad():
+        out = functional_call(subject.model, subject.params, args=(),
+                              kwargs={**model_inputs(inputs, subject.geometry, Scramble(), subject.dtype),
+                                      "output_hidden_states": True}, strict=False)
+    return mean_pool(out.hidden_states[-1], inputs.get("attention_mask",
+                                                       torch.ones_like(inputs["input_ids"])))[0]
+
+
+def gradients(subject: Subject, loss: Loss, scramble: Scramble | None = None, param_names=None,
+              params: dict | None = None) -> tuple[float, dict[str, Record]]:
+    """(loss, {"grad.input": ..., "grad.param.NAME": ...}) in the world of `scramble`."""
+    scramble = scramble or Scramble()
+    if params is None:
+        params = subject.params if scramble.is_identity else subject.transformed_params(scramble)
+    names = list(params) if param_names is None else list(param_names)
+    params = {n: (p.detach().requires_grad_(True) if n in names else p.detach()) for n, p in params.items()}
+    with torch.enable_grad():
+        out, source = _outputs(subject, params, scramble, pixels_grad=True)
+        value = loss_of(subject, out, scramble, loss)
+        grads = torch.autograd.grad(value, [source] + [params[n] for n in names], allow_unused=True)
+    axes = PIXELS if subject.geometry.input_kind == "image" else TOKEN_RESID
+    records = {"grad.input": Record(grads[0].detach(), axes)}
+    for name, grad in zip(names, grads[1:], strict=True):
+        claim = subject.claims[name]
+        grad = torch.zeros_like(params[name]) if grad is None else grad.detach()
+        records[f"grad.param.{name}"] = Record(grad, claim.rule.axes, claim.layer)
+    return value.item(), records
+
+
+@dataclass
+class GradientComparison:
+    loss_original: float
+    loss_scrambled: float
+    original: dict[str, torch.Tensor]
+    scrambled: dict[str, torch.Tensor]  # as the scrambled world sees them (permuted)
+    unscrambled: dict[str, torch.Tensor]
+    errors: list[TensorError]
+    tolerance: float
+
+    @property
+    def max_rel_error(self) -> float:
+        return max(e.max_rel_error for e in self.errors)
+
+    @property
+    def passed(self) -> bool:
+        return self.max_rel_error <= self.tolerance
+
+
+def compare_gradients(model, inputs: dict, loss: Loss, keys_by_symmetry: dict[str, int],
+                      param_names=None) -> GradientComparison:
+    """Gradients in the original world, in the scrambled world, and the latter un-scrambled."""
+    subject = Subject(model, inputs)
+    scramble = subject.build(keys_by_symmetry)
+    loss_a, original = gradients(subject, loss, None, param_names)
+    loss_b, scrambled = gradients(subject, loss, scramble, param_names)
+    restored = subject.unscramble(scrambled, scramble)
+    return GradientComparison(loss_a, loss_b, {n: r.tensor for n, r in original.items()},
+                              {n: r.tensor for n, r in scrambled.items()}, restored,
+                              tensor_errors(original, restored), TOLERANCE.get(subject.dtype, 1e-4))
+
+
+@dataclass
+class SGDStep:
+    step: int
+    loss_original: float
+    loss_scrambled: float
+    max_abs_error: float
+    max_rel_error: float  # over every parameter: transform(theta_t) vs the scrambled world's theta'_t
+
+
+@dataclass
+class SGDResult:
+    steps: list[SGDStep] = field(default_factory=list)
+    tolerance: float = 1e-4
+    control: str | None = None
+
+    @property
+    def max_rel_error(self) -> float:
+        return max(s.max_rel_error for s in self.steps)
+
+    @property
+    def passed(self) -> bool:
+        return self.max_rel_error <= self.tolerance
+
+
+def params_error(expected: dict[str, torch.Tensor], actual: dict[str, torch.Tensor]) -> tuple[float, float]:
+    """(max abs, max rel) over all parameters; rel is against each tensor's scale, floored by the largest."""
+    floor = ZERO_FLOOR.get(next(iter(expected.values())).dtype, 1e-3)
+    largest = max(t.abs().max().item() for t in expected.values())
+    worst_abs = worst_rel = 0.0
+    for name, want in expected.items():
+        diff = (actual[name].to(torch.float64) - want.to(torch.float64)).abs().max().item()
+        scale = max(want.abs().max().item(), floor * largest)
+        worst_abs, worst_rel = max(worst_abs, diff), max(worst_rel, diff / scale if scale > 0 else diff)
+    return worst_abs, worst_rel
+
+
+def sgd_lockstep(model, inputs: dict, loss: Loss, keys_by_symmetry: dict[str, int], steps: int = 5,
+                 lr: float = 0.1, control: str | None = None, progress=None) -> SGDResult:
+    """`steps` plain SGD steps in both worlds; after each, compare transform(theta_t) with theta'_t.
+
+    control: the name of one of perm_core.symmetries.controls (e.g. "norms_not_permuted"): the
+    scrambled world then starts from a wrongly scrambled model, and the lock-step must break.
+    """
+    from perm_core import symmetries
+
+    subject = Subject(model, inputs)
+    intended = subject.build(keys_by_symmetry)
+    applied = intended
+    if control is not None:
+        found = [c for name, key in keys_by_symmetry.items()
+                 for c in symmetries.controls(name, key, subject.geometry, subject.n_tokens) if c.name == control]
+        if not found:
+            raise ValueError(f"no negative control named {control!r} for {', '.join(keys_by_symmetry)}")
+        applied = found[0].scramble
+        intended = applied.with_controls(skip_tags=frozenset(), positions_follow_tokens=True)
+    theta = {n: p.detach().clone() for n, p in subject.params.items()}  # never the shared model's tensors
+    theta_s = transform_params(theta, subject.spec, applied, subject.claims)
+    result = SGDResult(tolerance=TOLERANCE.get(subject.dtype, 1e-4), control=control)
+    for step in range(steps + 1):
+        expected = transform_params(theta, subject.spec, intended, subject.claims)
+        err_abs, err_rel = params_error(expected, theta_s)
+        loss_a, grads = gradients(subject, loss, None, params=theta)
+        loss_b, grads_s = gradients(subject, loss, applied, params=theta_s)
+        result.steps.append(SGDStep(step, loss_a, loss_b, err_abs, err_rel))
+        if step == steps:
+            break
+        theta = {n: p - lr * grads[f"grad.param.{n}"].tensor for n, p in theta.items()}
+        theta_s = {n: p - lr * grads_s[f"grad.param.{n}"].tensor for n, p in theta_s.items()}
+        if progress:
+            progress((step + 1) / steps, f"SGD step {step + 1}/{steps}")
+    return result
