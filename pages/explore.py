@@ -1,0 +1,115 @@
+"""Explore: original | scrambled | un-scrambled, for the input, hidden states, attention and outputs."""
+
+import streamlit as st
+
+from perm_core import figures, symmetries
+from perm_core.explore import BROKEN_AT, control_options, kind_label, layer_of, output_summary
+from perm_core.tokens import shuffle_patches
+from ui import explore_panels as panels
+from ui.compute import exploration, explore_result
+from ui.sidebar import SYMMETRY_LABELS, ensure_view
+from ui.state import publish, seed
+
+st.title("Explore: scramble a Transformer, then un-scramble it")
+st.caption("Left: the original model on the original input. Middle: the scrambled model (weights permuted by "
+           "the keys in the sidebar) on the scrambled input. Right: the middle column with the inverse applied.")
+
+view = ensure_view()
+if view is None or not view.ready:
+    if view is not None:
+        view.show_messages()
+    st.info("Fix the input or the keys in the sidebar to see the model.")
+    st.stop()
+view.show_messages()
+
+with st.spinner("Running the original model (cached per model, input and dtype) ..."):
+    explorer = exploration(view.model_name, view.dtype_name, view.device, view.input_id, view.loaded.model,
+                           view.inputs)
+geometry = explorer.geometry
+options = control_options(explorer.subject, view.keys)
+seed("control", "none", valid=lambda v: v == "none" or v in options)
+if st.session_state.get("control") not in ("none", *options):
+    st.session_state["control"] = "none"
+control_names = ["none", *options]
+top = st.columns([2, 3])
+control = top[0].selectbox(
+    "Negative control", control_names, key="control",
+    format_func=lambda c: "none: apply the keys correctly" if c == "none" else
+    f"{SYMMETRY_LABELS[options[c].symmetry]}: {options[c].description}",
+    help="A near miss of a symmetry that must break the model; the charts below show the break.")
+control = None if control == "none" else control
+
+with st.spinner("Running the scrambled model ..."):
+    result = explore_result(view.model_name, view.dtype_name, view.device, view.input_id,
+                            tuple(sorted(view.keys.items())), control, explorer)
+verdict = result.verdict()
+if control:
+    (top[1].error if result.worst_rel > BROKEN_AT else top[1].warning)(verdict)
+elif result.passed:
+    top[1].success(verdict)
+else:
+    top[1].error(verdict)
+
+restored, scrambled, original = result.restored, result.scrambled, explorer.original
+columns_titles = ("Original", "Scrambled", "Un-scrambled")
+
+# --- the input ---
+st.subheader("The input")
+cols = st.columns(3)
+tokens = result.scramble.tokens
+if geometry.input_kind == "image":
+    pixels = view.inputs["pixel_values"]
+    shuffled = shuffle_patches(pixels, tokens, geometry.patch_size) if tokens is not None else pixels
+    back = shuffle_patches(shuffled, tokens.inverse(), geometry.patch_size) if tokens is not None else shuffled
+    for col, title, image in zip(cols, columns_titles, (pixels, shuffled, back), strict=True):
+        col.image(figures.mosaic_image(image, geometry.patch_size), caption=f"{title}: {view.input_label}")
+else:
+    ids = view.inputs["input_ids"][0].tolist()
+    words = [view.loaded.tokenizer.decode([i]) for i in ids]
+    order = tokens.index.tolist() if tokens is not None else list(range(len(ids)))
+    for col, title, origins in zip(cols, columns_titles, (list(range(len(ids))), order, list(range(len(ids)))),
+                                   strict=True):
+        col.markdown(f"**{title}**")
+        col.markdown(figures.token_chips([words[i] for i in origins], origins), unsafe_allow_html=True)
+st.latex(r"\text{tokens: } X \mapsto P X,\qquad \text{channels: } X \mapsto X Q,\qquad "
+         r"f_{\theta'}(P X Q) = P\, f_\theta(X)\, Q")
+
+# --- hidden states and attention ---
+st.subheader("Hidden states and attention")
+seed("layer", geometry.n_layers - 1, int, valid=lambda v: 0 <= v < geometry.n_layers)
+seed("head", 0, int, valid=lambda v: 0 <= v < geometry.n_heads)
+if st.session_state.get("layer", 0) >= geometry.n_layers:
+    st.session_state["layer"] = geometry.n_layers - 1
+if st.session_state.get("head", 0) >= geometry.n_heads:
+    st.session_state["head"] = 0
+pick = st.columns(2)
+layer = pick[0].slider("Layer (block)", 0, geometry.n_layers - 1, key="layer") if geometry.n_layers > 1 else 0
+head = pick[1].slider("Head", 0, geometry.n_heads - 1, key="head") if geometry.n_heads > 1 else 0
+panels.three_heatmaps(f"blocks.{layer}.hidden", (original[f"blocks.{layer}.hidden"].tensor, scrambled[
+    f"blocks.{layer}.hidden"].tensor, restored[f"blocks.{layer}.hidden"]), "hidden state after block "
+    f"{layer}", "channel", "token")
+attn = f"blocks.{layer}.attn"
+panels.three_heatmaps(attn, tuple(t[0, head][None] for t in (original[attn].tensor, scrambled[attn].tensor,
+                                                             restored[attn])),
+                      f"attention, block {layer}, head {head}", "key token", "query token", attention=True)
+st.latex(r"A' = \mathrm{softmax}\!\Big(\tfrac{(PXQ)(Q^\top W_Q)(W_K^\top Q)(PXQ)^\top}{\sqrt{d}}\Big) "
+         r"= P\,A\,P^\top \quad\text{since } QQ^\top = I")
+
+# --- outputs ---
+st.subheader("Outputs")
+panels.outputs(view, explorer, result)
+
+# --- the proof ---
+st.subheader("Proof: every layer, every tensor")
+rows = [{"layer": geometry.n_layers if layer_of(e.name) is None else layer_of(e.name), "kind": kind_label(e.name),
+         "abs": e.max_abs_error, "rel": e.max_rel_error} for e in result.errors]
+chart_title = ("un-scrambled vs original" + (f" — control: {result.control.description}" if control else ""))
+st.plotly_chart(figures.error_chart(rows, chart_title, tolerance=result.tolerance,
+                                    broken_at=BROKEN_AT if control else None), width="stretch")
+st.caption(f"{len(result.errors)} tensors compared. Scrambled side took {sum(result.seconds.values()):.2f} s "
+           f"(parameters {result.seconds['params']:.2f} s, trace {result.seconds['trace']:.2f} s).")
+
+# --- the key ---
+st.subheader("The key")
+panels.keys(view, explorer, symmetries)
+publish()

@@ -1,0 +1,236 @@
+"""The Explore page's compute: original, scrambled and un-scrambled traces of one model on one input.
+
+The original trace depends only on (model, input, dtype), so an `Exploration` holds it once and every
+key change recomputes only the scrambled side. Transformed parameter sets are the other expensive
+part; they sit in a bounded LRU cache keyed by (model, dtype, keys, control), shared by all callers.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+
+from perm_core import symmetries
+from perm_core.spec import Scramble
+from perm_core.trace import Record
+from perm_core.verify import TOLERANCE, Subject, TensorError, tensor_errors
+
+PARAMS_CACHE_SIZE = 6  # parameter sets of the biggest zoo model (smollm2) are ~540 MB each in float32
+BROKEN_AT = 1e-3
+
+
+class ParamsCache:
+    """A small thread-safe LRU: (model, dtype, keys, control) -> transformed parameter dict."""
+
+    def __init__(self, size: int = PARAMS_CACHE_SIZE):
+        self.size = size
+        self._items: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def get(self, key, build):
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                self.hits += 1
+                return self._items[key]
+        value = build()  # outside the lock: other sessions keep going while this one computes
+        with self._lock:
+            self.misses += 1
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+        return value
+
+    def clear(self):
+        with self._lock:
+            self._items.clear()
+
+
+PARAMS_CACHE = ParamsCache()
+
+
+@dataclass
+class ExploreResult:
+    scramble: Scramble
+    scrambled: dict[str, Record]  # the transformed model on the scrambled input
+    restored: dict[str, torch.Tensor]  # the inverse applied to what the scrambled run produced
+    errors: list[TensorError]
+    dtype: torch.dtype
+    control: symmetries.Control | None = None
+    seconds: dict = field(default_factory=dict)
+
+    @property
+    def worst_rel(self) -> float:
+        return max((e.max_rel_error for e in self.errors), default=0.0)
+
+    @property
+    def worst_abs(self) -> float:
+        return max((e.max_abs_error for e in self.errors), default=0.0)
+
+    @property
+    def tolerance(self) -> float:
+        return TOLERANCE.get(self.dtype, 1e-4)
+
+    @property
+    def passed(self) -> bool:
+        return self.worst_rel <= self.tolerance
+
+    def verdict(self) -> str:
+        """One line, computed from the numbers."""
+        dtype = str(self.dtype).split(".")[-1]
+        n = len(self.errors)
+        if self.control is not None:
+            state = "breaks, as it must" if self.worst_rel > BROKEN_AT else "does NOT break (unexpected)"
+            return (f"Negative control '{self.control.description}' {state}: un-scrambled tensors differ from "
+                    f"the original by up to {self.worst_rel:.1e} (relative), {self.worst_abs:.1e} (absolute).")
+        if self.scramble.is_identity:
+            return f"No symmetry switched on: all {n} tensors identical to {self.worst_rel:.0e} in {dtype}."
+        if self.passed:
+            return (f"Identical to {self.worst_rel:.0e} in {dtype}: all {n} un-scrambled tensors match the "
+                    f"original (tolerance {self.tolerance:.0e}).")
+        return (f"NOT identical: worst relative error {self.worst_rel:.1e} exceeds the {dtype} tolerance "
+                f"{self.tolerance:.0e}.")
+
+
+def control_options(subject: Subject, active_keys: dict[str, int]) -> dict[str, symmetries.Control]:
+    """'symmetry/name' -> control, for every symmetry (built with its key, or 0 if it is switched off)."""
+    found = {}
+    for name in symmetries.SYMMETRIES:
+        for control in symmetries.controls(name, active_keys.get(name, 0), subject.geometry, subject.n_tokens):
+            found[f"{control.symmetry}/{control.name}"] = control
+    return found
+
+
+def layer_of(name: str) -> int | None:
+    """Trace name -> block index; embed is -1, outputs None."""
+    if name == "embed":
+        return -1
+    if name.startswith("blocks."):
+        return int(name.split(".")[1])
+    return None
+
+
+def kind_label(name: str) -> str:
+    if name == "embed":
+        return "hidden state"
+    if name.startswith("blocks."):
+        return {"hidden": "hidden state", "attn": "attention map"}[name.split(".")[2]]
+    return name.replace("output.", "output ")
+
+
+class Exploration:
+    """One model on one input: the subject and its original trace, computed once."""
+
+    def __init__(self, model, inputs: dict, model_id: str = ""):
+        self.subject = Subject(model, inputs)
+        self.model_id = model_id or type(model).__name__
+        self.original: dict[str, Record] = self.subject.trace()
+        # The token permutation reaches the weights only through a learned position table (ViT).
+        self._tokens_touch_params = any(
+            "positions" in str(claim.rule.axes) for claim in self.subject.claims.values())
+
+    @property
+    def geometry(self):
+        return self.subject.geometry
+
+    @property
+    def n_tokens(self) -> int:
+        return self.subject.n_tokens
+
+    def scramble_for(self, keys_by_symmetry: dict[str, int], control: str | None = None):
+        """The element to apply: every active symmetry in canonical order, the control replacing its own."""
+        chosen = control_options(self.subject, keys_by_symmetry)[control] if control else None
+        element = Scramble()
+        for name in symmetries.SYMMETRIES:
+            if chosen is not None and name == chosen.symmetry:
+                element = element.then(chosen.scramble)
+            elif name in keys_by_symmetry:
+                element = element.then(symmetries.build(name, keys_by_symmetry[name], self.geometry,
+                                                        self.n_tokens))
+        return element, chosen
+
+    def params_for(self, scramble: Scramble, keys_by_symmetry: dict[str, int], control: str | None):
+        if scramble.is_identity:
+            return self.subject.params
+        weight_keys = {n: k for n, k in keys_by_symmetry.items() if n != "tokens" or self._tokens_touch_params}
+        if control and control.startswith("tokens/") and self._tokens_touch_params:
+            weight_keys["tokens"] = keys_by_symmetry.get("tokens", 0)
+        cache_key = (self.model_id, str(self.subject.dtype), tuple(sorted(weight_keys.items())), control,
+                     self.n_tokens if "tokens" in weight_keys else None)
+        return PARAMS_CACHE.get(cache_key, lambda: self.subject.transformed_params(scramble))
+
+    def run(self, keys_by_symmetry: dict[str, int], control: str | None = None) -> ExploreResult:
+        import time
+
+        started = time.perf_counter()
+        scramble, chosen = self.scramble_for(keys_by_symmetry, control)
+        params = self.params_for(scramble, keys_by_symmetry, control)
+        built = time.perf_counter()
+        scrambled = self.subject.trace(scramble, params=params)
+        traced = time.perf_counter()
+        restored = self.subject.unscramble(scrambled, scramble)
+        errors = tensor_errors(self.original, restored)
+        done = time.perf_counter()
+        return ExploreResult(scramble, scrambled, restored, errors, self.subject.dtype, chosen,
+                             {"params": built - started, "trace": traced - built, "compare": done - traced})
+
+
+def bits_summary(keys_by_symmetry: dict[str, int], geometry, n_tokens: int) -> dict[str, float]:
+    """Key-space size in bits of each active symmetry, plus their total."""
+    bits = {name: symmetries.key_space_bits(name, geometry, n_tokens) for name in keys_by_symmetry}
+    bits["total"] = sum(bits.values()) if bits else 0.0
+    return bits
+
+
+def format_bits(bits: float) -> str:
+    if math.isinf(bits):
+        return "continuous (infinite)"
+    return f"{bits:,.0f} bits"
+
+
+def permutation_of(scramble: Scramble, symmetry: str) -> torch.Tensor | None:
+    """The index array to draw for a symmetry (first block for per-block ones), if it is a permutation."""
+    from perm_core.transforms import Permutation
+
+    if symmetry == "tokens":
+        return scramble.tokens.index if scramble.tokens is not None else None
+    role = {"channels": ("resid", None), "heads": ("heads", 0), "mlp": ("mlp", 0),
+            "head_channels": ("o", 0)}.get(symmetry)
+    chain = scramble.spaces.get(role, ()) if role else ()
+    perms = [t for t in chain if isinstance(t, Permutation)]
+    return perms[-1].index if perms else None
+
+
+def output_summary(tensors: dict, task_labels, tokenizer, attention_mask, row: int | None, top_k: int = 5):
+    """What a model's output means, from one column's tensors -> (kind, labels, values).
+
+    kind "classes" (top-k class probabilities), "next-token" (top-k candidates of one row),
+    or "embedding" (the mean-pooled sentence embedding, as a vector).
+    """
+    from perm_core.zoo import mean_pool
+
+    logits = tensors.get("output.logits")
+    if logits is not None and logits.dim() == 2:
+        probs = torch.softmax(logits[0].double(), -1)
+        top = torch.topk(probs, min(top_k, len(probs)))
+        labels = [task_labels[i] if task_labels and i < len(task_labels) else f"class {i}"
+                  for i in top.indices.tolist()]
+        return "classes", labels, top.values.tolist()
+    if logits is not None and logits.dim() == 3:
+        probs = torch.softmax(logits[0, row].double(), -1)
+        top = torch.topk(probs, min(top_k, len(probs)))
+        labels = [repr(tokenizer.decode([i])) if tokenizer else str(i) for i in top.indices.tolist()]
+        return "next-token", labels, top.values.tolist()
+    last = tensors.get("output.last_hidden")
+    mask = attention_mask if attention_mask is not None else torch.ones(last.shape[:2])
+    return "embedding", None, mean_pool(last, mask.to(last.dtype))[0]
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return torch.nn.functional.cosine_similarity(a.double(), b.double(), dim=0).item()

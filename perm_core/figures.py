@@ -1,0 +1,149 @@
+"""Plotly builders: arrays in, go.Figure out; no model code.
+
+Every heatmap is decimated to at most MAX_CELLS cells (block max of |x| keeps sign-free structure
+visible) and sent as float32, so one page render stays far below 2 MB of chart data.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import plotly.graph_objects as go
+
+MAX_CELLS = 24_000
+FLOOR = 1e-18  # exact zeros drawn on a log axis
+COLORS = {"hidden state": "#1f77b4", "attention map": "#d62728", "output": "#2ca02c"}
+LAYOUT = dict(margin=dict(l=10, r=10, t=40, b=10), height=300, template="plotly_white")
+
+
+def to_numpy(array) -> np.ndarray:
+    if hasattr(array, "detach"):
+        array = array.detach().to("cpu").double().numpy()
+    return np.asarray(array, dtype=np.float64)
+
+
+def decimate(matrix: np.ndarray, max_cells: int = MAX_CELLS) -> tuple[np.ndarray, int, int]:
+    """Average-pool a 2-D array in blocks until it has at most max_cells cells -> (array, row step, col step)."""
+    rows, cols = matrix.shape
+    if rows * cols <= max_cells:
+        return matrix, 1, 1
+    side = int(max_cells ** 0.5)
+    row_step = 1 if rows <= side else math.ceil(rows / side)
+    col_step = max(1, math.ceil(cols / max(1, max_cells // math.ceil(rows / row_step))))
+    r, c = math.ceil(rows / row_step), math.ceil(cols / col_step)
+    padded = np.full((r * row_step, c * col_step), np.nan)
+    padded[:rows, :cols] = matrix
+    pooled = np.nanmean(padded.reshape(r, row_step, c, col_step), axis=(1, 3))
+    return pooled, row_step, col_step
+
+
+def heatmap(matrix, title: str, x_title: str = "", y_title: str = "", colorscale: str = "RdBu",
+            symmetric: bool = True, zmax: float | None = None, y_labels=None) -> go.Figure:
+    values = to_numpy(matrix)
+    values, row_step, col_step = decimate(values)
+    if zmax is None:
+        zmax = float(np.nanmax(np.abs(values))) if values.size else 1.0
+    zmin = -zmax if symmetric else 0.0
+    note = f" (shown in {row_step}x{col_step} blocks)" if row_step * col_step > 1 else ""
+    x = np.arange(values.shape[1]) * col_step
+    y = np.arange(values.shape[0]) * row_step
+    trace = go.Heatmap(z=values.astype(np.float32), x=x, y=y, colorscale=colorscale, zmin=zmin, zmax=zmax,
+                       colorbar=dict(thickness=10))
+    fig = go.Figure(trace)
+    fig.update_layout(**LAYOUT, title=dict(text=title + note, font=dict(size=13)))
+    fig.update_yaxes(autorange="reversed", title=y_title)
+    fig.update_xaxes(title=x_title)
+    if y_labels is not None and row_step == 1 and len(y_labels) <= 40:
+        fig.update_yaxes(tickmode="array", tickvals=list(y), ticktext=list(y_labels))
+    return fig
+
+
+def bars(labels, values, title: str, x_title: str = "", color: str = "#4c78a8") -> go.Figure:
+    fig = go.Figure(go.Bar(x=list(values), y=list(labels), orientation="h", marker_color=color,
+                           text=[f"{v:.3f}" for v in values], textposition="auto"))
+    fig.update_layout(**{**LAYOUT, "height": 260}, title=dict(text=title, font=dict(size=13)))
+    fig.update_yaxes(autorange="reversed", type="category")
+    fig.update_xaxes(title=x_title)
+    return fig
+
+
+def error_chart(rows: list[dict], title: str, tolerance: float | None = None,
+                broken_at: float | None = None) -> go.Figure:
+    """rows: {"layer": int, "kind": str, "abs": float, "rel": float}; log-scale, one line per kind and measure."""
+    fig = go.Figure()
+    kinds = sorted({r["kind"] for r in rows}, key=lambda k: (k not in COLORS, k))
+    for kind in kinds:
+        mine = sorted((r for r in rows if r["kind"] == kind), key=lambda r: r["layer"])
+        xs = [r["layer"] for r in mine]
+        color = COLORS.get(kind.split(" ")[0] if kind.startswith("output") else kind, "#2ca02c")
+        for measure, dash in (("rel", "solid"), ("abs", "dot")):
+            ys = [max(r[measure], FLOOR) for r in mine]
+            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=f"{kind} ({measure})",
+                                     line=dict(color=color, dash=dash)))
+    if tolerance:
+        fig.add_hline(y=tolerance, line=dict(color="gray", dash="dash"), annotation_text="tolerance")
+    if broken_at:
+        fig.add_hline(y=broken_at, line=dict(color="orange", dash="dash"), annotation_text="broken above")
+    fig.update_layout(**{**LAYOUT, "height": 340}, title=dict(text=title, font=dict(size=13)),
+                      legend=dict(orientation="h", y=-0.25))
+    fig.update_yaxes(type="log", title="max error vs original", exponentformat="e")
+    fig.update_xaxes(title="layer (-1 = embeddings, outputs after the last block)", dtick=1)
+    return fig
+
+
+def permutation_figure(index, title: str, max_points: int = 4096) -> go.Figure:
+    """A permutation as its matrix drawn sparsely: a dot at (old position, new position)."""
+    index = to_numpy(index).astype(np.int64)
+    n = len(index)
+    step = max(1, math.ceil(n / max_points))
+    new_positions = np.arange(0, n, step)
+    fig = go.Figure(go.Scattergl(x=index[new_positions].astype(np.float32),
+                                 y=new_positions.astype(np.float32), mode="markers",
+                                 marker=dict(size=max(2, min(12, 360 // max(n, 1))), symbol="square",
+                                             color="#4c78a8")))
+    note = f" (every {step}th row)" if step > 1 else ""
+    fig.update_layout(**{**LAYOUT, "height": 300}, title=dict(text=title + note, font=dict(size=13)))
+    fig.update_xaxes(title="original index", range=[-0.5, n - 0.5])
+    fig.update_yaxes(title="new position", autorange="reversed", range=[-0.5, n - 0.5], scaleanchor="x")
+    return fig
+
+
+def payload_bytes(figures) -> int:
+    return sum(len(fig.to_json()) for fig in figures)
+
+
+def mosaic_image(pixels, patch_size: int, display: int = 240):
+    """A normalized pixel batch [1, C, H, W] -> an upscaled PIL image with its patch grid drawn."""
+    from PIL import Image, ImageDraw
+
+    array = to_numpy(pixels)[0]
+    lo, hi = float(array.min()), float(array.max())
+    array = (array - lo) / (hi - lo) if hi > lo else np.zeros_like(array)
+    array = (np.moveaxis(array, 0, -1) * 255).round().astype(np.uint8)
+    if array.shape[-1] == 1:
+        array = np.repeat(array, 3, axis=-1)
+    height, width = array.shape[:2]
+    scale = max(1, display // max(height, width))
+    image = Image.fromarray(array).resize((width * scale, height * scale), Image.Resampling.NEAREST)
+    draw = ImageDraw.Draw(image)
+    step = patch_size * scale
+    for offset in range(step, width * scale, step):
+        draw.line([(offset, 0), (offset, height * scale)], fill=(255, 160, 0), width=1)
+    for offset in range(step, height * scale, step):
+        draw.line([(0, offset), (width * scale, offset)], fill=(255, 160, 0), width=1)
+    return image
+
+
+def token_chips(tokens: list[str], origins: list[int]) -> str:
+    """HTML: tokens as coloured chips; the colour follows each token's original position."""
+    import html
+
+    n = max(len(tokens), 1)
+    chips = []
+    for token, origin in zip(tokens, origins, strict=True):
+        hue = int(300 * origin / n)
+        chips.append(f'<span style="background:hsl({hue},70%,85%);border-radius:4px;padding:1px 4px;'
+                     f'margin:1px;display:inline-block;font-family:monospace;font-size:0.85em" '
+                     f'title="original position {origin}">{html.escape(token)}</span>')
+    return '<div style="line-height:1.9">' + "".join(chips) + "</div>"

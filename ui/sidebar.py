@@ -1,0 +1,211 @@
+"""The sidebar every page shares: model, input, keys, dtype, device -> a `View` in session state.
+
+Pages read `current_view()`; they never load models or parse inputs themselves. Every problem (a
+model that will not load, a bad upload, an invalid key) becomes a message in `View.problems`, shown
+by the page with st.error, so the app keeps running.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import streamlit as st
+import torch
+
+from perm_core import inputs as model_inputs
+from perm_core.keys import InvalidKeyError, validate_key
+from perm_core.symmetries import SYMMETRIES
+from perm_core.zoo import DEFAULT_IMAGE_MODEL, ModelLoadError, LoadedModel
+from ui.resources import shared_model
+from ui.state import parse_bool, seed
+
+SYMMETRY_LABELS = {"tokens": "Tokens (inter-token)", "channels": "Channels (intra-token)", "heads": "Attention heads",
+                   "head_channels": "Channels inside heads", "mlp": "MLP neurons", "rotation": "Per-head rotations"}
+DEFAULT_ON = ("tokens", "channels")
+DEFAULT_KEYS = {"tokens": 7, "channels": 42, "heads": 3, "head_channels": 5, "mlp": 11, "rotation": 13}
+MAX_TOKENS = 128  # the Explore page draws tokens x tokens maps; longer texts are truncated with a notice
+ZOO = ("digits-vit", "digits-vit-b", "minilm", "smollm2-135m", "random:vit", "random:bert", "random:gpt2",
+       "random:llama")
+SLOW_FIRST_LOAD = {"smollm2-135m": "the first load converts the shipped GGUF file (about a minute)"}
+
+
+@dataclass
+class View:
+    model_name: str
+    dtype_name: str
+    device: str
+    loaded: LoadedModel | None = None
+    inputs: dict | None = None
+    input_id: str = ""  # identifies the input for caching (sample name, digit index, content hash)
+    input_label: str = ""
+    image: object | None = None  # the PIL image shown, for image models
+    keys: dict[str, int] = field(default_factory=dict)  # active symmetries -> validated key
+    problems: list[str] = field(default_factory=list)  # st.error in the page
+    notices: list[str] = field(default_factory=list)  # st.warning in the page
+
+    @property
+    def ready(self) -> bool:
+        return self.loaded is not None and self.inputs is not None and not self.problems
+
+    def show_messages(self) -> None:
+        for problem in self.problems:
+            st.error(problem)
+        for notice in self.notices:
+            st.warning(notice)
+
+
+@st.cache_resource(show_spinner=False)
+def _samples() -> tuple[dict, dict]:
+    return model_inputs.sample_images(), model_inputs.sample_texts()
+
+
+@st.cache_resource(show_spinner=False)
+def _test_digits():
+    from perm_core.digits import digits_split
+
+    _, _, test_x, test_y = digits_split(raw=True)
+    return test_x, test_y
+
+
+def devices() -> list[str]:
+    return ["cuda", "cpu"] if torch.cuda.is_available() else ["cpu"]
+
+
+def current_view() -> View | None:
+    return st.session_state.get("view")
+
+
+def ensure_view() -> View:
+    """The view of this run. app.py renders the sidebar before the page; a page run on its own (AppTest
+    runs page files directly after switch_page) renders it itself."""
+    if st.session_state.get("_sidebar_this_run", False):
+        return st.session_state["view"]
+    view = render_sidebar()
+    st.session_state.pop("_sidebar_this_run", None)
+    return view
+
+
+def render_sidebar() -> View:
+    with st.sidebar:
+        st.markdown("### Model")
+        seed("model", DEFAULT_IMAGE_MODEL, valid=lambda v: v in ZOO)
+        name = st.selectbox("Model", ZOO, key="model", help="offline zoo models; random:* are tiny random ones")
+        seed("dtype", "float32", valid=lambda v: v in ("float32", "float64"))
+        cols = st.columns(2)
+        dtype_name = cols[0].radio("dtype", ("float32", "float64"), key="dtype", horizontal=False)
+        seed("device", devices()[0], valid=lambda v: v in devices())
+        device = cols[1].radio("device", devices(), key="device")
+        view = View(name, dtype_name, device)
+        _load(view)
+        if view.loaded is not None:
+            st.caption(view.loaded.info.description)
+            st.markdown("### Input")
+            if view.loaded.tokenizer is not None:
+                _text_input(view)
+            else:
+                _image_input(view)
+        st.markdown("### Keys")
+        _keys(view)
+    st.session_state["view"] = view
+    st.session_state["_sidebar_this_run"] = True
+    return view
+
+
+def _load(view: View) -> None:
+    note = SLOW_FIRST_LOAD.get(view.model_name)
+    try:
+        if note:
+            with st.spinner(f"Loading {view.model_name}: {note} ..."):
+                view.loaded = shared_model(view.model_name, view.dtype_name)
+        else:
+            view.loaded = shared_model(view.model_name, view.dtype_name)
+    except ModelLoadError as error:
+        view.problems.append(str(error))
+
+
+def _image_input(view: View) -> None:
+    images, _ = _samples()
+    digits_model = view.loaded.image_channels == 1
+    sources = ("digit", "sample", "upload")
+    seed("img_src", "digit" if digits_model else "sample", valid=lambda v: v in sources)
+    source = st.radio("Image", sources, key="img_src", horizontal=True,
+                      format_func={"digit": "Digit picker", "sample": "Sample photo", "upload": "Upload"}.get)
+    image = None
+    if source == "digit":
+        test_x, test_y = _test_digits()
+        seed("digit", 0, int, valid=lambda v: 0 <= v < len(test_x))
+        index = st.number_input(f"Held-out test digit # (0-{len(test_x) - 1})", 0, len(test_x) - 1, key="digit")
+        values = (test_x[int(index), 0].numpy() * 255.0 / 16.0).round().clip(0, 255).astype("uint8")
+        from PIL import Image
+
+        image = Image.fromarray(values, mode="L").convert("RGB")
+        view.input_id = f"digit:{int(index)}"
+        view.input_label = f"test digit #{int(index)} (label {int(test_y[int(index)])})"
+    elif source == "sample":
+        names = list(images)
+        seed("img_sample", names[0], valid=lambda v: v in names)
+        chosen = st.selectbox("Sample picture", names, key="img_sample")
+        image, view.input_id, view.input_label = images[chosen], f"sample:{chosen}", chosen
+    else:
+        upload = st.file_uploader("Upload an image (PNG, JPEG, ...)", key="upload")
+        if upload is None:
+            view.problems.append("Upload an image, or pick a digit or a sample photo.")
+            return
+        data = upload.getvalue()
+        try:
+            image = model_inputs.load_image(data)
+        except model_inputs.InputError as error:
+            view.problems.append(f"{upload.name}: {error}")
+            return
+        view.input_id = "upload:" + hashlib.sha1(data).hexdigest()
+        view.input_label = f"your upload {upload.name}"
+    try:
+        view.inputs = {"pixel_values": model_inputs.image_to_pixels(image, view.loaded)}
+        view.image = image
+    except model_inputs.InputError as error:
+        view.problems.append(str(error))
+
+
+def _text_input(view: View) -> None:
+    _, texts = _samples()
+    sources = ("sample", "text")
+    seed("txt_src", "sample", valid=lambda v: v in sources)
+    source = st.radio("Text", sources, key="txt_src", horizontal=True,
+                      format_func={"sample": "Sample text", "text": "Your text"}.get)
+    if source == "sample":
+        names = list(texts)
+        seed("txt_sample", "Permutation" if "Permutation" in names else names[0], valid=lambda v: v in names)
+        chosen = st.selectbox("Sample text", names, key="txt_sample")
+        text, view.input_label = texts[chosen], chosen
+    else:
+        seed("text", "Transformers do not care about the order of their channels.")
+        text = st.text_area("Your text", key="text", height=100)
+        view.input_label = "your text"
+    try:
+        encoding, notice = model_inputs.prepare_text(text, view.loaded, max_tokens=MAX_TOKENS)
+    except model_inputs.InputError as error:
+        view.problems.append(str(error))
+        return
+    if notice:
+        view.notices.append(notice)
+    view.inputs = encoding
+    view.input_id = "text:" + hashlib.sha1(text.encode()).hexdigest()
+
+
+def _keys(view: View) -> None:
+    st.caption("A key is a whole number 0 .. 2^64-1; each switched-on symmetry draws its transform from it.")
+    for name in SYMMETRIES:
+        seed(f"on_{name}", name in DEFAULT_ON, parse_bool)
+        seed(f"k_{name}", str(DEFAULT_KEYS[name]))
+        left, right = st.columns([3, 2], vertical_alignment="bottom")
+        on = left.toggle(SYMMETRY_LABELS[name], key=f"on_{name}")
+        raw = right.text_input(f"{name} key", key=f"k_{name}", label_visibility="collapsed", disabled=not on)
+        if not on:
+            continue
+        try:
+            view.keys[name] = validate_key(raw)
+        except InvalidKeyError as error:
+            message = f"{SYMMETRY_LABELS[name]} key: {error}"
+            st.error(message)
+            view.problems.append(message)

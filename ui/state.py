@@ -1,0 +1,56 @@
+"""The view state lives in widget keys and is mirrored into the URL's query parameters.
+
+`seed(name, default, parse)` gives a widget key its first value: from the URL if it parses, else the
+default. `publish()` writes every seeded key back into st.query_params after the widgets ran, so
+copying the address bar reproduces the view.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+_SEEDED = "_seeded_params"
+
+
+def seed(name: str, default, parse=str, valid=None):
+    """Set st.session_state[name] once per session (URL first), and register it for publish()."""
+    registry = st.session_state.setdefault(_SEEDED, {})
+    registry[name] = default
+    if name in st.session_state:
+        return st.session_state[name]
+    value = default
+    raw = st.query_params.get(name)
+    if raw is not None:
+        try:
+            parsed = parse(raw)
+            if valid is None or valid(parsed):
+                value = parsed
+        except (TypeError, ValueError):
+            pass  # a mangled link falls back to the default instead of failing
+    st.session_state[name] = value
+    return value
+
+
+def parse_bool(raw: str) -> bool:
+    if raw.lower() in ("1", "true", "on", "yes"):
+        return True
+    if raw.lower() in ("0", "false", "off", "no"):
+        return False
+    raise ValueError(raw)
+
+
+def _encode(value) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+def publish() -> None:
+    """Mirror the seeded keys that are alive in this run into the URL (only when they changed)."""
+    wanted = {}
+    for name in st.session_state.get(_SEEDED, {}):
+        if name in st.session_state and st.session_state[name] is not None:
+            wanted[name] = _encode(st.session_state[name])
+    current = {k: st.query_params.get(k) for k in wanted}
+    if current != wanted:
+        st.query_params.update(wanted)
