@@ -185,7 +185,7 @@ def params_error(expected: dict[str, torch.Tensor], actual: dict[str, torch.Tens
 
 
 def sgd_lockstep(model, inputs: dict, loss: Loss, keys_by_symmetry: dict[str, int], steps: int = 5,
-                 lr: float = 0.1, control: str | None = None, progress=None) -> SGDResult:
+                 lr: float = 0.001, control: str | None = None, progress=None) -> SGDResult:
     """`steps` plain SGD steps in both worlds; after each, compare transform(theta_t) with theta'_t.
 
     control: the name of one of perm_core.symmetries.controls (e.g. "norms_not_permuted"): the
@@ -219,3 +219,21 @@ def sgd_lockstep(model, inputs: dict, loss: Loss, keys_by_symmetry: dict[str, in
         if progress:
             progress((step + 1) / steps, f"SGD step {step + 1}/{steps}")
     return result
+
+
+def weight_matrices(model) -> list[str]:
+    """2-D weights worth showing (the embedding tables and vocabulary heads are too big to draw)."""
+    skip = ("embeddings", "embed_tokens", "lm_head", "wte", "wpe", "decoder")
+    return [n for n, p in model.named_parameters() if p.dim() == 2 and not any(s in n for s in skip)]
+
+
+def make_loss(kind: str, subject: Subject, target_class: int = 0, reference: dict | None = None) -> Loss:
+    """A Loss for the page/CLI: a class index, or a reference text's encoding for "similarity"."""
+    if kind == "class":
+        batch = next(iter(subject.inputs.values())).shape[0]
+        return Loss("class", targets=torch.full((batch,), int(target_class)))
+    if kind == "similarity":
+        if reference is None:
+            raise ValueError("the similarity loss needs a reference sentence")
+        return Loss("similarity", reference=sentence_embedding(subject, reference))
+    return Loss(kind)

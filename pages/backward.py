@@ -1,0 +1,169 @@
+"""Backward: gradients un-scramble exactly, and SGD in the scrambled world stays locked to the original."""
+
+import streamlit as st
+import torch
+
+from perm_core import symmetries
+from perm_core.apps import backward as bw
+from perm_core.apps import figures_backward as fb
+from perm_core.digits import digits_split
+from perm_core.inputs import InputError, prepare_text
+from perm_core.keys import InvalidKeyError, validate_key
+from perm_core.verify import Subject
+from ui.resources import shared_model
+
+MODELS = ("digits-vit", "minilm", "random:vit", "random:bert", "random:gpt2", "random:llama")
+DEFAULT_TEXT = "A man is playing a guitar."
+DEFAULT_REFERENCE = "Someone plays the guitar."
+SGD_BATCH = 32  # digits training images per SGD step
+
+st.title("Backward: gradients and training commute with the symmetries")
+st.caption("If a scramble g is a symmetry, the loss of the scrambled model on the scrambled input equals the "
+           "original loss, so its gradient is the scrambled gradient, and an SGD step taken in the scrambled "
+           "world lands exactly on the scrambled image of the original step.")
+
+top = st.columns([2, 1, 3, 1])
+model_name = top[0].selectbox("Model", MODELS, key="bw_model")
+dtype_name = top[1].radio("Precision", ("float64", "float32"), key="bw_dtype")
+chosen = top[2].multiselect("Symmetries", symmetries.SYMMETRIES, default=["tokens", "channels"], key="bw_syms")
+key_text = top[3].text_input("Key", value="42", key="bw_key")
+try:
+    key = validate_key(key_text)
+except InvalidKeyError as error:
+    st.error(str(error))
+    st.stop()
+if not chosen:
+    st.error("Pick at least one symmetry.")
+    st.stop()
+keys_by_symmetry = {name: key for name in chosen}
+
+try:
+    loaded = shared_model(model_name, dtype_name)
+except Exception as error:  # noqa: BLE001 - a one-line message, never a traceback
+    st.error(f"Could not load {model_name}: {str(error).splitlines()[0]}")
+    st.stop()
+
+# --- the loss and the input ---
+loss_kinds = bw.losses_for(loaded.model)
+row = st.columns([2, 3, 3])
+loss_kind = row[0].selectbox("Loss", loss_kinds, format_func=lambda k: bw.LOSSES[k], key="bw_loss")
+reference, target_class = None, 0
+if loaded.info.family == "vit" or loaded.tokenizer is None:
+    test_x = digits_split()[2] if model_name == "digits-vit" else None
+    labels = loaded.labels or [str(i) for i in range(loaded.model.config.num_labels)]
+    if test_x is not None:
+        index = row[1].slider("Test image", 0, len(test_x) - 1, 0, key="bw_image")
+        inputs = {"pixel_values": test_x[index : index + 1]}
+    else:
+        g = torch.Generator().manual_seed(0)
+        shape = (1, loaded.image_channels, loaded.image_size, loaded.image_size)
+        inputs = {"pixel_values": torch.randn(shape, generator=g)}
+    target_class = row[2].selectbox("Target class", range(len(labels)), format_func=lambda i: labels[i],
+                                    key="bw_class")
+else:
+    text = row[1].text_input("Input text", DEFAULT_TEXT, key="bw_text")
+    try:
+        inputs, notice = prepare_text(text, loaded, max_tokens=64)
+        if notice:
+            st.info(notice)
+        if loss_kind == "similarity":
+            reference_text = row[2].text_input("Reference sentence", DEFAULT_REFERENCE, key="bw_ref")
+            reference, _ = prepare_text(reference_text, loaded, max_tokens=64)
+    except InputError as error:
+        st.error(str(error))
+        st.stop()
+weights = bw.weight_matrices(loaded.model)
+weight = st.selectbox("Weight matrix to show", weights, key="bw_weight")
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def gradient_comparison(model_name, dtype_name, settings, _inputs, _reference, weight):
+    loaded = shared_model(model_name, dtype_name)
+    subject = Subject(loaded.model, _inputs)
+    loss = bw.make_loss(settings["loss"], subject, settings["class"], _reference)
+    return bw.compare_gradients(loaded.model, _inputs, loss, dict(settings["keys"]), [weight])
+
+
+settings = {"loss": loss_kind, "class": int(target_class), "keys": tuple(sorted(keys_by_symmetry.items())),
+            "input": repr({k: v.tolist() for k, v in inputs.items()}),
+            "reference": repr({k: v.tolist() for k, v in (reference or {}).items()})}
+with st.spinner("Computing gradients in both worlds ..."):
+    comparison = gradient_comparison(model_name, dtype_name, settings, inputs, reference, weight)
+
+cols = st.columns(4)
+cols[0].metric("Loss, original world", f"{comparison.loss_original:.6g}")
+cols[1].metric("Loss, scrambled world", f"{comparison.loss_scrambled:.6g}")
+cols[2].metric("Max relative gradient error", f"{comparison.max_rel_error:.2e}")
+cols[3].metric("Tolerance", f"{comparison.tolerance:.0e}")
+if comparison.passed:
+    st.success(f"Every gradient un-scrambles to the original within {comparison.tolerance:.0e} "
+               f"(worst {comparison.max_rel_error:.2e}).")
+else:
+    st.error(f"Gradients do not un-scramble: worst relative error {comparison.max_rel_error:.2e}.")
+
+input_label = "d loss / d pixels" if "pixel_values" in inputs else "d loss / d input embeddings (tokens x channels)"
+for name, label in (("grad.input", input_label), (f"grad.param.{weight}", f"d loss / d {weight}")):
+    st.subheader(label)
+    panels = fb.gradient_triptych(comparison.original[name], comparison.scrambled[name],
+                                  comparison.unscrambled[name], label.split(" / ")[1][2:])
+    for column, figure in zip(st.columns(4), panels, strict=True):
+        column.plotly_chart(figure, width="stretch")
+st.plotly_chart(fb.gradient_errors(comparison.errors, comparison.tolerance), width="stretch")
+
+# --- SGD in lock-step ---
+st.header("Training in both worlds")
+st.caption("Plain SGD on the same loss: the original weights and the scrambled weights each take the same number "
+           "of steps, each world on its own input. After every step the scrambled world's weights are compared "
+           "with the scrambled original weights, over every parameter.")
+row = st.columns(3)
+steps = row[0].slider("SGD steps", 1, 30, 5, key="bw_steps")
+lr = row[1].select_slider("Learning rate", (0.0003, 0.001, 0.003, 0.01, 0.03, 0.1), value=0.001, key="bw_lr")
+shape = Subject(loaded.model, inputs)
+control_names = [c.name for name in chosen for c in symmetries.controls(name, key, shape.geometry, shape.n_tokens)]
+control = row[2].selectbox("Negative control (must break)", ["none", *control_names], key="bw_control")
+if "pixel_values" in inputs and model_name == "digits-vit":
+    train_x, train_y, _, _ = digits_split()
+    sgd_inputs, sgd_targets = {"pixel_values": train_x[:SGD_BATCH]}, train_y[:SGD_BATCH]
+    st.caption(f"Each step: a batch of {SGD_BATCH} digits training images with their labels.")
+else:
+    sgd_inputs, sgd_targets = inputs, None
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def lockstep(model_name, dtype_name, settings, _inputs, _targets, _reference, steps, lr, control, _progress=None):
+    loaded = shared_model(model_name, dtype_name)
+    subject = Subject(loaded.model, _inputs)
+    loss = bw.make_loss(settings["loss"], subject, settings["class"], _reference)
+    if _targets is not None:
+        loss = bw.Loss("class", targets=_targets)
+    return bw.sgd_lockstep(loaded.model, _inputs, loss, dict(settings["keys"]), steps, lr,
+                           None if control == "none" else control, progress=_progress)
+
+
+bar = st.progress(0.0, text="SGD in both worlds")
+runs = {"correct scramble": lockstep(model_name, dtype_name, settings, sgd_inputs, sgd_targets, reference, steps,
+                                     lr, "none", lambda f, m: bar.progress(f, text=m))}
+if control != "none":
+    runs[f"control: {control}"] = lockstep(model_name, dtype_name, settings, sgd_inputs, sgd_targets, reference,
+                                           steps, lr, control, lambda f, m: bar.progress(f, text=m))
+bar.empty()
+result = runs["correct scramble"]
+cols = st.columns(3)
+cols[0].metric("Worst error over all steps", f"{result.max_rel_error:.2e}")
+cols[1].metric("Loss before / after", f"{result.steps[0].loss_original:.4g} → {result.steps[-1].loss_original:.4g}")
+cols[2].metric("Tolerance", f"{result.tolerance:.0e}")
+if result.passed:
+    st.success(f"After each of {steps} steps the scrambled weights equal the scrambled original weights "
+               f"(worst relative error {result.max_rel_error:.2e}).")
+else:
+    st.error(f"The worlds drifted apart: worst relative error {result.max_rel_error:.2e}.")
+if control != "none":
+    broken = runs[f"control: {control}"]
+    st.warning(f"Negative control {control}: worst relative error {broken.max_rel_error:.2e} "
+               f"({'broken, as it must be' if not broken.passed else 'NOT broken'}).")
+left, right = st.columns(2)
+left.plotly_chart(fb.sgd_errors(runs, result.tolerance), width="stretch")
+right.plotly_chart(fb.sgd_losses(result), width="stretch")
+st.dataframe([{"step": s.step, "loss (original)": s.loss_original, "loss (scrambled)": s.loss_scrambled,
+               "max abs error": s.max_abs_error, "max rel error": s.max_rel_error} for s in result.steps],
+             hide_index=True)

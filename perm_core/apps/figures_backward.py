@@ -1,0 +1,90 @@
+"""Plotly builders for the Backward and Model authorization pages: numbers in, go.Figure out."""
+
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+
+from perm_core.figures import FLOOR, LAYOUT, heatmap, to_numpy
+
+
+def as_matrix(tensor) -> np.ndarray:
+    """A gradient as a 2-D picture: an image [1, C, H, W] -> H x (C*W), [1, T, d] -> T x d, 1-D -> 1 x n."""
+    values = to_numpy(tensor)
+    if values.ndim == 4:
+        values = np.concatenate(list(values[0]), axis=1)
+    while values.ndim > 2:
+        values = values[0]
+    return values[None, :] if values.ndim == 1 else values
+
+
+def gradient_triptych(original, scrambled, unscrambled, what: str) -> list[go.Figure]:
+    """Original | scrambled world | un-scrambled, one colour scale, plus |un-scrambled - original|."""
+    a, b, c = (as_matrix(t) for t in (original, scrambled, unscrambled))
+    zmax = float(np.nanmax(np.abs(a))) or 1.0
+    figures = [heatmap(a, f"{what}: original", zmax=zmax), heatmap(b, f"{what}: scrambled world", zmax=zmax),
+               heatmap(c, f"{what}: un-scrambled", zmax=zmax)]
+    error = np.abs(c - a)
+    figures.append(heatmap(error, f"|un-scrambled - original| (max {error.max():.1e})", colorscale="Greys",
+                           symmetric=False, zmax=max(float(error.max()), FLOOR)))
+    return figures
+
+
+def gradient_errors(errors, tolerance: float) -> go.Figure:
+    """Max relative error of every gradient tensor, log scale, with the tolerance."""
+    names = [e.name.removeprefix("grad.param.").removeprefix("grad.") for e in errors]
+    values = [max(e.max_rel_error, FLOOR) for e in errors]
+    fig = go.Figure(go.Bar(x=names, y=values, marker_color="#4c78a8", name="max rel error"))
+    fig.add_hline(y=tolerance, line=dict(color="gray", dash="dash"), annotation_text="tolerance")
+    fig.update_layout(**{**LAYOUT, "height": 320}, title=dict(text="Gradient error after un-scrambling",
+                                                               font=dict(size=13)))
+    fig.update_yaxes(type="log", title="max relative error", exponentformat="e")
+    fig.update_xaxes(title="gradient", showticklabels=len(names) <= 40)
+    return fig
+
+
+def sgd_errors(results: dict, tolerance: float) -> go.Figure:
+    """results: label -> SGDResult. Per step: transform(theta_t) vs the scrambled world's theta'_t."""
+    fig = go.Figure()
+    colors = ["#2ca02c", "#d62728", "#ff7f0e", "#9467bd"]
+    for color, (label, result) in zip(colors, results.items(), strict=False):
+        fig.add_trace(go.Scatter(x=[s.step for s in result.steps], y=[max(s.max_rel_error, FLOOR)
+                                                                      for s in result.steps],
+                                 mode="lines+markers", name=label, line=dict(color=color)))
+    fig.add_hline(y=tolerance, line=dict(color="gray", dash="dash"), annotation_text="tolerance")
+    fig.update_layout(**{**LAYOUT, "height": 340}, legend=dict(orientation="h", y=-0.3),
+                      title=dict(text="Scrambled weights vs scrambled original weights, per SGD step",
+                                 font=dict(size=13)))
+    fig.update_yaxes(type="log", title="max relative error", exponentformat="e")
+    fig.update_xaxes(title="SGD step", dtick=1)
+    return fig
+
+
+def sgd_losses(result) -> go.Figure:
+    fig = go.Figure()
+    steps = [s.step for s in result.steps]
+    fig.add_trace(go.Scatter(x=steps, y=[s.loss_original for s in result.steps], mode="lines+markers",
+                             name="original world"))
+    fig.add_trace(go.Scatter(x=steps, y=[s.loss_scrambled for s in result.steps], mode="markers",
+                             name="scrambled world", marker=dict(symbol="x", size=10)))
+    fig.update_layout(**{**LAYOUT, "height": 300}, legend=dict(orientation="h", y=-0.3),
+                      title=dict(text="Loss per step in both worlds", font=dict(size=13)))
+    fig.update_xaxes(title="SGD step", dtick=1)
+    fig.update_yaxes(title="loss")
+    return fig
+
+
+def authorization_histogram(result, metric_label: str) -> go.Figure:
+    """Wrong keys as a histogram; right key, no key and chance as vertical lines."""
+    fig = go.Figure(go.Histogram(x=result.wrong_keys, nbinsx=20, name=f"{len(result.wrong_keys)} wrong keys",
+                                 marker_color="#d62728", opacity=0.75))
+    lines = (("right key", result.right_key, "#2ca02c"), ("no key", result.no_key, "#ff7f0e"),
+             ("chance", result.chance, "gray"))
+    for label, value, color in lines:
+        fig.add_vline(x=value, line=dict(color=color, dash="dash", width=2),
+                      annotation_text=f"{label} {value:.3g}", annotation_position="top")
+    fig.update_layout(**{**LAYOUT, "height": 340}, title=dict(text=f"{metric_label}: what a key is worth",
+                                                               font=dict(size=13)))
+    fig.update_xaxes(title=metric_label, type="log" if result.metric == "perplexity" else "linear")
+    fig.update_yaxes(title="number of wrong keys")
+    return fig
