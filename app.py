@@ -24,6 +24,7 @@ st.set_page_config(page_title="Transformer Symmetry Explorer", page_icon=":mater
 pages = [st.Page(path, title=title, icon=icon, default=path == "pages/home.py")
          for path, title, icon in PAGES if (ROOT / path).exists()]
 navigation = st.navigation(pages)
+st.session_state.pop("_nav_rerun", None)
 render_sidebar()
 navigation.run()
 st.session_state.pop("_sidebar_this_run", None)  # the next run renders it afresh

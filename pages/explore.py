@@ -3,7 +3,7 @@
 import streamlit as st
 
 from perm_core import figures, symmetries
-from perm_core.explore import BROKEN_AT, control_options, kind_label, layer_of, output_summary
+from perm_core.explore import BROKEN_AT, control_options, kind_label, layer_of
 from perm_core.tokens import shuffle_patches
 from ui import explore_panels as panels
 from ui.compute import exploration, explore_result

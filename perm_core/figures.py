@@ -105,7 +105,7 @@ def permutation_figure(index, title: str, max_points: int = 4096) -> go.Figure:
     note = f" (every {step}th row)" if step > 1 else ""
     fig.update_layout(**{**LAYOUT, "height": 300}, title=dict(text=title + note, font=dict(size=13)))
     fig.update_xaxes(title="original index", range=[-0.5, n - 0.5])
-    fig.update_yaxes(title="new position", autorange="reversed", range=[-0.5, n - 0.5], scaleanchor="x")
+    fig.update_yaxes(title="new position", range=[n - 0.5, -0.5])
     return fig
 
 

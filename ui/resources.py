@@ -20,3 +20,18 @@ def shared_model(name: str, dtype_name: str = "float32") -> LoadedModel:
                                                                                  text=message))
         progress.empty()
     return loaded
+
+
+def use_navigation_registry() -> None:
+    """Make Streamlit run app.py (st.navigation) on every run, even when a page's URL is opened first.
+
+    Streamlit treats an app with a pages/ folder as an old-style multipage app until app.py has run
+    once in the process: opening /explore first would run pages/explore.py alone, without the shared
+    sidebar and with a menu of file names. The flag is process-wide and st.navigation clears it too.
+    """
+    from streamlit.runtime.pages_manager import PagesManager
+
+    PagesManager.uses_pages_directory = False
+
+
+use_navigation_registry()

@@ -16,8 +16,8 @@ import torch
 from perm_core import inputs as model_inputs
 from perm_core.keys import InvalidKeyError, validate_key
 from perm_core.symmetries import SYMMETRIES
-from perm_core.zoo import DEFAULT_IMAGE_MODEL, ModelLoadError, LoadedModel
-from ui.resources import shared_model
+from perm_core.zoo import DEFAULT_IMAGE_MODEL, LoadedModel, ModelLoadError
+from ui.resources import shared_model, use_navigation_registry
 from ui.state import parse_bool, seed
 
 SYMMETRY_LABELS = {"tokens": "Tokens (inter-token)", "channels": "Channels (intra-token)", "heads": "Attention heads",
@@ -81,6 +81,11 @@ def ensure_view() -> View:
     runs page files directly after switch_page) renders it itself."""
     if st.session_state.get("_sidebar_this_run", False):
         return st.session_state["view"]
+    if not st.session_state.pop("_nav_rerun", False):
+        # Run as a bare page (Streamlit's old pages/ mode): rerun once through app.py.
+        st.session_state["_nav_rerun"] = True
+        use_navigation_registry()
+        st.rerun()
     view = render_sidebar()
     st.session_state.pop("_sidebar_this_run", None)
     return view
