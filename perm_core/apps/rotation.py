@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from perm_core import symmetries
+from perm_core.apps.fusion import one_thread
 from perm_core.spec import Concat, Scramble, apply_axes
 from perm_core.verify import TOLERANCE, Subject, TensorError, tensor_errors
 
@@ -106,6 +107,11 @@ def head_outputs(subject: Subject, params: dict, layer: int, z: torch.Tensor) ->
 
 
 def rotation_demo(model, inputs: dict, key: int, layer: int = 0, head: int = 0) -> RotationDemo:
+    with one_thread():
+        return _rotation_demo(model, inputs, key, layer, head)
+
+
+def _rotation_demo(model, inputs: dict, key: int, layer: int, head: int) -> RotationDemo:
     subject = Subject(model, inputs)
     g = subject.geometry
     layer, head = min(max(layer, 0), g.n_layers - 1), min(max(head, 0), g.n_heads - 1)
@@ -215,13 +221,15 @@ def norm_commutation(subject: Subject, key: int) -> dict[str, dict[str, float]]:
 def residual_rotation(model, inputs: dict, key: int) -> Comparison:
     """A permutation of the residual stream is a symmetry; a general rotation of it is not (norms)."""
     subject = Subject(model, inputs)
-    original = subject.trace()
+    with one_thread():
+        original = subject.trace()
     permutation = symmetries.build("channels", key, subject.geometry)
     control = next(c for c in symmetries.controls("channels", key, subject.geometry, subject.n_tokens)
                    if c.name == "residual_rotation")
-    return Comparison("residual stream: permutation vs general rotation", _errors(subject, permutation, original),
-                      _errors(subject, control.scramble, original), TOLERANCE.get(subject.dtype, 1e-4),
-                      notes=norm_commutation(subject, key))
+    with one_thread():
+        return Comparison("residual stream: permutation vs general rotation",
+                          _errors(subject, permutation, original), _errors(subject, control.scramble, original),
+                          TOLERANCE.get(subject.dtype, 1e-4), notes=norm_commutation(subject, key))
 
 
 def rope_rotations(model, inputs: dict, key: int) -> Comparison:
@@ -229,6 +237,11 @@ def rope_rotations(model, inputs: dict, key: int) -> Comparison:
     subject = Subject(model, inputs)
     if not subject.geometry.rope:
         raise ValueError("this model has no rotary position embeddings; pick random:llama or smollm2-135m")
+    with one_thread():
+        return _rope(subject, key)
+
+
+def _rope(subject: Subject, key: int) -> Comparison:
     original = subject.trace()
     planes = symmetries.build("rotation", key, subject.geometry)
     general = next(c for c in symmetries.controls("rotation", key, subject.geometry)

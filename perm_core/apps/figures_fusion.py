@@ -1,0 +1,94 @@
+"""Plotly builders for the Rotation and Fusion pages: numbers and arrays in, go.Figure out; no model code."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+COLORS = {"average": "#7f7f7f", "permutation": "#1f77b4", "rotation": "#ff7f0e", "permutation+rotation": "#2ca02c"}
+
+
+def _array(t):
+    return t.detach().cpu().double().numpy()
+
+
+def side_by_side(original, rotated, title: str, x_title: str = "channel", y_title: str = "token") -> go.Figure:
+    """Two heatmaps on one colour scale: the original tensor and the rotated model's."""
+    a, b = _array(original), _array(rotated)
+    if a.ndim == 1:
+        a, b = a[None], b[None]
+    bound = float(max(abs(a).max(), abs(b).max())) or 1.0
+    fig = make_subplots(1, 2, subplot_titles=("original", "rotated model"), horizontal_spacing=0.08)
+    for col, z in ((1, a), (2, b)):
+        fig.add_trace(go.Heatmap(z=z, zmin=-bound, zmax=bound, colorscale="RdBu", reversescale=True,
+                                 showscale=col == 2), 1, col)
+        fig.update_yaxes(autorange="reversed", title_text=y_title if col == 1 else None, row=1, col=col)
+        fig.update_xaxes(title_text=x_title, row=1, col=col)
+    fig.update_layout(title=title, height=300, margin=dict(t=60, b=40, l=40, r=20))
+    return fig
+
+
+def change_bars(quantities) -> go.Figure:
+    """Relative change per quantity and layer, on a log axis: ~1 (changed completely) vs ~1e-7 (round-off)."""
+    fig = go.Figure()
+    names = list(dict.fromkeys(q.name for q in quantities))
+    for layer in sorted({q.layer for q in quantities}):
+        rows = [q for q in quantities if q.layer == layer]
+        fig.add_trace(go.Bar(name=f"layer {layer}", x=[q.name for q in rows],
+                             y=[max(q.changed, 1e-17) for q in rows]))
+    fig.update_layout(barmode="group", title="How much each tensor moves under the rotation (max relative change)",
+                      yaxis=dict(type="log", title="relative change"), xaxis=dict(categoryorder="array",
+                                                                                   categoryarray=names),
+                      height=380, margin=dict(t=60, b=40))
+    return fig
+
+
+def error_comparison(comparison, tolerance: float) -> go.Figure:
+    """Per-tensor relative error of a symmetry vs a near miss, log scale, with the tolerance line."""
+    fig = go.Figure()
+    pairs = ((comparison.symmetry_label, comparison.symmetry), (comparison.broken_label, comparison.broken))
+    for label, errors in pairs:
+        fig.add_trace(go.Bar(name=label, x=[e.name for e in errors], y=[max(e.max_rel_error, 1e-17) for e in errors]))
+    fig.add_hline(y=tolerance, line_dash="dash", annotation_text=f"tolerance {tolerance:g}")
+    fig.update_layout(barmode="group", title=comparison.title, yaxis=dict(type="log", title="max relative error"),
+                      height=380, margin=dict(t=60, b=40))
+    return fig
+
+
+def barrier_curves(result, metric: str = "loss") -> go.Figure:
+    """Test loss (or accuracy) along (1 - alpha) A + alpha aligned-B, one curve per method."""
+    fig = go.Figure()
+    for m in result.methods:
+        y = m.path_loss if metric == "loss" else [100 * a for a in m.path_accuracy]
+        fig.add_trace(go.Scatter(x=m.path_alpha, y=y, mode="lines+markers", name=m.method,
+                                 line=dict(color=COLORS.get(m.method))))
+    label = "test loss (cross-entropy)" if metric == "loss" else "test accuracy (%)"
+    fig.update_layout(title=f"{label} along the linear path from A (alpha 0) to aligned B (alpha 1)",
+                      xaxis_title="alpha", yaxis_title=label, height=380, margin=dict(t=60, b=40))
+    return fig
+
+
+def distance_bars(result) -> go.Figure:
+    """||A - B|| before and after matching, per parameter group and in total."""
+    fig = make_subplots(1, 2, subplot_titles=("total ||A - B||", "by parameter group (after matching)"))
+    methods = [m.method for m in result.methods]
+    fig.add_trace(go.Bar(name="before matching", x=methods, y=[m.distance_before for m in result.methods],
+                         marker_color="#bbbbbb"), 1, 1)
+    fig.add_trace(go.Bar(name="after matching", x=methods, y=[m.distance_after for m in result.methods],
+                         marker_color=[COLORS.get(m) for m in methods]), 1, 1)
+    for group in result.methods[0].group_distance_after:
+        fig.add_trace(go.Bar(name=group, x=methods, y=[m.group_distance_after[group] for m in result.methods]), 1, 2)
+    fig.update_layout(barmode="group", height=380, margin=dict(t=60, b=40))
+    return fig
+
+
+def fused_bars(result) -> go.Figure:
+    """Test accuracy of A, B and each fused model."""
+    names = ["A", "B"] + [f"fused: {m.method}" for m in result.methods]
+    values = [result.accuracy_a, result.accuracy_b] + [m.accuracy for m in result.methods]
+    colors = ["#444444", "#444444"] + [COLORS.get(m.method) for m in result.methods]
+    fig = go.Figure(go.Bar(x=names, y=[100 * v for v in values], marker_color=colors,
+                           text=[f"{100 * v:.1f}%" for v in values], textposition="outside"))
+    fig.update_layout(title="test accuracy (360 held-out digits)", yaxis=dict(title="%", range=[0, 110]),
+                      height=360, margin=dict(t=60, b=40))
+    return fig

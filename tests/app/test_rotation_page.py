@@ -1,0 +1,35 @@
+"""AppTest: the Rotation page proves the rotated model is the same function and shows the near misses."""
+
+import json
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+APP = str(Path(__file__).resolve().parents[2] / "app.py")
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def test_rotation_page_default_run():
+    at = AppTest.from_file(APP, default_timeout=240)
+    at.run()
+    at.switch_page("pages/rotation.py")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    verdict = at.success[0].value
+    assert "same function" in verdict and "broken, as it must be" in verdict
+    charts = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    titles = [c["layout"].get("title", {}).get("text", "") for c in charts]
+    assert any("queries" in t for t in titles) and any("attention scores" in t for t in titles)
+    assert any("RoPE" in t for t in titles) and any("residual stream" in t for t in titles)
+    assert "0.0001" in verdict  # float32 tolerance of the default digits-vit
+
+    # A bad key is a clear message, not a traceback.
+    at.text_input(key="rotation_key").input("-1").run()
+    assert not at.exception
+    assert at.error and "whole number" in at.error[0].value
