@@ -63,7 +63,7 @@ def barrier_curves(result, metric: str = "loss") -> go.Figure:
         fig.add_trace(go.Scatter(x=m.path_alpha, y=y, mode="lines+markers", name=m.method,
                                  line=dict(color=COLORS.get(m.method))))
     label = "test loss (cross-entropy)" if metric == "loss" else "test accuracy (%)"
-    fig.update_layout(title=f"{label} along the linear path from A (alpha 0) to aligned B (alpha 1)",
+    fig.update_layout(title=f"{label}: path A (0) to aligned B (1)",
                       xaxis_title="alpha", yaxis_title=label, height=380, margin=dict(t=60, b=40))
     return fig
 

@@ -1,0 +1,19 @@
+"""Real Chromium: the Fusion page shows the four methods, their proofs and the barrier curves."""
+
+from tests.e2e.conftest import wait_for_app
+
+
+def test_fusion_page_in_chromium(app_url, page, shot):
+    page.goto(f"{app_url}/fusion")
+    wait_for_app(page, timeout_ms=180_000)
+    page.get_by_text("What the paper claims, and what this run shows").wait_for(timeout=60_000)
+    page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= 4",
+                           timeout=60_000)
+    page.locator('[data-testid="stPlotlyChart"]').first.scroll_into_view_if_needed()
+    page.wait_for_timeout(500)
+    path = shot(page, "fusion")
+    alerts = page.locator('[data-testid="stAlert"]')
+    assert sum("broken, as it must be" in alerts.nth(i).inner_text() for i in range(alerts.count())) == 4
+    assert page.locator('[data-testid="stPlotlyChart"]').count() == 4
+    assert page.locator('[data-testid="stException"]').count() == 0
+    assert path.stat().st_size > 20_000
