@@ -8,28 +8,13 @@ import torch
 from safetensors.torch import save_file
 
 from perm_core import inputs, zoo, zoo_smollm
+from perm_core.numerics import EXACT_EAGER
 from perm_core.zoo import ModelLoadError
 
 
 @pytest.fixture(autouse=True)
 def _offline(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-
-
-@pytest.fixture(scope="session")
-def smollm(tmp_path_factory):
-    """smollm2-135m converted once per session into a temporary cache (not the user's)."""
-    previous = os.environ.get("TRANSFORMER_SYMMETRY_CACHE")
-    os.environ["TRANSFORMER_SYMMETRY_CACHE"] = str(tmp_path_factory.mktemp("tse-cache"))
-    calls = []
-    started = time.perf_counter()
-    loaded = zoo.load_model("smollm2-135m", progress=lambda f, m: calls.append((f, m)))
-    first_seconds = time.perf_counter() - started
-    yield loaded, calls, first_seconds
-    if previous is None:
-        os.environ.pop("TRANSFORMER_SYMMETRY_CACHE", None)
-    else:
-        os.environ["TRANSFORMER_SYMMETRY_CACHE"] = previous
 
 
 # --- listing ---
@@ -110,7 +95,7 @@ def test_local_directory_round_trip(tmp_path):
     loaded = zoo.load_model(str(tmp_path), dtype=torch.float64)
     assert loaded.info.family == "vit" and loaded.info.task == "image-classification"
     assert loaded.model.dtype == torch.float64 and not loaded.model.training
-    assert loaded.model.config._attn_implementation == "eager"
+    assert loaded.model.config._attn_implementation == EXACT_EAGER
     x = torch.randn(3, 1, 8, 8)
     with torch.no_grad():
         reloaded = loaded.model(pixel_values=x.double()).logits
@@ -159,7 +144,7 @@ def test_unsupported_local_architecture(tmp_path):
 def test_digits_vit_loaded_fields():
     loaded = zoo.load_model("digits-vit", dtype=torch.float64)
     assert loaded.model.dtype == torch.float64 and not loaded.model.training
-    assert loaded.model.config._attn_implementation == "eager"
+    assert loaded.model.config._attn_implementation == EXACT_EAGER
     assert (loaded.image_size, loaded.image_channels, loaded.tokenizer) == (8, 1, None)
     assert loaded.labels == [str(d) for d in range(10)]
     out = loaded.model(pixel_values=torch.zeros(1, 1, 8, 8, dtype=torch.float64), output_attentions=True)
@@ -176,7 +161,7 @@ def test_mean_pool_ignores_padding():
 def test_minilm_paraphrase_beats_unrelated():
     loaded = zoo.load_model("minilm")
     assert loaded.info.family == "bert" and type(loaded.model).__name__ == "BertModel"
-    assert loaded.model.config._attn_implementation == "eager" and not loaded.model.training
+    assert loaded.model.config._attn_implementation == EXACT_EAGER and not loaded.model.training
     texts = [
         "A man is playing a guitar.",
         "Someone plays the guitar.",
@@ -197,7 +182,7 @@ def test_minilm_paraphrase_beats_unrelated():
 def test_smollm2_knows_the_capital_of_france(smollm):
     loaded, calls, _ = smollm
     assert loaded.info.family == "llama" and type(loaded.model).__name__ == "LlamaForCausalLM"
-    assert loaded.model.config._attn_implementation == "eager" and not loaded.model.training
+    assert loaded.model.config._attn_implementation == EXACT_EAGER and not loaded.model.training
     assert sum(p.numel() for p in loaded.model.parameters()) == 134_515_008
     assert calls[0][0] == 0.0 and calls[-1][0] == 1.0  # the one-time conversion reported progress
     assert inputs.model_window(loaded) == 8192
@@ -245,7 +230,7 @@ def test_random_models_when_available():
         loaded = zoo.load_model(f"random:{family}", dtype=torch.float64)
         assert loaded.info.source == "random" and loaded.info.family == family
         assert loaded.model.dtype == torch.float64 and not loaded.model.training
-        assert loaded.model.config._attn_implementation == "eager"
+        assert loaded.model.config._attn_implementation == EXACT_EAGER
         assert (loaded.image_size is not None) == (family == "vit")
     assert "tiny" in random_models.RANDOM_SIZES
     with pytest.raises(ModelLoadError, match="Unknown random family"):

@@ -1,0 +1,32 @@
+"""`check` passes on every offline zoo model, with real weights and real inputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from perm_core import zoo
+from perm_core.defaults import default_inputs
+from perm_core.verify import check
+
+
+@pytest.mark.parametrize("name", ["digits-vit", "minilm"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_check_passes_on_shipped_and_wheel_models(name, dtype):
+    loaded = zoo.load_model(name, dtype=dtype)
+    report = check(loaded.model, default_inputs(loaded), key=2024, model_name=name)
+    failing = [(c.symmetry, c.direction, c.max_rel_error) for c in report.checks if not c.passed]
+    assert not failing
+    assert all(c.broken for c in report.controls), [(c.name, c.max_rel_error) for c in report.controls]
+    assert report.passed
+    bound = 1e-11 if dtype == torch.float64 else 1e-5
+    assert max(c.max_rel_error for c in report.checks if c.direction == "forward") < bound
+
+
+@pytest.mark.slow
+def test_check_passes_on_smollm2(smollm):
+    loaded = zoo.load_model("smollm2-135m", dtype=torch.float32)
+    report = check(loaded.model, default_inputs(loaded), key=7, model_name="smollm2-135m")
+    assert report.family == "llama"
+    assert report.passed, [(c.symmetry, c.direction, c.max_rel_error) for c in report.checks if not c.passed] + [
+        (c.name, c.max_rel_error) for c in report.controls if not c.broken]
