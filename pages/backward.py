@@ -1,11 +1,11 @@
 """Backward: gradients un-scramble exactly, and SGD in the scrambled world stays locked to the original."""
 
 import streamlit as st
-import torch
 
 from perm_core import symmetries
 from perm_core.apps import backward as bw
 from perm_core.apps import figures_backward as fb
+from perm_core.defaults import default_inputs
 from perm_core.digits import digits_split
 from perm_core.inputs import InputError, prepare_text
 from perm_core.keys import InvalidKeyError, validate_key
@@ -48,18 +48,23 @@ loss_kinds = bw.losses_for(loaded.model)
 row = st.columns([2, 3, 3])
 loss_kind = row[0].selectbox("Loss", loss_kinds, format_func=lambda k: bw.LOSSES[k], key="bw_loss")
 reference, target_class = None, 0
-if loaded.info.family == "vit" or loaded.tokenizer is None:
-    test_x = digits_split()[2] if model_name == "digits-vit" else None
+if loaded.info.family == "vit":
     labels = loaded.labels or [str(i) for i in range(loaded.model.config.num_labels)]
-    if test_x is not None:
+    if model_name == "digits-vit":
+        test_x = digits_split()[2]
         index = row[1].slider("Test image", 0, len(test_x) - 1, 0, key="bw_image")
         inputs = {"pixel_values": test_x[index : index + 1]}
     else:
-        g = torch.Generator().manual_seed(0)
-        shape = (1, loaded.image_channels, loaded.image_size, loaded.image_size)
-        inputs = {"pixel_values": torch.randn(shape, generator=g)}
+        inputs = default_inputs(loaded)
+        row[1].caption("A random image (seed 0).")
     target_class = row[2].selectbox("Target class", range(len(labels)), format_func=lambda i: labels[i],
                                     key="bw_class")
+elif loaded.tokenizer is None:  # random text models have no tokenizer: random token ids
+    inputs = default_inputs(loaded)
+    row[1].caption(f"Random token ids (seed 0), {inputs['input_ids'].shape[1]} tokens.")
+    if loss_kind == "similarity":
+        reference = default_inputs(loaded, seed=1)
+        row[2].caption("Reference: another random sequence (seed 1).")
 else:
     text = row[1].text_input("Input text", DEFAULT_TEXT, key="bw_text")
     try:
@@ -129,15 +134,25 @@ else:
     sgd_inputs, sgd_targets = inputs, None
 
 
-@st.cache_data(show_spinner=False, max_entries=8)
-def lockstep(model_name, dtype_name, settings, _inputs, _targets, _reference, steps, lr, control, _progress=None):
-    loaded = shared_model(model_name, dtype_name)
-    subject = Subject(loaded.model, _inputs)
-    loss = bw.make_loss(settings["loss"], subject, settings["class"], _reference)
-    if _targets is not None:
-        loss = bw.Loss("class", targets=_targets)
-    return bw.sgd_lockstep(loaded.model, _inputs, loss, dict(settings["keys"]), steps, lr,
-                           None if control == "none" else control, progress=_progress)
+@st.cache_resource(show_spinner=False)
+def lockstep_memo() -> dict:
+    """Finished SGD runs by settings, shared by sessions (no elements inside, so progress can update a bar)."""
+    return {}
+
+
+def lockstep(model_name, dtype_name, settings, inputs, targets, reference, steps, lr, control, progress):
+    memo_key = (model_name, dtype_name, repr(settings), steps, lr, control, targets is not None)
+    memo = lockstep_memo()
+    if memo_key not in memo:
+        loaded = shared_model(model_name, dtype_name)
+        subject = Subject(loaded.model, inputs)
+        loss = bw.Loss("class", targets=targets) if targets is not None else \
+            bw.make_loss(settings["loss"], subject, settings["class"], reference)
+        if len(memo) >= 16:
+            memo.pop(next(iter(memo)))
+        memo[memo_key] = bw.sgd_lockstep(loaded.model, inputs, loss, dict(settings["keys"]), steps, lr,
+                                         None if control == "none" else control, progress=progress)
+    return memo[memo_key]
 
 
 bar = st.progress(0.0, text="SGD in both worlds")

@@ -102,7 +102,8 @@ def gradients(subject: Subject, loss: Loss, scramble: Scramble | None = None, pa
     if params is None:
         params = subject.params if scramble.is_identity else subject.transformed_params(scramble)
     names = list(params) if param_names is None else list(param_names)
-    params = {n: (p.detach().requires_grad_(True) if n in names else p.detach()) for n, p in params.items()}
+    # Every parameter requires grad, so the embedding output (the text models' input) is in the graph.
+    params = {n: p.detach().requires_grad_(True) for n, p in params.items()}
     with torch.enable_grad():
         out, source = _outputs(subject, params, scramble, pixels_grad=True)
         value = loss_of(subject, out, scramble, loss)

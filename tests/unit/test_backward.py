@@ -93,3 +93,13 @@ def test_losses_for_each_family(vit64):
     assert bw.losses_for(vit64) == ["class"]
     assert bw.losses_for(load_model("random:llama").model)[0] == "next_token"
     assert bw.losses_for(load_model("random:bert").model) == ["similarity"]
+
+
+def test_text_input_gradient_with_only_one_weight_chosen():
+    model = load_model("random:bert", dtype=torch.float64).model
+    inputs = random_inputs("bert", model, 0)
+    loss = bw.Loss("similarity", reference=torch.randn(model.config.hidden_size, dtype=torch.float64))
+    weight = "bert.encoder.layer.0.attention.self.query.weight"
+    result = bw.compare_gradients(model, inputs, loss, {"channels": 1}, [weight])
+    assert set(result.original) == {"grad.input", "grad.param.bert.encoder.layer.0.attention.self.query.weight"}
+    assert result.max_rel_error < 1e-9

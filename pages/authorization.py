@@ -1,0 +1,87 @@
+"""Model authorization: a model locked with a key works only for whoever holds the key."""
+
+import streamlit as st
+
+from perm_core.apps import authorization as auth
+from perm_core.apps import figures_backward as fb
+from perm_core.keys import InvalidKeyError, validate_key
+from ui.resources import shared_model
+
+MODELS = ("digits-vit", "digits-vit-b", "minilm", "smollm2-135m")
+DEFAULT_WRONG = {"digits-vit": 20, "digits-vit-b": 20, "minilm": 5, "smollm2-135m": 3}
+LABELS = {"accuracy": "test accuracy", "retrieval": "paraphrase retrieval top-1", "perplexity": "perplexity"}
+
+st.title("Model authorization: a key-locked Transformer")
+st.markdown(
+    "**The scheme** (after Xu et al., CVPR 2024). The key draws a permutation *P* of the residual channels. "
+    "Every weight after the embedding layer (all blocks, their norms, the final norm and the head) is permuted "
+    "by *P*, as the channel symmetry prescribes; the embedding layer is published unchanged. A key holder "
+    "applies *P* to the embedding features before they enter the locked backbone and gets the original model "
+    "back exactly. Without the key (plain features) or with a wrong key, the backbone sees its channels in the "
+    "wrong order: a different, untrained network.")
+st.caption("Threat model: the locked weights are public, the key is secret. This shows what the symmetry makes "
+           "possible; it is not a claim of security against an attacker who fine-tunes or fits P from data.")
+
+row = st.columns([2, 2, 2])
+model_name = row[0].selectbox("Model", MODELS, key="au_model",
+                              help="smollm2-135m: the first load converts the shipped GGUF (about a minute).")
+key_text = row[1].text_input("Key", value="2024", key="au_key")
+n_wrong = row[2].slider("Wrong keys to try", 1, 50, DEFAULT_WRONG[model_name], key=f"au_wrong_{model_name}")
+try:
+    key = validate_key(key_text)
+except InvalidKeyError as error:
+    st.error(str(error))
+    st.stop()
+
+try:
+    loaded = shared_model(model_name, "float32")
+except Exception as error:  # noqa: BLE001 - a one-line message, never a traceback
+    st.error(f"Could not load {model_name}: {str(error).splitlines()[0]}")
+    st.stop()
+
+
+@st.cache_resource(show_spinner=False)
+def measured_memo() -> dict:
+    """Finished measurements by settings, shared by sessions (no elements inside, so progress can update a bar)."""
+    return {}
+
+
+def measured(model_name, key, n_wrong, progress):
+    memo = measured_memo()
+    if (model_name, key, n_wrong) not in memo:
+        if len(memo) >= 32:
+            memo.pop(next(iter(memo)))
+        memo[(model_name, key, n_wrong)] = auth.authorize(shared_model(model_name, "float32"), key, n_wrong,
+                                                          model_name, progress=progress)
+    return memo[(model_name, key, n_wrong)]
+
+
+bar = st.progress(0.0, text="Locking the model and trying keys")
+result = measured(model_name, key, n_wrong, lambda f, m: bar.progress(min(f, 1.0), text=m))
+bar.empty()
+label = LABELS[result.metric]
+fmt = "{:.1f}" if result.metric == "perplexity" else "{:.1%}"
+cols = st.columns(5)
+cols[0].metric("Unlocked model", fmt.format(result.original))
+cols[1].metric("Right key", fmt.format(result.right_key))
+cols[2].metric("No key", fmt.format(result.no_key))
+cols[3].metric(f"Wrong keys (mean of {len(result.wrong_keys)})", fmt.format(sum(result.wrong_keys)
+                                                                           / len(result.wrong_keys)))
+cols[4].metric("Chance" + (" (uniform over the vocabulary)" if result.metric == "perplexity" else ""),
+               fmt.format(result.chance))
+st.info(f"Key space: {result.key_space_bits:.0f} bits ({loaded.model.config.hidden_size}! orderings of the "
+        f"residual channels); the CLI key picks one of them.")
+if abs(result.right_key - result.original) <= 1e-6 * max(1.0, abs(result.original)):
+    st.success(f"The right key restores the model exactly: {label} {fmt.format(result.right_key)}.")
+else:
+    st.error(f"The right key changed the {label}: {fmt.format(result.original)} → {fmt.format(result.right_key)}.")
+if result.metric == "retrieval":
+    st.caption(f"{len(auth.paraphrase_pairs())} paraphrase pairs (assets/samples/paraphrases.json): a query "
+               "counts as retrieved when its own paraphrase is the nearest of all second sentences (cosine). "
+               "What survives without the key is mostly shared words, which any random encoder keeps.")
+elif result.metric == "perplexity":
+    st.caption(f"Perplexity of: “{auth.PERPLEXITY_TEXT}”")
+st.plotly_chart(fb.authorization_histogram(result, label), width="stretch")
+with st.expander("Every wrong key"):
+    st.dataframe([{"key": str(k), label: v} for k, v in zip(result.wrong_key_values, result.wrong_keys,
+                                                             strict=True)], hide_index=True)

@@ -1,0 +1,56 @@
+"""AppTest: the Model authorization page measures right key, no key, wrong keys; refuses a bad key."""
+
+import json
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from perm_core.digits import evaluate_digits
+from perm_core.zoo import load_model
+
+PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "authorization.py")
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def percent(text: str) -> float:
+    return float(text.rstrip("%")) / 100
+
+
+def test_digits_lock_numbers_and_histogram():
+    at = AppTest.from_file(PAGE, default_timeout=300)
+    at.run()
+    assert not at.exception and not at.error
+    shown = {m.label: m.value for m in at.metric}
+    accuracy, _ = evaluate_digits(load_model("digits-vit").model)
+    assert abs(percent(shown["Right key"]) - accuracy) < 1e-3
+    assert shown["Unlocked model"] == shown["Right key"]
+    assert percent(shown["No key"]) < 0.3
+    assert percent(shown["Wrong keys (mean of 20)"]) < 0.3
+    assert "296 bits" in at.info[0].value
+    spec = json.loads(at.get("plotly_chart")[0].proto.spec)
+    histogram = spec["data"][0]
+    assert histogram["type"] == "histogram" and histogram["name"] == "20 wrong keys"
+
+
+def test_bad_key_shows_an_error():
+    at = AppTest.from_file(PAGE, default_timeout=300)
+    at.run()
+    at.text_input(key="au_key").set_value("-1").run()
+    assert not at.exception
+    assert "0 to 2**64-1" in at.error[0].value
+    assert not at.metric
+
+
+def test_minilm_retrieval():
+    at = AppTest.from_file(PAGE, default_timeout=300)
+    at.run()
+    at.selectbox(key="au_model").set_value("minilm").run()
+    assert not at.exception and not at.error
+    shown = {m.label: m.value for m in at.metric}
+    assert percent(shown["Right key"]) == percent(shown["Unlocked model"]) >= 0.9
+    assert percent(shown["No key"]) < percent(shown["Right key"]) - 0.3

@@ -1,0 +1,56 @@
+"""AppTest: the Backward page computes real gradients and SGD errors, and refuses a bad key."""
+
+import json
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "backward.py")
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def metrics(at) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+def test_default_run_shows_exact_gradients_and_sgd_lockstep():
+    at = AppTest.from_file(PAGE, default_timeout=300)
+    at.run()
+    assert not at.exception
+    shown = metrics(at)
+    assert shown["Loss, original world"] == shown["Loss, scrambled world"]
+    assert float(shown["Max relative gradient error"]) < 1e-9
+    assert float(shown["Worst error over all steps"]) < 1e-9
+    before, after = (float(x) for x in shown["Loss before / after"].split(" → "))
+    assert before != after  # training really moved the weights
+    assert len(at.success) == 2 and not at.error
+    specs = [json.loads(chart.proto.spec) for chart in at.get("plotly_chart")]
+    sgd = next(s for s in specs if "per SGD step" in s["layout"]["title"]["text"])
+    assert [t["name"] for t in sgd["data"]] == ["correct scramble"]
+    assert len(at.dataframe) == 1 and len(at.dataframe[0].value) == 6  # steps 0..5
+
+
+def test_bad_key_shows_an_error_not_a_traceback():
+    at = AppTest.from_file(PAGE, default_timeout=300)
+    at.run()
+    at.text_input(key="bw_key").set_value("not a key").run()
+    assert not at.exception
+    assert "whole number" in at.error[0].value
+    assert not at.metric
+
+
+def test_text_model_with_negative_control():
+    at = AppTest.from_file(PAGE, default_timeout=300)
+    at.run()
+    at.selectbox(key="bw_model").set_value("random:bert").run()
+    at.selectbox(key="bw_control").set_value("norms_not_permuted").run()
+    assert not at.exception
+    shown = metrics(at)
+    assert float(shown["Max relative gradient error"]) < 1e-9
+    assert float(shown["Worst error over all steps"]) < 1e-9
+    assert "broken, as it must be" in at.warning[0].value

@@ -1,0 +1,22 @@
+"""Real Chromium: the Model authorization page shows the key's worth and the wrong-key histogram."""
+
+from tests.e2e.conftest import wait_for_app
+
+
+def test_authorization_page_in_chromium(app_url, page, shot):
+    page.goto(f"{app_url}/authorization")
+    wait_for_app(page, timeout_ms=240_000)
+    page.get_by_text("The right key restores the model exactly").wait_for(timeout=120_000)
+    page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= 1",
+                           timeout=60_000)
+    page.wait_for_timeout(800)
+    assert page.locator('[data-testid="stException"]').count() == 0
+    values = {}
+    for i in range(page.locator('[data-testid="stMetric"]').count()):
+        metric = page.locator('[data-testid="stMetric"]').nth(i)
+        values[metric.locator('[data-testid="stMetricLabel"]').inner_text().strip()] = float(
+            metric.locator('[data-testid="stMetricValue"]').inner_text().rstrip("%")) / 100
+    assert values["Right key"] > 0.95 and values["No key"] < 0.3 and values["Chance"] == 0.1
+    assert page.get_by_text("Key space: 296 bits").count() == 1
+    path = shot(page, "authorization")
+    assert path.stat().st_size > 20_000
