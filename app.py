@@ -4,7 +4,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from ui.sidebar import render_sidebar
+from ui.sidebar import end_run, render_sidebar
 from ui.state import publish
 
 ROOT = Path(__file__).resolve().parent
@@ -26,6 +26,8 @@ pages = [st.Page(path, title=title, icon=icon, default=path == "pages/home.py")
 navigation = st.navigation(pages)
 st.session_state.pop("_nav_rerun", None)
 render_sidebar()
-navigation.run()
-st.session_state.pop("_sidebar_this_run", None)  # the next run renders it afresh
+try:
+    navigation.run()
+finally:  # also when a page calls st.stop(): the next run renders the sidebar afresh
+    end_run()
 publish()

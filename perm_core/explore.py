@@ -182,9 +182,9 @@ class Exploration:
 
 
 def bits_summary(keys_by_symmetry: dict[str, int], geometry, n_tokens: int) -> dict[str, float]:
-    """Key-space size in bits of each active symmetry, plus their total."""
+    """Key-space size in bits of each active symmetry, plus the total of the discrete ones."""
     bits = {name: symmetries.key_space_bits(name, geometry, n_tokens) for name in keys_by_symmetry}
-    bits["total"] = sum(bits.values()) if bits else 0.0
+    bits["total"] = sum(b for b in bits.values() if not math.isinf(b))  # rotations are continuous
     return bits
 
 

@@ -147,3 +147,23 @@ def token_chips(tokens: list[str], origins: list[int]) -> str:
                      f'margin:1px;display:inline-block;font-family:monospace;font-size:0.85em" '
                      f'title="original position {origin}">{html.escape(token)}</span>')
     return '<div style="line-height:1.9">' + "".join(chips) + "</div>"
+
+
+def tensor_error_chart(names, abs_errors, rel_errors, title: str, tolerance: float | None = None,
+                       max_bars: int = 400) -> go.Figure:
+    """Per-tensor max errors on a log axis (the worst max_bars tensors when there are more)."""
+    order = sorted(range(len(names)), key=lambda i: -rel_errors[i])[:max_bars]
+    order.sort()
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=[names[i] for i in order], y=[max(rel_errors[i], FLOOR) for i in order],
+                         name="max rel error", marker_color="#4c78a8"))
+    fig.add_trace(go.Scatter(x=[names[i] for i in order], y=[max(abs_errors[i], FLOOR) for i in order],
+                             mode="markers", name="max abs error", marker=dict(color="#f58518", size=5)))
+    if tolerance:
+        fig.add_hline(y=tolerance, line=dict(color="gray", dash="dash"), annotation_text="tolerance")
+    note = f" (worst {max_bars} of {len(names)})" if len(names) > max_bars else ""
+    fig.update_layout(**{**LAYOUT, "height": 360}, title=dict(text=title + note, font=dict(size=13)),
+                      legend=dict(orientation="h", y=1.1))
+    fig.update_yaxes(type="log", exponentformat="e")
+    fig.update_xaxes(showticklabels=len(order) <= 60)
+    return fig

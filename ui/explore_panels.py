@@ -64,7 +64,8 @@ def keys(view, explorer, symmetries) -> None:
         st.info("Switch on a symmetry in the sidebar to see its permutation.")
         return
     bits = bits_summary(view.keys, explorer.geometry, explorer.n_tokens)
-    st.markdown(f"Key space of the switched-on symmetries together: **{format_bits(bits['total'])}** "
+    extra = ", plus a continuous family of rotations" if "rotation" in view.keys else ""
+    st.markdown(f"Key space of the switched-on permutations together: **{format_bits(bits['total'])}**{extra} "
                 f"(log2 of the number of distinct transforms; log2 n! for a permutation of n items).")
     drawable = [n for n in view.keys if n != "rotation"]
     cols = st.columns(max(len(drawable), 1) if drawable else 1)

@@ -8,6 +8,7 @@ by the page with st.error, so the app keeps running.
 from __future__ import annotations
 
 import hashlib
+import threading
 from dataclasses import dataclass, field
 
 import streamlit as st
@@ -27,6 +28,7 @@ DEFAULT_KEYS = {"tokens": 7, "channels": 42, "heads": 3, "head_channels": 5, "ml
 MAX_TOKENS = 128  # the Explore page draws tokens x tokens maps; longer texts are truncated with a notice
 ZOO = ("digits-vit", "digits-vit-b", "minilm", "smollm2-135m", "random:vit", "random:bert", "random:gpt2",
        "random:llama")
+_THIS_RUN = threading.local()  # the view rendered by app.py in this script run (each session runs in its thread)
 SLOW_FIRST_LOAD = {"smollm2-135m": "the first load converts the shipped GGUF file (about a minute)"}
 
 
@@ -61,7 +63,7 @@ def _samples() -> tuple[dict, dict]:
 
 
 @st.cache_resource(show_spinner=False)
-def _test_digits():
+def test_digits():
     from perm_core.digits import digits_split
 
     _, _, test_x, test_y = digits_split(raw=True)
@@ -77,18 +79,22 @@ def current_view() -> View | None:
 
 
 def ensure_view() -> View:
-    """The view of this run. app.py renders the sidebar before the page; a page run on its own (AppTest
-    runs page files directly after switch_page) renders it itself."""
-    if st.session_state.get("_sidebar_this_run", False):
-        return st.session_state["view"]
+    """The view of this run. app.py renders the sidebar before the page; a page run on its own (Streamlit's
+    old pages/ mode, which AppTest uses after switch_page) reruns once through app.py, else renders it."""
+    if getattr(_THIS_RUN, "view", None) is not None:
+        return _THIS_RUN.view
     if not st.session_state.pop("_nav_rerun", False):
-        # Run as a bare page (Streamlit's old pages/ mode): rerun once through app.py.
-        st.session_state["_nav_rerun"] = True
+        st.session_state["_nav_rerun"] = True  # app.py clears it; a second bare run renders the sidebar here
         use_navigation_registry()
         st.rerun()
     view = render_sidebar()
-    st.session_state.pop("_sidebar_this_run", None)
+    end_run()
     return view
+
+
+def end_run() -> None:
+    """app.py calls this after the page (also when the page stopped early)."""
+    _THIS_RUN.view = None
 
 
 def render_sidebar() -> View:
@@ -113,7 +119,7 @@ def render_sidebar() -> View:
         st.markdown("### Keys")
         _keys(view)
     st.session_state["view"] = view
-    st.session_state["_sidebar_this_run"] = True
+    _THIS_RUN.view = view
     return view
 
 
@@ -138,7 +144,7 @@ def _image_input(view: View) -> None:
                       format_func={"digit": "Digit picker", "sample": "Sample photo", "upload": "Upload"}.get)
     image = None
     if source == "digit":
-        test_x, test_y = _test_digits()
+        test_x, test_y = test_digits()
         seed("digit", 0, int, valid=lambda v: 0 <= v < len(test_x))
         index = st.number_input(f"Held-out test digit # (0-{len(test_x) - 1})", 0, len(test_x) - 1, key="digit")
         values = (test_x[int(index), 0].numpy() * 255.0 / 16.0).round().clip(0, 255).astype("uint8")
@@ -158,10 +164,9 @@ def _image_input(view: View) -> None:
             view.problems.append("Upload an image, or pick a digit or a sample photo.")
             return
         data = upload.getvalue()
-        try:
-            image = model_inputs.load_image(data)
-        except model_inputs.InputError as error:
-            view.problems.append(f"{upload.name}: {error}")
+        image, problem = image_from_upload(upload.name, data)
+        if problem:
+            view.problems.append(problem)
             return
         view.input_id = "upload:" + hashlib.sha1(data).hexdigest()
         view.input_label = f"your upload {upload.name}"
@@ -170,6 +175,14 @@ def _image_input(view: View) -> None:
         view.image = image
     except model_inputs.InputError as error:
         view.problems.append(str(error))
+
+
+def image_from_upload(name: str, data: bytes):
+    """-> (PIL image, None) or (None, one-line message naming the file)."""
+    try:
+        return model_inputs.load_image(data), None
+    except model_inputs.InputError as error:
+        return None, f"{name}: {error}"
 
 
 def _text_input(view: View) -> None:

@@ -1,0 +1,182 @@
+"""AppTest: the Explore page proves exact un-scrambling, shows the break of a negative control, keeps its view
+in the URL, and turns every bad input into a message."""
+
+import base64
+import json
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from ui.sidebar import image_from_upload
+
+APP = str(Path(__file__).resolve().parents[2] / "app.py")
+MAX_PAYLOAD = 2 * 1024 * 1024
+
+
+def explore(**query) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=300)
+    for name, value in query.items():
+        at.query_params[name] = str(value)
+    at.run()
+    at.switch_page("pages/explore.py")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def decode(values) -> np.ndarray:
+    if isinstance(values, dict) and "bdata" in values:
+        array = np.frombuffer(base64.b64decode(values["bdata"]), dtype=np.dtype(values["dtype"]))
+        shape = values.get("shape")
+        if isinstance(shape, str):
+            shape = [int(n) for n in shape.split(",")]
+        return array.reshape(shape) if shape else array
+    return np.asarray(values, dtype=float)
+
+
+def charts(at) -> list[dict]:
+    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+
+
+def title(chart) -> str:
+    return chart["layout"].get("title", {}).get("text", "")
+
+
+def proof_errors(at) -> dict[str, float]:
+    """Trace name of the proof chart -> its largest plotted error."""
+    proof = next(c for c in charts(at) if "un-scrambled vs original" in title(c))
+    return {t["name"]: float(decode(t["y"]).max()) for t in proof["data"]}
+
+
+def payload(at) -> int:
+    return sum(len(c.proto.spec) for c in at.get("plotly_chart"))
+
+
+def test_default_view_is_exact_and_small():
+    at = explore()
+    verdict = at.success[0].value
+    assert verdict.startswith("Identical to") and "float32" in verdict
+    errors = proof_errors(at)
+    assert {"hidden state (rel)", "attention map (rel)", "output logits (rel)"} <= set(errors)
+    assert 0 < max(errors.values()) < 1e-4
+    # Three columns that agree: the un-scrambled heatmap equals the original one, the scrambled one does not.
+    hidden = {title(c).split(":")[0]: decode(c["data"][0]["z"]) for c in charts(at) if "hidden state after" in title(c)}
+    assert np.abs(hidden["Un-scrambled"] - hidden["Original"]).max() < 1e-4
+    assert np.abs(hidden["Scrambled"] - hidden["Original"]).max() > 0.1
+    assert payload(at) < MAX_PAYLOAD
+    assert at.query_params["model"] == ["digits-vit"] or at.query_params["model"] == "digits-vit"
+
+
+def test_float64_every_symmetry_and_key_bits():
+    query = {f"on_{name}": 1 for name in ("heads", "head_channels", "mlp", "rotation")}
+    at = explore(dtype="float64", **query)
+    verdict = at.success[0].value
+    assert "float64" in verdict
+    errors = proof_errors(at)
+    assert max(errors.values()) <= 1e-9  # ViT's softmax runs in float32, hence not 1e-16
+    text = " ".join(m.value for m in at.markdown)
+    assert "bits" in text and "continuous" in " ".join(c.value for c in at.caption)
+
+
+def test_negative_control_shows_the_break():
+    at = explore(control="channels/norms_not_permuted")
+    assert not at.success
+    assert "breaks, as it must" in at.error[0].value
+    errors = proof_errors(at)
+    assert errors["hidden state (rel)"] > 1e-3
+    hidden = {title(c).split(":")[0]: decode(c["data"][0]["z"]) for c in charts(at) if "hidden state after" in title(c)}
+    assert np.abs(hidden["Un-scrambled"] - hidden["Original"]).max() > 1e-3
+
+    at.selectbox(key="control").set_value("tokens/positions_not_moved").run()
+    assert "breaks, as it must" in at.error[0].value
+    assert proof_errors(at)["attention map (rel)"] > 1e-3
+
+
+def test_each_key_changes_the_scramble_but_not_the_verdict():
+    at = explore(on_heads=1, on_mlp=1, on_head_channels=1)
+    pictures = {title(c): decode(c["data"][0]["x"]) for c in charts(at) if "key" in title(c)}
+    for name, new_key in (("tokens", 8), ("channels", 43), ("heads", 4), ("head_channels", 6), ("mlp", 12)):
+        at.text_input(key=f"k_{name}").set_value(str(new_key)).run()
+        assert not at.exception
+        assert at.success and at.success[0].value.startswith("Identical to"), name
+        assert max(proof_errors(at).values()) < 1e-4
+        now = {title(c): decode(c["data"][0]["x"]) for c in charts(at) if "key" in title(c)}
+        changed = [t for t in now if t.endswith(f"key {new_key}")]
+        assert changed, (name, list(now))
+        old_title = changed[0].removesuffix(str(new_key)) + str(new_key - 1)
+        assert not np.array_equal(now[changed[0]], pictures[old_title]), name
+        pictures = now
+    assert at.query_params["k_mlp"] in ("12", ["12"])
+
+
+def test_query_params_round_trip():
+    at = explore(k_channels=99, layer=1, head=2, digit=5, on_tokens=0)
+    assert at.text_input(key="k_channels").value == "99"
+    assert at.slider(key="layer").value == 1 and at.slider(key="head").value == 2
+    assert at.number_input(key="digit").value == 5
+    assert at.toggle(key="on_tokens").value is False
+    at.slider(key="layer").set_value(0).run()
+    params = {k: at.query_params[k] for k in ("k_channels", "layer", "head", "digit", "on_tokens")}
+    flat = {k: v[0] if isinstance(v, list) else v for k, v in params.items()}
+    assert flat == {"k_channels": "99", "layer": "0", "head": "2", "digit": "5", "on_tokens": "0"}
+    # A link with mangled values falls back to defaults instead of failing.
+    at = explore(layer="x", head=99, model="nonsense")
+    assert at.slider(key="layer").value == 2 and at.selectbox(key="model").value == "digits-vit"
+
+
+@pytest.mark.parametrize("bad", ["-1", str(10**30), "abc"])
+def test_bad_keys_are_messages(bad):
+    at = explore(k_channels=bad)
+    assert any("whole number" in e.value for e in at.error)
+    assert not at.get("plotly_chart")
+    at.switch_page("pages/home.py").run()
+    assert not at.exception
+
+
+def test_text_model_minilm_and_bad_texts():
+    at = explore(model="minilm")
+    assert at.success[0].value.startswith("Identical to")
+    assert max(proof_errors(at).values()) < 1e-4
+    embeddings = [title(c) for c in charts(at) if "sentence embedding" in title(c)]
+    assert len(embeddings) == 3 and "cos to original 1.000000" in embeddings[2]
+    assert payload(at) < MAX_PAYLOAD
+
+    at.radio(key="txt_src").set_value("text").run()
+    at.text_area(key="text").set_value("   ").run()
+    assert not at.exception and any("empty" in e.value for e in at.error)
+    at.text_area(key="text").set_value(" ".join(["word"] * 5000)).run()
+    assert not at.exception and any("truncated" in w.value for w in at.warning)
+    assert at.success and payload(at) < MAX_PAYLOAD
+
+
+def _png_header(width: int, height: int) -> bytes:
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(
+        b"IEND", b"")
+
+
+def _noise_png() -> bytes:
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    (b"%PDF-1.4 not an image at all", "not an image"),
+    (_noise_png()[:300], "corrupt"),
+    (_png_header(20000, 20000), "megapixels"),
+])
+def test_bad_uploads_are_messages(data, message):
+    image, error = image_from_upload("bad.png", data)
+    assert image is None and message in error and error.startswith("bad.png: ")
