@@ -163,10 +163,11 @@ if control != "none":
                                            steps, lr, control, lambda f, m: bar.progress(f, text=m))
 bar.empty()
 result = runs["correct scramble"]
-cols = st.columns(3)
+cols = st.columns(4)
 cols[0].metric("Worst error over all steps", f"{result.max_rel_error:.2e}")
-cols[1].metric("Loss before / after", f"{result.steps[0].loss_original:.4g} → {result.steps[-1].loss_original:.4g}")
-cols[2].metric("Tolerance", f"{result.tolerance:.0e}")
+cols[1].metric("Loss at step 0", f"{result.steps[0].loss_original:.4g}")
+cols[2].metric(f"Loss after {steps} steps", f"{result.steps[-1].loss_original:.4g}")
+cols[3].metric("Tolerance", f"{result.tolerance:.0e}")
 if result.passed:
     st.success(f"After each of {steps} steps the scrambled weights equal the scrambled original weights "
                f"(worst relative error {result.max_rel_error:.2e}).")

@@ -25,7 +25,7 @@ def gradient_triptych(original, scrambled, unscrambled, what: str) -> list[go.Fi
     figures = [heatmap(a, f"{what}: original", zmax=zmax), heatmap(b, f"{what}: scrambled world", zmax=zmax),
                heatmap(c, f"{what}: un-scrambled", zmax=zmax)]
     error = np.abs(c - a)
-    figures.append(heatmap(error, f"|un-scrambled - original| (max {error.max():.1e})", colorscale="Greys",
+    figures.append(heatmap(error, f"|error|, max {error.max():.1e}", colorscale="Greys",
                            symmetric=False, zmax=max(float(error.max()), FLOOR)))
     return figures
 
@@ -78,11 +78,15 @@ def authorization_histogram(result, metric_label: str) -> go.Figure:
     """Wrong keys as a histogram; right key, no key and chance as vertical lines."""
     fig = go.Figure(go.Histogram(x=result.wrong_keys, nbinsx=20, name=f"{len(result.wrong_keys)} wrong keys",
                                  marker_color="#d62728", opacity=0.75))
-    lines = (("right key", result.right_key, "#2ca02c"), ("no key", result.no_key, "#ff7f0e"),
-             ("chance", result.chance, "gray"))
-    for label, value, color in lines:
+    # Labels at different heights: no key often sits right on chance.
+    lines = (("right key", result.right_key, "#2ca02c", "top left"), ("no key", result.no_key, "#ff7f0e", "top right"),
+             ("chance", result.chance, "gray", "bottom right"))
+    for label, value, color, position in lines:
         fig.add_vline(x=value, line=dict(color=color, dash="dash", width=2),
-                      annotation_text=f"{label} {value:.3g}", annotation_position="top")
+                      annotation_text=f"{label} {value:.3g}", annotation_position=position,
+                      annotation_font_color=color)
+    if result.metric != "perplexity":
+        fig.update_xaxes(range=[0, 1.02])
     fig.update_layout(**{**LAYOUT, "height": 340}, title=dict(text=f"{metric_label}: what a key is worth",
                                                                font=dict(size=13)))
     fig.update_xaxes(title=metric_label, type="log" if result.metric == "perplexity" else "linear")

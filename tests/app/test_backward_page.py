@@ -26,8 +26,7 @@ def test_default_run_shows_exact_gradients_and_sgd_lockstep():
     assert shown["Loss, original world"] == shown["Loss, scrambled world"]
     assert float(shown["Max relative gradient error"]) < 1e-9
     assert float(shown["Worst error over all steps"]) < 1e-9
-    before, after = (float(x) for x in shown["Loss before / after"].split(" → "))
-    assert before != after  # training really moved the weights
+    assert float(shown["Loss after 5 steps"]) < float(shown["Loss at step 0"])  # training really moved it
     assert len(at.success) == 2 and not at.error
     specs = [json.loads(chart.proto.spec) for chart in at.get("plotly_chart")]
     sgd = next(s for s in specs if "per SGD step" in s["layout"]["title"]["text"])

@@ -17,3 +17,6 @@ def test_backward_page_in_chromium(app_url, page, shot):
     assert float(error_text.locator('[data-testid="stMetricValue"]').inner_text()) < 1e-9
     path = shot(page, "backward")
     assert path.stat().st_size > 20_000
+    page.get_by_text("Training in both worlds").scroll_into_view_if_needed()
+    page.wait_for_timeout(800)
+    assert shot(page, "backward_sgd").stat().st_size > 20_000
