@@ -1,0 +1,89 @@
+"""Real Chromium: Explore renders its proof, a key change reruns it, a bad upload is a message, and two
+sessions with different keys at once both get correct verdicts."""
+
+import io
+
+import numpy as np
+from PIL import Image
+
+from tests.e2e.conftest import wait_for_app
+
+VERDICT = "Identical to"
+
+
+def wait_verdict(page, text: str = VERDICT, timeout_ms: int = 180_000):
+    wait_for_app(page, timeout_ms=timeout_ms)
+    page.get_by_text(text).first.wait_for(timeout=timeout_ms)
+    wait_for_app(page, timeout_ms=timeout_ms)  # the verdict comes first; the charts follow in the same run
+    charts(page)
+
+
+def charts(page, at_least: int = 10, timeout_ms: int = 120_000) -> int:
+    """Charts drawn by plotly (they render after the script run ends)."""
+    page.wait_for_function(f"() => document.querySelectorAll('.js-plotly-plot').length >= {at_least}",
+                           timeout=timeout_ms)
+    return page.locator('[data-testid="stPlotlyChart"]').count()
+
+
+def set_key(page, label: str, value: str) -> None:
+    box = page.get_by_label(label, exact=True)
+    box.fill(value)
+    box.press("Enter")
+    wait_for_app(page)
+
+
+def test_explore_key_change_in_chromium(app_url, page, shot):
+    page.set_viewport_size({"width": 1400, "height": 3600})  # Streamlit scrolls inside its own container
+    page.goto(f"{app_url}/explore")
+    wait_verdict(page)
+    assert charts(page) >= 10
+    assert page.locator('[data-testid="stException"]').count() == 0
+    shot(page, "explore-default")
+
+    set_key(page, "channels key", "1234")
+    wait_verdict(page)
+    assert page.get_by_text("key 1234").count() >= 1  # the permutation picture follows the new key
+    assert "k_channels=1234" in page.url
+    assert charts(page) >= 10 and page.locator('[data-testid="stException"]').count() == 0
+
+    set_key(page, "channels key", "-1")
+    page.get_by_text("whole number").first.wait_for(timeout=60_000)
+    assert page.locator('[data-testid="stException"]').count() == 0
+    shot(page, "explore-bad-key")
+
+    # The shared link reproduces the view in a fresh page.
+    page.goto(f"{app_url}/explore?k_channels=77&control=channels/norms_not_permuted")
+    wait_verdict(page, "breaks, as it must")
+    assert page.locator('[data-testid="stException"]').count() == 0
+    shot(page, "explore-control")
+
+
+def test_bad_upload_is_a_message(app_url, page, shot):
+    page.goto(f"{app_url}/explore?img_src=upload")
+    wait_for_app(page, timeout_ms=180_000)
+    page.locator('input[type="file"]').set_input_files(
+        files=[{"name": "notes.txt", "mimeType": "text/plain", "buffer": b"not an image"}])
+    page.get_by_text("notes.txt: This file is not an image").wait_for(timeout=60_000)
+    buffer = io.BytesIO()
+    Image.fromarray(np.random.default_rng(1).integers(0, 255, (64, 64), dtype=np.uint8)).save(buffer, "PNG")
+    page.locator('input[type="file"]').set_input_files(
+        files=[{"name": "photo.png", "mimeType": "image/png", "buffer": buffer.getvalue()}])
+    wait_verdict(page)
+    assert page.locator('[data-testid="stException"]').count() == 0
+    shot(page, "explore-upload")
+
+
+def test_two_sessions_with_different_keys(app_url, browser, tmp_path):
+    contexts = [browser.new_context(viewport={"width": 1400, "height": 1000}) for _ in range(2)]
+    try:
+        tabs = [c.new_page() for c in contexts]
+        for tab, key in zip(tabs, (11, 22), strict=True):  # both load before either is waited for
+            tab.goto(f"{app_url}/explore?k_channels={key}&k_tokens={key + 1}&dtype=float64")
+        for tab, key in zip(tabs, (11, 22), strict=True):
+            wait_verdict(tab, "in float64")
+            assert tab.get_by_text(f"key {key}").count() >= 1 and charts(tab) >= 10
+            assert tab.locator('[data-testid="stException"]').count() == 0
+            tab.screenshot(path=str(tmp_path / f"session-{key}.png"), full_page=True)
+    finally:
+        for context in contexts:
+            context.close()
