@@ -1,0 +1,127 @@
+"""Privacy-enhancing split learning: train through the split, then attack it with model inversion."""
+
+import streamlit as st
+import torch
+
+from perm_core.apps import figures_split as fs
+from perm_core.apps import inversion, split_learning
+from perm_core.keys import InvalidKeyError, validate_key
+
+st.title("Split learning: scrambled features, and what an attacker rebuilds from them")
+st.markdown(
+    "**The protocol** (after Xu et al., CVPR 2024). The client keeps the ViT's embedding layer (patch "
+    "embedding, [CLS], position embeddings) and a secret key; it sends the server token features "
+    "[17 tokens × 64 channels] per digit. The server runs the Transformer blocks and the head. Protection: the "
+    "client permutes the 64 **channels** with a fixed permutation from its key (the server's weights live in that "
+    "permuted basis), and/or shuffles the 16 patch **tokens** in a fresh random order for every sample ([CLS] "
+    "stays first; the blocks are token-equivariant, so the server needs no key for this).")
+
+
+def setting(name: str, default: int) -> int:
+    """Initial widget value: a query parameter (?epochs=3) when given, else the default."""
+    try:
+        return int(st.query_params.get(name, default))
+    except ValueError:
+        return default
+
+
+@st.cache_resource(show_spinner=False)
+def memo() -> dict:
+    """Finished runs by settings, shared by sessions (no elements inside, so the page can show progress)."""
+    return {}
+
+
+def cached(kind, settings, compute):
+    store = memo()
+    if (kind, settings) not in store:
+        if len(store) >= 32:
+            store.pop(next(iter(store)))
+        bar = st.progress(0.0, text=f"{kind} ...")
+        store[(kind, settings)] = compute(lambda f, m: bar.progress(min(max(f, 0.0), 1.0), text=m))
+        bar.empty()
+    return store[(kind, settings)]
+
+
+cols = st.columns(4)
+seed = cols[0].number_input("Seed", 0, 10_000, setting("seed", split_learning.DEFAULT_SEED), key="sl_seed")
+key_text = cols[1].text_input("Client's secret key", str(split_learning.DEFAULT_KEY), key="sl_key")
+train_epochs = cols[2].slider("Training epochs", 1, 60, setting("epochs", split_learning.DEFAULT_EPOCHS),
+                              key="sl_epochs", help="10 epochs: ~92 % held-out; 60 epochs: ~98 %")
+dtype_name = cols[3].selectbox("Precision", ("float32", "float64"), key="sl_dtype",
+                               help="float64: the two runs agree to ~1e-12 at every step (about 2x slower)")
+try:
+    key = validate_key(key_text)
+except InvalidKeyError as error:
+    st.error(str(error))
+    st.stop()
+
+st.header("1. Training through the split: plain vs scrambled")
+dtype = {"float32": torch.float32, "float64": torch.float64}[dtype_name]
+training = cached("Training plain and scrambled", (seed, key, train_epochs, dtype_name),
+                  lambda p: split_learning.train_split(seed, key, train_epochs, progress=p, dtype=dtype))
+m = st.columns(4)
+m[0].metric("Plain split: held-out accuracy", f"{training.final_plain_accuracy:.1%}")
+m[1].metric("Scrambled split: held-out accuracy", f"{training.final_scrambled_accuracy:.1%}",
+            f"{(training.final_scrambled_accuracy - training.final_plain_accuracy) * 100:+.1f} points")
+m[2].metric("Max weight difference (un-scrambled vs plain)", f"{training.max_weight_difference:.1e}")
+m[3].metric("Both runs took", f"{training.seconds:.1f} s")
+st.plotly_chart(fs.training_curves(training), width="stretch")
+st.caption(
+    "Same seed, same batches; the scrambled server starts from the permuted plain initialization. In exact "
+    "arithmetic every scrambled step is the permuted plain step (forward, backward and AdamW are all "
+    "equivariant). In float32 the gathers change the summation order, and early training amplifies that "
+    "round-off, so the curves drift apart before meeting again; in float64 they coincide.")
+
+st.header("2. The attacker: black-box model inversion")
+st.markdown(
+    "**Threat model.** The server is honest but curious. It knows the architecture, the client's embedding "
+    "weights (worst case: a public pretrained embedding; here digits-vit's), auxiliary images from the same "
+    "distribution (the 1,437 training digits) and which protection is used; it does **not** know the channel key "
+    "or the token orders. It sees the protected features of the victims (the held-out digits), never their "
+    "images. **Decoder attacker** (the paper's attack): train a decoder features → image on auxiliary features "
+    "as it can compute them without the secrets (plain channels; tokens shuffled by its own random orders when "
+    "the client shuffles). **Adaptive attacker**: first undo what it can without the key — channels by matching "
+    "each received channel's value distribution to an auxiliary channel, token order by the known embedding "
+    "(each patch token is W·patch + b + pos_i, with only 4 pixels per patch) — then use the plain decoder.")
+cols = st.columns(3)
+attack_epochs = cols[0].slider("Decoder epochs", 1, 100, setting("attack_epochs", inversion.DEFAULT_EPOCHS),
+                               key="sl_attack_epochs")
+n_victims = cols[1].slider("Victims (held-out digits)", 10, 360, setting("victims", 360), key="sl_victims")
+n_show = cols[2].slider("Digits shown", 1, 16, 8, key="sl_show")
+attack = cached("Training the inversion decoders", (seed, key, attack_epochs, n_victims),
+                lambda p: inversion.run_attack(seed, key, attack_epochs, n_victims, n_show=16, progress=p))
+
+labels = [f"{inversion.PROTECTION_LABELS[r.protection]} — {r.attacker}" for r in attack.rows]
+table = [{"protection": inversion.PROTECTION_LABELS[r.protection], "attacker": r.attacker,
+          "SSIM": round(r.ssim, 3), "PSNR (dB)": round(r.psnr, 2),
+          "channels recovered": "" if r.channels_recovered is None else f"{r.channels_recovered}/64",
+          "token orders recovered": "" if r.token_orders_recovered is None else f"{r.token_orders_recovered:.0%}"}
+         for r in attack.rows]
+table += [{"protection": f"baseline: {b['name']}", "attacker": "—", "SSIM": round(b["ssim"], 3),
+           "PSNR (dB)": round(b["psnr"], 2), "channels recovered": "", "token orders recovered": ""}
+          for b in attack.baselines]
+st.dataframe(table, hide_index=True, width="stretch")
+st.plotly_chart(fs.ssim_bars(labels, [r.ssim for r in attack.rows], attack.baselines), width="stretch")
+
+mean_baseline = max(b["ssim"] for b in attack.baselines)
+helped = [inversion.PROTECTION_LABELS[r.protection] for r in attack.rows
+          if r.attacker == "decoder" and r.protection != "none" and r.ssim <= mean_baseline + 0.05]
+broken = [inversion.PROTECTION_LABELS[r.protection] for r in attack.rows
+          if r.attacker == "adaptive" and r.ssim >= attack.rows[0].ssim - 0.02]
+st.subheader("What the measurements say")
+st.markdown(
+    f"- Without protection the decoder rebuilds the victims almost perfectly (SSIM {attack.rows[0].ssim:.3f}; "
+    f"the best baseline reaches {mean_baseline:.3f}).\n"
+    f"- Against the paper's decoder attacker, these protections push the reconstructions down to the "
+    f"baselines or below: {', '.join(helped) or 'none'}.\n"
+    f"- The adaptive attacker, who undoes the scrambling from statistics and the known embedding, reconstructs "
+    f"as well as without protection against: {', '.join(broken) or 'none'}. The permutation hides the "
+    f"basis, not the information: with a known, nearly linear embedding the key is learnable from the data.")
+
+rows = [("original", attack.originals[:n_show])]
+rows += [(label, attack.reconstructions[f"{r.protection}/{r.attacker}"][:n_show])
+         for label, r in zip(labels, attack.rows, strict=True)]
+st.plotly_chart(fs.image_grid(rows), width="stretch")
+st.caption(f"Reproduce: `python -m perm_core split-attack --seed {seed} --key {key} --epochs {attack_epochs} "
+           f"--victims {n_victims} --train --train-epochs {train_epochs} --json` (training in float32). "
+           f"Attack took {attack.seconds:.1f} s.")
