@@ -82,9 +82,11 @@ def error_chart(rows: list[dict], title: str, tolerance: float | None = None,
             fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=f"{kind} ({measure})",
                                      line=dict(color=color, dash=dash)))
     if tolerance:
-        fig.add_hline(y=tolerance, line=dict(color="gray", dash="dash"), annotation_text="tolerance")
+        fig.add_hline(y=tolerance, line=dict(color="gray", dash="dash"), annotation_text="tolerance",
+                      annotation_position="bottom right")
     if broken_at:
-        fig.add_hline(y=broken_at, line=dict(color="orange", dash="dash"), annotation_text="broken above")
+        fig.add_hline(y=broken_at, line=dict(color="orange", dash="dash"), annotation_text="broken above",
+                      annotation_position="top left")
     fig.update_layout(**{**LAYOUT, "height": 340}, title=dict(text=title, font=dict(size=13)),
                       legend=dict(orientation="h", y=-0.25))
     fig.update_yaxes(type="log", title="max error vs original", exponentformat="e")

@@ -21,8 +21,8 @@ from perm_core.zoo import DEFAULT_IMAGE_MODEL, LoadedModel, ModelLoadError
 from ui.resources import shared_model, use_navigation_registry
 from ui.state import parse_bool, seed
 
-SYMMETRY_LABELS = {"tokens": "Tokens (inter-token)", "channels": "Channels (intra-token)", "heads": "Attention heads",
-                   "head_channels": "Channels inside heads", "mlp": "MLP neurons", "rotation": "Per-head rotations"}
+SYMMETRY_LABELS = {"tokens": "Tokens", "channels": "Channels", "heads": "Heads", "head_channels": "Head channels",
+                   "mlp": "MLP neurons", "rotation": "Rotations"}
 DEFAULT_ON = ("tokens", "channels")
 DEFAULT_KEYS = {"tokens": 7, "channels": 42, "heads": 3, "head_channels": 5, "mlp": 11, "rotation": 13}
 MAX_TOKENS = 128  # the Explore page draws tokens x tokens maps; longer texts are truncated with a notice
