@@ -65,6 +65,8 @@ if stored is None or stored[0] != settings:
     publish()
     st.stop()
 report = stored[1]
+SCIENTIFIC = {name: st.column_config.NumberColumn(format="%.1e") for name in
+              ("max abs error", "max rel error", "tolerance", "max_abs_error", "max_rel_error")}
 payload = report.to_json()
 n_checks = len(report.checks)
 n_passed = sum(c.passed for c in report.checks)
@@ -76,11 +78,11 @@ summary = (f"{report.model} ({report.family}, {report.dtype}): {n_passed}/{n_che
 st.dataframe(pd.DataFrame([{"symmetry": c.symmetry, "direction": c.direction, "max abs error": c.max_abs_error,
                             "max rel error": c.max_rel_error, "tolerance": c.tolerance,
                             "result": "pass" if c.passed else "FAIL"} for c in report.checks]),
-             hide_index=True, width="stretch")
+             hide_index=True, width="stretch", column_config=SCIENTIFIC)
 st.subheader("Negative controls")
 st.dataframe(pd.DataFrame([{"control": f"{c.symmetry}: {c.description}", "max rel error": c.max_rel_error,
                             "result": "broken (as it must be)" if c.broken else "NOT BROKEN"}
-                           for c in report.controls]), hide_index=True, width="stretch")
+                           for c in report.controls]), hide_index=True, width="stretch", column_config=SCIENTIFIC)
 
 st.subheader("Per-tensor errors")
 labels = [f"{c.symmetry} / {c.direction}" for c in report.checks]
@@ -90,7 +92,8 @@ fig = figures.tensor_error_chart([t.name for t in tensors], [t.max_abs_error for
                                  [t.max_rel_error for t in tensors], f"{labels[picked]}: every tensor",
                                  report.checks[picked].tolerance)
 st.plotly_chart(fig, width="stretch")
-st.dataframe(pd.DataFrame([vars(t) for t in tensors]), hide_index=True, width="stretch", height=240)
+st.dataframe(pd.DataFrame([vars(t) for t in tensors]), hide_index=True, width="stretch", height=240,
+             column_config=SCIENTIFIC)
 st.download_button("Download the report (JSON)", json.dumps(payload, indent=2),
                    file_name=f"check-{model_name.replace(':', '_')}-{dtype_name}.json", mime="application/json")
 publish()
