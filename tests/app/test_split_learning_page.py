@@ -1,7 +1,6 @@
 """AppTest: the split-learning page runs without an exception and shows its table and charts."""
 
 import json
-
 from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
@@ -27,7 +26,7 @@ def test_split_learning_page_renders_measurements():
     assert len(table) == 9  # 4 decoder rows + 3 adaptive rows + 2 baselines
     assert set(table["attacker"]) == {"decoder", "adaptive", "—"}
     metrics = {m.label: m.value for m in at.metric}
-    assert metrics["Plain split: held-out accuracy"].endswith("%")
+    assert metrics["Plain: held-out accuracy"].endswith("%")
 
 
 def test_split_learning_page_rejects_a_bad_key():
