@@ -4,8 +4,7 @@ import streamlit as st
 
 from perm_core.apps import authorization as auth
 from perm_core.apps import figures_backward as fb
-from perm_core.keys import InvalidKeyError, validate_key
-from ui.resources import shared_model
+from ui.resources import key_or_stop, shared_model
 
 MODELS = ("digits-vit", "digits-vit-b", "minilm", "smollm2-135m")
 DEFAULT_WRONG = {"digits-vit": 20, "digits-vit-b": 20, "minilm": 5, "smollm2-135m": 3}
@@ -27,11 +26,7 @@ model_name = row[0].selectbox("Model", MODELS, key="au_model",
                               help="smollm2-135m: the first load converts the shipped GGUF (about a minute).")
 key_text = row[1].text_input("Key", value="2024", key="au_key")
 n_wrong = row[2].slider("Wrong keys to try", 1, 50, DEFAULT_WRONG[model_name], key=f"au_wrong_{model_name}")
-try:
-    key = validate_key(key_text)
-except InvalidKeyError as error:
-    st.error(str(error))
-    st.stop()
+key = key_or_stop(key_text)
 
 try:
     loaded = shared_model(model_name, "float32")

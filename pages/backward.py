@@ -8,9 +8,8 @@ from perm_core.apps import figures_backward as fb
 from perm_core.defaults import default_inputs
 from perm_core.digits import digits_split
 from perm_core.inputs import InputError, prepare_text
-from perm_core.keys import InvalidKeyError, validate_key
 from perm_core.verify import Subject
-from ui.resources import shared_model
+from ui.resources import key_or_stop, shared_model
 
 MODELS = ("digits-vit", "minilm", "random:vit", "random:bert", "random:gpt2", "random:llama")
 DEFAULT_TEXT = "A man is playing a guitar."
@@ -27,11 +26,7 @@ model_name = top[0].selectbox("Model", MODELS, key="bw_model")
 dtype_name = top[1].radio("Precision", ("float64", "float32"), key="bw_dtype")
 chosen = top[2].multiselect("Symmetries", symmetries.SYMMETRIES, default=["tokens", "channels"], key="bw_syms")
 key_text = top[3].text_input("Key", value="42", key="bw_key")
-try:
-    key = validate_key(key_text)
-except InvalidKeyError as error:
-    st.error(str(error))
-    st.stop()
+key = key_or_stop(key_text)
 if not chosen:
     st.error("Pick at least one symmetry.")
     st.stop()

@@ -6,9 +6,8 @@ import streamlit as st
 from perm_core.apps import figures_fusion as figs
 from perm_core.apps.rotation import residual_rotation, rope_rotations, rotation_demo
 from perm_core.defaults import default_inputs
-from perm_core.keys import InvalidKeyError, validate_key
 from perm_core.zoo import ModelLoadError
-from ui.resources import shared_model
+from ui.resources import key_or_stop, shared_model
 
 MODELS = ("digits-vit", "random:vit", "random:bert", "random:gpt2", "random:llama", "minilm", "smollm2-135m")
 ROPE_MODELS = ("random:llama", "smollm2-135m")
@@ -24,11 +23,7 @@ top = st.columns([2, 1, 1, 1, 1])
 model_name = top[0].selectbox("Model", MODELS, index=0, key="rotation_model")
 key_text = top[1].text_input("Rotation key", "1", key="rotation_key",
                              help="An integer from 0 to 2**64-1; it seeds every (R, S) of every head.")
-try:
-    key = validate_key(key_text)
-except InvalidKeyError as error:
-    st.error(str(error))
-    st.stop()
+key = key_or_stop(key_text)
 try:
     loaded = shared_model(model_name)
 except (ModelLoadError, OSError, ValueError) as error:

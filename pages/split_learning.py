@@ -5,7 +5,7 @@ import torch
 
 from perm_core.apps import figures_split as fs
 from perm_core.apps import inversion, split_learning
-from perm_core.keys import InvalidKeyError, validate_key
+from ui.resources import key_or_stop
 
 st.title("Split learning: scrambled features, and what an attacker rebuilds from them")
 st.markdown(
@@ -49,11 +49,7 @@ train_epochs = cols[2].slider("Training epochs", 1, 60, setting("epochs", split_
                               key="sl_epochs", help="10 epochs: ~92 % held-out; 60 epochs: ~98 %")
 dtype_name = cols[3].selectbox("Precision", ("float32", "float64"), key="sl_dtype",
                                help="float64: the two runs agree to ~1e-12 at every step (about 2x slower)")
-try:
-    key = validate_key(key_text)
-except InvalidKeyError as error:
-    st.error(str(error))
-    st.stop()
+key = key_or_stop(key_text)
 
 st.header("1. Training through the split: plain vs scrambled")
 dtype = {"float32": torch.float32, "float64": torch.float64}[dtype_name]

@@ -35,3 +35,14 @@ def use_navigation_registry() -> None:
 
 
 use_navigation_registry()
+
+
+def key_or_stop(text) -> int:
+    """A validated key; otherwise the key's own message as st.error, and this page stops here."""
+    from perm_core.keys import InvalidKeyError, validate_key
+
+    try:
+        return validate_key(text)
+    except InvalidKeyError as error:
+        st.error(str(error))
+        st.stop()

@@ -12,6 +12,16 @@ class UsageError(Exception):
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
+def key_or_usage_error(text) -> int:
+    """A validated key, or UsageError with the key's own one-line message."""
+    from perm_core.keys import InvalidKeyError, validate_key
+
+    try:
+        return validate_key(text)
+    except InvalidKeyError as error:
+        raise UsageError(str(error)) from None
+
+
 def load_or_usage_error(name: str, dtype: torch.dtype = torch.float32):
     """A zoo model, or UsageError with the loader's one-line reason (unknown, offline, unsupported)."""
     from perm_core.families import UnsupportedModelError, family_of

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from perm_core.commands import UsageError, load_or_usage_error
+from perm_core.commands import UsageError, key_or_usage_error, load_or_usage_error
 
 SUPPORTED = ("digits-vit", "digits-vit-b", "minilm", "smollm2-135m")
 
@@ -24,12 +24,8 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from perm_core.apps.authorization import authorize
-    from perm_core.keys import InvalidKeyError, validate_key
 
-    try:
-        key = validate_key(args.key)
-    except InvalidKeyError as error:
-        raise UsageError(str(error)) from None
+    key = key_or_usage_error(args.key)
     if args.model not in SUPPORTED:
         raise UsageError(f"authorize supports {', '.join(SUPPORTED)}; got {args.model!r}")
     if not 1 <= args.wrong <= 1000:

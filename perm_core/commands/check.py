@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from perm_core.commands import DTYPES, UsageError, load_or_usage_error
+from perm_core.commands import DTYPES, key_or_usage_error, load_or_usage_error
 from perm_core.symmetries import SYMMETRIES
 
 
@@ -21,13 +21,9 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from perm_core.defaults import default_inputs
-    from perm_core.keys import InvalidKeyError, validate_key
     from perm_core.verify import check
 
-    try:
-        key = validate_key(args.key)
-    except InvalidKeyError as error:
-        raise UsageError(str(error)) from None
+    key = key_or_usage_error(args.key)
     loaded = load_or_usage_error(args.model, DTYPES[args.dtype])
     report = check(loaded.model, default_inputs(loaded), args.symmetry or SYMMETRIES, key, model_name=args.model)
     if args.json:

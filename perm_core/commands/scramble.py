@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from perm_core.commands import DTYPES, UsageError, load_or_usage_error
+from perm_core.commands import DTYPES, UsageError, key_or_usage_error, load_or_usage_error
 from perm_core.symmetries import DESCRIPTIONS, WEIGHT_SYMMETRIES
 
 
@@ -28,17 +28,13 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from perm_core.keys import InvalidKeyError, validate_key
     from perm_core.verify import Subject
 
     bad = [name for name in args.symmetry if name not in WEIGHT_SYMMETRIES]
     if bad:
         raise UsageError(f"cannot scramble weights with {', '.join(bad)}: only {', '.join(WEIGHT_SYMMETRIES)} "
                          "change weights alone (tokens permute the input)")
-    try:
-        key = validate_key(args.key)
-    except InvalidKeyError as error:
-        raise UsageError(str(error)) from None
+    key = key_or_usage_error(args.key)
     loaded = load_or_usage_error(args.model, DTYPES[args.dtype])
     subject = Subject(loaded.model)
     scramble = subject.build({name: key for name in args.symmetry})

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 
-from perm_core.commands import UsageError
+from perm_core.commands import UsageError, key_or_usage_error
 
 HELP_EPILOG = __doc__.split("\n", 2)[2]
 
@@ -42,12 +42,8 @@ def register(sub) -> None:
 def run(args) -> int:
     from perm_core.apps.inversion import PROTECTION_LABELS, run_attack
     from perm_core.apps.split_learning import train_split
-    from perm_core.keys import InvalidKeyError, validate_key
 
-    try:
-        key = validate_key(args.key)
-    except InvalidKeyError as error:
-        raise UsageError(str(error)) from None
+    key = key_or_usage_error(args.key)
     if args.epochs < 1 or not 1 <= args.victims <= 360:
         raise UsageError("--epochs must be at least 1 and --victims between 1 and 360")
     if args.train_epochs is not None and args.train_epochs < 1:
