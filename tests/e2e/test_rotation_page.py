@@ -7,6 +7,9 @@ def test_rotation_page_in_chromium(app_url, page, shot):
     page.goto(f"{app_url}/rotation")
     wait_for_app(page, timeout_ms=180_000)
     page.get_by_text("Rotated model is the same function").wait_for(timeout=60_000)
+    charts = page.locator('[data-testid="stPlotlyChart"]')
+    charts.nth(7).wait_for(timeout=60_000)  # charts mount after the text on a slow machine
+    wait_for_app(page, timeout_ms=60_000)
     assert page.get_by_text("broken, as it must be").count() >= 1
     assert page.locator('[data-testid="stPlotlyChart"]').count() >= 8
     assert page.locator('[data-testid="stException"]').count() == 0
