@@ -11,13 +11,7 @@ from perm_core.digits import evaluate_digits
 from perm_core.verify import Subject
 from perm_core.zoo import load_model
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -11,13 +11,7 @@ from perm_core.zoo import load_model
 ALL_KEYS = {"tokens": 3, "channels": 7, "heads": 1, "head_channels": 5, "mlp": 2, "rotation": 4}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # The test machine is shared; one thread avoids oversubscription (5x faster here).
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
