@@ -1,10 +1,10 @@
 """Privacy-enhancing split learning: train through the split, then attack it with model inversion."""
 
 import streamlit as st
-import torch
 
 from perm_core.apps import figures_split as fs
 from perm_core.apps import inversion, split_learning
+from perm_core.zoo import DTYPES
 from ui.resources import key_or_stop
 
 st.title("Split learning: scrambled features, and what an attacker rebuilds from them")
@@ -52,7 +52,7 @@ dtype_name = cols[3].selectbox("Precision", ("float32", "float64"), key="sl_dtyp
 key = key_or_stop(key_text)
 
 st.header("1. Training through the split: plain vs scrambled")
-dtype = {"float32": torch.float32, "float64": torch.float64}[dtype_name]
+dtype = DTYPES[dtype_name]
 training = cached("Training plain and scrambled", (seed, key, train_epochs, dtype_name),
                   lambda p: split_learning.train_split(seed, key, train_epochs, progress=p, dtype=dtype))
 m = st.columns(4)

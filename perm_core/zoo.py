@@ -26,6 +26,7 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_IMAGE_MODEL = "digits-vit"
 DEFAULT_TEXT_MODEL = "minilm"
 FAMILIES = ("vit", "bert", "gpt2", "llama")
+DTYPES = {"float32": torch.float32, "float64": torch.float64}  # the precisions every loader and page offers
 OWN_LICENSE = "project's own (weights trained here on scikit-learn digits, data BSD-3-Clause)"
 
 

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import streamlit as st
-import torch
 
-from perm_core.zoo import LoadedModel, load_model
-
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
+from perm_core.zoo import DTYPES, LoadedModel, load_model
 
 
 @st.cache_resource(show_spinner=False, max_entries=6)

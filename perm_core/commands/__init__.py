@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import torch
 
+from perm_core.zoo import DTYPES  # noqa: F401  (re-exported for the commands)
+
 
 class UsageError(Exception):
     """Bad usage or an unusable model: one line on stderr, exit code 2."""
 
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 def key_or_usage_error(text) -> int:
