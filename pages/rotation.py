@@ -6,6 +6,7 @@ import streamlit as st
 from perm_core.apps import figures_fusion as figs
 from perm_core.apps.rotation import residual_rotation, rope_rotations, rotation_demo
 from perm_core.defaults import default_inputs
+from perm_core.verify import worst_rel
 from perm_core.zoo import ModelLoadError
 from ui.resources import key_or_stop, shared_model
 
@@ -48,8 +49,8 @@ demo = cached_demo(model_name, key, int(layer), int(head))
 progress.progress(0.5, text="residual stream: permutation vs rotation")
 
 verdict = "the same function" if demo.passed else "NOT the same function"
-worst = max(e.max_rel_error for e in demo.proof)
-control_worst = max(e.max_rel_error for e in demo.control)
+worst = worst_rel(demo.proof)
+control_worst = worst_rel(demo.control)
 (st.success if demo.passed and demo.control_broken else st.error)(
     f"Rotated model is {verdict}: worst relative error over every traced tensor {worst:.1e} "
     f"(tolerance {demo.tolerance:g}). Negative control (Q rotated by R, K by another R'): "
@@ -101,8 +102,8 @@ except (ModelLoadError, OSError, ValueError) as error:
 rope = rope_rotations(rope_loaded.model, default_inputs(rope_loaded), key)
 progress.progress(1.0, text="done")
 progress.empty()
-plane_worst = max(e.max_rel_error for e in rope.symmetry)
-general_worst = max(e.max_rel_error for e in rope.broken)
+plane_worst = worst_rel(rope.symmetry)
+general_worst = worst_rel(rope.broken)
 st.markdown(
     f"Rotary embeddings rotate each query/key plane (channel i with i + head_dim/2) by a position-dependent angle. "
     f"A rotation inside those planes commutes with RoPE: worst error **{plane_worst:.1e}** "

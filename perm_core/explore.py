@@ -17,10 +17,9 @@ import torch
 from perm_core import symmetries
 from perm_core.spec import Scramble
 from perm_core.trace import Record
-from perm_core.verify import TOLERANCE, Subject, TensorError, tensor_errors
+from perm_core.verify import BROKEN_AT, MOVED_AT, TOLERANCE, Subject, TensorError, worst_abs, worst_rel
 
 PARAMS_CACHE_SIZE = 6  # parameter sets of the biggest zoo model (smollm2) are ~540 MB each in float32
-BROKEN_AT = 1e-3
 
 
 class ParamsCache:
@@ -64,22 +63,32 @@ class ExploreResult:
     dtype: torch.dtype
     control: symmetries.Control | None = None
     seconds: dict = field(default_factory=dict)
+    moved: float = 0.0  # how far the scrambled world is from the original before un-scrambling (relative)
+    moved_what: str = ""
 
     @property
     def worst_rel(self) -> float:
-        return max((e.max_rel_error for e in self.errors), default=0.0)
+        return worst_rel(self.errors)
 
     @property
     def worst_abs(self) -> float:
-        return max((e.max_abs_error for e in self.errors), default=0.0)
+        return worst_abs(self.errors)
+
+    @property
+    def non_finite(self) -> list[str]:
+        return [e.name for e in self.errors if not e.finite]
 
     @property
     def tolerance(self) -> float:
         return TOLERANCE.get(self.dtype, 1e-4)
 
     @property
+    def moved_enough(self) -> bool:
+        return self.scramble.is_identity or self.moved >= MOVED_AT
+
+    @property
     def passed(self) -> bool:
-        return self.worst_rel <= self.tolerance
+        return bool(self.errors) and all(e.passed for e in self.errors) and self.moved_enough
 
     def verdict(self) -> str:
         """One line, computed from the numbers."""
@@ -89,13 +98,25 @@ class ExploreResult:
             state = "breaks, as it must" if self.worst_rel > BROKEN_AT else "does NOT break (unexpected)"
             return (f"Negative control '{self.control.description}' {state}: un-scrambled tensors differ from "
                     f"the original by up to {self.worst_rel:.1e} (relative), {self.worst_abs:.1e} (absolute).")
+        if self.non_finite:
+            return (f"NOT identical: non-finite values (NaN or inf) in {', '.join(self.non_finite[:3])}"
+                    f"{' ...' if len(self.non_finite) > 3 else ''}.")
         if self.scramble.is_identity:
             return f"No symmetry switched on: all {n} tensors identical to {self.worst_rel:.0e} in {dtype}."
+        contrast = f"Scrambled differs by {self.moved:.2g} ({self.moved_what}); un-scrambled by {self.worst_rel:.0e}"
+        if not self.moved_enough:
+            return (f"{contrast}: the keys moved nothing (below {MOVED_AT}), so this proves nothing. "
+                    "Choose another key.")
         if self.passed:
-            return (f"Identical to {self.worst_rel:.0e} in {dtype}: all {n} un-scrambled tensors match the "
-                    f"original (tolerance {self.tolerance:.0e}).")
-        return (f"NOT identical: worst relative error {self.worst_rel:.1e} exceeds the {dtype} tolerance "
+            raised = ", raised per tensor to its measured float32 round-off" if self.raised else ""
+            return (f"{contrast} in {dtype}: all {n} un-scrambled tensors match the original "
+                    f"(tolerance {self.tolerance:.0e}{raised}).")
+        return (f"{contrast}: NOT identical, the worst relative error exceeds the {dtype} tolerance "
                 f"{self.tolerance:.0e}.")
+
+    @property
+    def raised(self) -> bool:
+        return any(e.tolerance > self.tolerance for e in self.errors)
 
 
 def control_options(subject: Subject, active_keys: dict[str, int]) -> dict[str, symmetries.Control]:
@@ -157,28 +178,34 @@ class Exploration:
 
     def params_for(self, scramble: Scramble, keys_by_symmetry: dict[str, int], control: str | None):
         if scramble.is_identity:
-            return self.subject.params
+            return self.subject.params, {}
         weight_keys = {n: k for n, k in keys_by_symmetry.items() if n != "tokens" or self._tokens_touch_params}
         if control and control.startswith("tokens/") and self._tokens_touch_params:
             weight_keys["tokens"] = keys_by_symmetry.get("tokens", 0)
         cache_key = (self.model_id, str(self.subject.dtype), tuple(sorted(weight_keys.items())), control,
                      self.n_tokens if "tokens" in weight_keys else None)
-        return PARAMS_CACHE.get(cache_key, lambda: self.subject.transformed_params(scramble))
+        return PARAMS_CACHE.get(cache_key, lambda: self._params_and_movement(scramble))
+
+    def _params_and_movement(self, scramble: Scramble):
+        params = self.subject.transformed_params(scramble)
+        return params, self.subject.weight_movement(params)
 
     def run(self, keys_by_symmetry: dict[str, int], control: str | None = None) -> ExploreResult:
         import time
 
         started = time.perf_counter()
         scramble, chosen = self.scramble_for(keys_by_symmetry, control)
-        params = self.params_for(scramble, keys_by_symmetry, control)
+        params, weights_moved = self.params_for(scramble, keys_by_symmetry, control)
         built = time.perf_counter()
         scrambled = self.subject.trace(scramble, params=params)
         traced = time.perf_counter()
         restored = self.subject.unscramble(scrambled, scramble)
-        errors = tensor_errors(self.original, restored)
+        errors = self.subject.errors(self.original, restored)
+        moved, what = self.subject.movement(self.original, scrambled, weights_moved)
         done = time.perf_counter()
         return ExploreResult(scramble, scrambled, restored, errors, self.subject.dtype, chosen,
-                             {"params": built - started, "trace": traced - built, "compare": done - traced})
+                             {"params": built - started, "trace": traced - built, "compare": done - traced},
+                             moved, what)
 
 
 def bits_summary(keys_by_symmetry: dict[str, int], geometry, n_tokens: int) -> dict[str, float]:
@@ -225,7 +252,7 @@ def output_summary(tensors: dict, task_labels, tokenizer, attention_mask, row: i
     if logits is not None and logits.dim() == 3:
         probs = torch.softmax(logits[0, row].double(), -1)
         top = torch.topk(probs, min(top_k, len(probs)))
-        labels = [repr(tokenizer.decode([i])) if tokenizer else str(i) for i in top.indices.tolist()]
+        labels = [repr(tokenizer.decode([i])) if tokenizer else f"#{i}" for i in top.indices.tolist()]
         return "next-token", labels, top.values.tolist()
     last = tensors.get("output.last_hidden")
     mask = attention_mask if attention_mask is not None else torch.ones(last.shape[:2])

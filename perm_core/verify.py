@@ -1,33 +1,46 @@
 """Scramble, run, un-scramble, compare: the check behind every verdict in the app and the CLI.
 
-Errors are per tensor: max absolute error, and max relative error = max |a - b| / max |b| (relative
-to the tensor's scale, so near-zero entries do not make it meaningless).
+A check passes only if (1) every un-scrambled tensor is finite and within its tolerance, (2) the
+transform really moved something (see compare.MOVED_AT), and (3) it compared at least one tensor.
+A report passes only if it has checks, all pass, and every symmetry has negative controls that
+all break. The error rules (own scale, floors for exact zeros, float32 round-off) are in compare.py.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 
 import torch
 
 from perm_core import symmetries
+from perm_core.compare import (
+    BROKEN_AT,
+    FLOOR,
+    MOVED_AT,
+    TOLERANCE,
+    TensorError,
+    json_safe,
+    measure_roundoff,
+    relative_differences,
+    scales,
+    tensor_errors,
+    worst,
+    worst_abs,
+    worst_rel,
+)
 from perm_core.families import Family, Geometry, family_of
 from perm_core.spec import Claim, FamilySpec, Scramble, apply_axes, transform_params
 from perm_core.tokens import model_inputs, n_tokens
 from perm_core.trace import Record, run
 
-TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4}
-# Round-off in a tensor is set by the scale of everything it was computed from, so no tensor is held
-# to a relative error finer than this fraction of the largest tensor of its kind.
-ZERO_FLOOR = {torch.float64: 1e-6, torch.float32: 1e-2}
-BROKEN_AT = 1e-3  # a control is broken when some tensor moves by more than this (relative)
+__all__ = ["BROKEN_AT", "FLOOR", "MOVED_AT", "TOLERANCE", "CheckResult", "ControlResult", "Report", "Subject",
+           "TensorError", "VacuousCheckError", "check", "tensor_errors", "worst_rel"]
+KEY_BIAS_REASON = "key-bias gradient: softmax ignores a shift shared by a whole row, so it is zero exactly"
 
 
-@dataclass
-class TensorError:
-    name: str
-    max_abs_error: float
-    max_rel_error: float
+class VacuousCheckError(ValueError):
+    """A check that could not prove anything: no symmetries, no tensors, or no negative control."""
 
 
 @dataclass
@@ -37,8 +50,19 @@ class CheckResult:
     passed: bool
     max_abs_error: float
     max_rel_error: float
-    tolerance: float
+    tolerance: float  # the base tolerance of the dtype; float32 tensors may have their own (see tensors)
     tensors: list[TensorError]
+    moved: float = math.nan  # how far the scramble moved the most-moved weight/activation (relative)
+    moved_what: str = ""
+    note: str = ""  # why it failed, when not an error above tolerance
+
+    @property
+    def non_finite(self) -> list[str]:
+        return [t.name for t in self.tensors if not t.finite]
+
+    @property
+    def floored(self) -> dict[str, str]:
+        return {t.name: t.floor_reason for t in self.tensors if t.floor_reason}
 
 
 @dataclass
@@ -60,13 +84,21 @@ class Report:
 
     @property
     def passed(self) -> bool:
-        return all(c.passed for c in self.checks) and all(c.broken for c in self.controls)
+        return (bool(self.checks) and all(c.passed for c in self.checks)
+                and all(c.broken for c in self.controls))
 
     def to_json(self) -> dict:
-        checks = [asdict(c) for c in self.checks]
+        """Strict JSON: non-finite numbers are written as the strings "nan", "inf", "-inf"."""
+        checks = []
+        for c in self.checks:
+            entry = {k: v for k, v in asdict(c).items() if k != "tensors"}
+            entry["non_finite"] = c.non_finite
+            entry["floored"] = c.floored
+            entry["tensors"] = [{k: v for k, v in asdict(t).items() if k != "floor_reason" or v} for t in c.tensors]
+            checks.append(entry)
         controls = [{k: v for k, v in asdict(c).items() if k != "description"} for c in self.controls]
-        return {"model": self.model, "family": self.family, "dtype": self.dtype, "passed": self.passed,
-                "checks": checks, "controls": controls}
+        return json_safe({"model": self.model, "family": self.family, "dtype": self.dtype, "passed": self.passed,
+                          "checks": checks, "controls": controls})
 
 
 class Subject:
@@ -82,6 +114,14 @@ class Subject:
         self.inputs = inputs
         self.dtype = next(iter(self.params.values())).dtype
         self.n_tokens = n_tokens(inputs, self.geometry) if inputs else None
+        self.floor_reasons = {f"grad.param.{name}": KEY_BIAS_REASON for name, claim in self.claims.items()
+                              if claim.rule.tag == "attn.k" and self.params[name].dim() == 1
+                              and not self.geometry.rope}
+        self._roundoff: dict[int, tuple] = {}
+
+    @property
+    def movable_tokens(self) -> int:
+        return (self.n_tokens or 0) - (1 if self.geometry.first_token_fixed else 0)
 
     def build(self, keys_by_symmetry: dict[str, int]) -> Scramble:
         return symmetries.build_many(keys_by_symmetry, self.geometry, self.n_tokens)
@@ -90,11 +130,14 @@ class Subject:
         return transform_params(self.params, self.spec, scramble, self.claims)
 
     def trace(self, scramble: Scramble | None = None, backward: bool = False,
-              params: dict[str, torch.Tensor] | None = None) -> dict[str, Record]:
+              params: dict[str, torch.Tensor] | None = None, dtype: torch.dtype | None = None) -> dict[str, Record]:
         scramble = scramble or Scramble()
         if params is None:
             params = self.params if scramble.is_identity else self.transformed_params(scramble)
-        kwargs = model_inputs(self.inputs, self.geometry, scramble, self.dtype)
+        dtype = dtype or self.dtype
+        if dtype != self.dtype:
+            params = {name: p.to(dtype) for name, p in params.items()}
+        kwargs = model_inputs(self.inputs, self.geometry, scramble, dtype)
         return run(self.model, params, kwargs, self.geometry, self.claims, backward=backward)
 
     def unscramble(self, records: dict[str, Record], scramble: Scramble) -> dict[str, torch.Tensor]:
@@ -102,76 +145,126 @@ class Subject:
         return {name: apply_axes(r.tensor, r.axes, inverse, r.layer, self.geometry.patch_size)
                 for name, r in records.items()}
 
+    def roundoff(self, original: dict[str, Record]) -> dict[str, float]:
+        """Each tensor's float32 round-off: its distance from the same run in float64 (see compare.py).
+        Measured once per original trace, and only when some tensor needs it."""
+        cached = self._roundoff.get(id(original))
+        if cached is None or cached[0] is not original:
+            backward = any(name.startswith("grad.") for name in original)
+            reference = self.trace(backward=backward, dtype=torch.float64)
+            cached = (original, measure_roundoff(original, reference, self.floor_reasons))
+            self._roundoff[id(original)] = cached
+        return cached[1]
 
-def kind_of(name: str) -> str:
-    return "grad.param" if name.startswith("grad.param.") else "grad" if is_gradient(name) else "forward"
+    def errors(self, original: dict[str, Record], restored: dict[str, torch.Tensor]) -> list[TensorError]:
+        """Per-tensor errors; a float32 tensor over 1e-4 gets the tolerance its measured round-off allows."""
+        errors = tensor_errors(original, restored, self.floor_reasons)
+        if self.dtype == torch.float32 and any(e.finite and not e.passed for e in errors):
+            errors = tensor_errors(original, restored, self.floor_reasons, self.roundoff(original))
+        return errors
+
+    def weight_movement(self, params: dict[str, torch.Tensor]) -> dict[str, float]:
+        """'weight NAME' -> relative change (own scale) of every parameter the scramble touched."""
+        changed = {n: p.detach() for n, p in params.items() if p is not self.params[n]
+                   and p.shape == self.params[n].shape}
+        before = {n: self.params[n].detach() for n in changed}
+        own = {n: t.abs().max().item() for n, t in before.items()}
+        return {f"weight {n}": rel for n, (_, rel, _) in relative_differences(before, changed, own).items()}
+
+    def movement(self, original: dict[str, Record], scrambled: dict[str, Record],
+                 weights: dict[str, float] | None = None) -> tuple[float, str]:
+        """How far the scrambled world is from the original before un-scrambling: the largest relative
+        change of any weight (`weight_movement`) or recorded tensor. Returns (amount, what moved most)."""
+        moved: dict[str, float] = dict(weights or {})
+        reference = {n: r.tensor for n, r in original.items()}
+        scale = scales(reference, self.floor_reasons, self.dtype)
+        for name, (_, rel, finite) in relative_differences(
+                reference, {n: r.tensor for n, r in scrambled.items()}, scale).items():
+            if finite and name not in self.floor_reasons:
+                moved[name] = rel
+        if not moved:
+            return 0.0, ""
+        what = max(moved, key=lambda n: moved[n] if math.isfinite(moved[n]) else -1.0)
+        return moved[what], what
 
 
-def tensor_errors(original: dict[str, Record], restored: dict[str, torch.Tensor]) -> list[TensorError]:
-    """Per-tensor errors. A tensor that is zero in exact arithmetic (the gradient of a key bias:
-    softmax ignores a shift shared by a whole row) holds only round-off, so its relative error is
-    taken against a floor of ZERO_FLOOR times the largest tensor of its kind."""
-    floor = ZERO_FLOOR.get(next(iter(original.values())).tensor.dtype, 1e-2)
-    names = [n for n in restored if n in original]
-    scales = {n: original[n].tensor.abs().max().item() for n in names}
-    kind_scale = {}
-    for name in names:
-        kind_scale[kind_of(name)] = max(kind_scale.get(kind_of(name), 0.0), scales[name])
-    errors = []
-    for name in names:
-        reference = original[name].tensor.to(torch.float64)
-        difference = (restored[name].to(torch.float64) - reference).abs().max().item()
-        scale = max(scales[name], floor * kind_scale[kind_of(name)])
-        errors.append(TensorError(name, difference, difference / scale if scale > 0 else difference))
-    return errors
-
-
-def is_gradient(name: str) -> bool:
-    return name.startswith("grad.")
-
-
-def _summarize(symmetry, direction, errors, tolerance) -> CheckResult:
-    worst_abs = max((e.max_abs_error for e in errors), default=0.0)
-    worst_rel = max((e.max_rel_error for e in errors), default=0.0)
-    return CheckResult(symmetry, direction, bool(errors) and worst_rel <= tolerance, worst_abs, worst_rel,
-                       tolerance, errors)
+def _summarize(symmetry, direction, errors, tolerance, moved, moved_what, note="") -> CheckResult:
+    if not errors and not note:
+        raise VacuousCheckError(f"the {direction} check of {symmetry} compared no tensors")
+    non_finite = [e.name for e in errors if not e.finite]
+    if non_finite:
+        note = f"non-finite values in {', '.join(non_finite[:5])}" + (" ..." if len(non_finite) > 5 else "")
+    elif not note and not moved >= MOVED_AT:
+        note = (f"the transform moved nothing it acts on (largest change {moved:.1e} < {MOVED_AT}): "
+                "un-scrambling an unchanged model proves nothing")
+    passed = bool(errors) and not note and all(e.passed for e in errors)
+    return CheckResult(symmetry, direction, passed, worst_abs(errors), worst_rel(errors), tolerance, errors,
+                       moved, moved_what, note)
 
 
 def check_scramble(subject: Subject, scramble: Scramble, label: str, original: dict[str, Record],
                    backward: bool = True) -> list[CheckResult]:
-    restored = subject.unscramble(subject.trace(scramble, backward=backward), scramble)
-    errors = tensor_errors(original, restored)
-    tolerance = TOLERANCE.get(subject.dtype, 1e-4)
-    results = [_summarize(label, "forward", [e for e in errors if not is_gradient(e.name)], tolerance)]
-    if backward:
-        results.append(_summarize(label, "backward", [e for e in errors if is_gradient(e.name)], tolerance))
+    params = subject.transformed_params(scramble)
+    scrambled = subject.trace(scramble, backward=backward, params=params)
+    errors = subject.errors(original, subject.unscramble(scrambled, scramble))
+    tolerance = TOLERANCE.get(subject.dtype, TOLERANCE[torch.float32])
+    grads = {n: r for n, r in scrambled.items() if n.startswith("grad.")}
+    forward = {n: r for n, r in scrambled.items() if not n.startswith("grad.")}
+    directions = [("forward", forward)] + ([("backward", grads)] if backward else [])
+    weights = subject.weight_movement(params)
+    results = []
+    for direction, records in directions:
+        moved, what = subject.movement(original, records, weights)
+        mine = [e for e in errors if e.name.startswith("grad.") == (direction == "backward")]
+        results.append(_summarize(label, direction, mine, tolerance, moved, what))
     return results
 
 
 def run_control(subject: Subject, control: symmetries.Control, original: dict[str, Record]) -> ControlResult:
     # A control's element carries the intended transforms; only how it was applied is wrong.
     restored = subject.unscramble(subject.trace(control.scramble), control.scramble)
-    worst = max((e.max_rel_error for e in tensor_errors(original, restored)), default=0.0)
-    return ControlResult(control.symmetry, control.name, control.description, worst > BROKEN_AT, worst)
+    errors = tensor_errors(original, restored, subject.floor_reasons)
+    if not errors:
+        raise VacuousCheckError(f"control {control.symmetry}/{control.name} compared no tensors")
+    amount = worst_rel(errors)
+    return ControlResult(control.symmetry, control.name, control.description, amount > BROKEN_AT, amount)
+
+
+def _cannot_move(subject: Subject, name: str, backward: bool) -> list[CheckResult]:
+    note = (f"the input has {subject.movable_tokens} movable token(s): the tokens symmetry cannot move "
+            "anything, so there is nothing to check")
+    tolerance = TOLERANCE.get(subject.dtype, TOLERANCE[torch.float32])
+    directions = ("forward", "backward") if backward else ("forward",)
+    return [_summarize(name, d, [], tolerance, 0.0, "", note) for d in directions]
 
 
 def check(model, inputs: dict, symmetry_names=symmetries.SYMMETRIES, key: int = 0, model_name: str = "",
           backward: bool = True, include_combined: bool = True, progress=None) -> Report:
     """Every symmetry forward (and backward), their composition, and every negative control."""
+    names = list(symmetry_names)
+    if not names:
+        raise VacuousCheckError("no symmetry to check: name at least one")
     subject = Subject(model, inputs)
     report = Report(model_name or type(model).__name__, subject.family.name, str(subject.dtype).split(".")[-1])
     original = subject.trace(backward=backward)
-    names = list(symmetry_names)
+    if "tokens" in names and subject.movable_tokens < 2:
+        report.checks.extend(_cannot_move(subject, "tokens", backward))
+        names.remove("tokens")
     steps = names + (["all"] if include_combined and len(names) > 1 else [])
     for step, name in enumerate(steps):
         if progress:
             progress(step / len(steps), f"checking {name}")
         keys = {n: key for n in names} if name == "all" else {name: key}
-        scramble = subject.build(keys)
-        report.checks.extend(check_scramble(subject, scramble, name, original, backward))
+        report.checks.extend(check_scramble(subject, subject.build(keys), name, original, backward))
         if name != "all":
-            for control in symmetries.controls(name, key, subject.geometry, subject.n_tokens):
-                report.controls.append(run_control(subject, control, original))
+            controls = symmetries.controls(name, key, subject.geometry, subject.n_tokens)
+            if not controls:
+                raise VacuousCheckError(f"the {name} symmetry has no negative control on {subject.family.name}")
+            report.controls.extend(run_control(subject, c, original) for c in controls)
     if progress:
         progress(1.0, "done")
     return report
+
+
+def worst_check(report: Report) -> float:
+    return worst(c.max_rel_error for c in report.checks)

@@ -28,7 +28,7 @@ from torch.func import functional_call
 from perm_core import digits
 from perm_core.apps.matching import METHODS, align, distance, match_residual
 from perm_core.spec import Scramble
-from perm_core.verify import BROKEN_AT, TOLERANCE, Subject, tensor_errors
+from perm_core.verify import BROKEN_AT, TOLERANCE, Subject, worst_rel
 
 Progress = Callable[[float, str], None] | None
 GROUPS = {"attention": ("attn.",), "mlp": ("mlp.",), "other": ("embedding", "position", "norm", "head")}
@@ -163,16 +163,17 @@ def prove_alignment(model_b, scramble: Scramble, n_images: int = 64) -> Proof:
     _, _, test_x, _ = cached_split()
     subject = Subject(model_b, {"pixel_values": test_x[:n_images]})
     original = subject.trace()
-    errors = tensor_errors(original, subject.unscramble(subject.trace(scramble), scramble))
+    errors = subject.errors(original, subject.unscramble(subject.trace(scramble), scramble))
     tolerance = TOLERANCE.get(subject.dtype, 1e-4)
-    worst = max(e.max_rel_error for e in errors)
+    worst = worst_rel(errors)
     control = misaligned(scramble)
     if control.is_identity:  # plain averaging aligns nothing: the control moves the keys on its own
         from perm_core.symmetries import rotation
         control = Scramble({s: c for s, c in rotation(7, subject.geometry).spaces.items() if s[0] == "q"})
-    control_errors = tensor_errors(original, subject.unscramble(subject.trace(control), control))
-    control_worst = max(e.max_rel_error for e in control_errors)
-    return Proof(worst <= tolerance, worst, tolerance, n_images, [asdict(e) for e in errors],
+    control_errors = subject.errors(original, subject.unscramble(subject.trace(control), control))
+    control_worst = worst_rel(control_errors)
+    passed = bool(errors) and all(e.passed for e in errors)
+    return Proof(passed, worst, tolerance, n_images, [asdict(e) for e in errors],
                  "alignment with the key-side transforms left out", control_worst, control_worst > BROKEN_AT)
 
 

@@ -16,7 +16,7 @@ import torch
 from perm_core import symmetries
 from perm_core.apps.fusion import one_thread
 from perm_core.spec import Concat, Scramble, apply_axes
-from perm_core.verify import TOLERANCE, Subject, TensorError, tensor_errors
+from perm_core.verify import BROKEN_AT, TOLERANCE, Subject, TensorError, worst_rel
 
 _HOOK_LOCK = threading.Lock()  # the model may be shared by several app sessions: one capture at a time
 
@@ -155,13 +155,12 @@ def _rotation_demo(model, inputs: dict, key: int, layer: int, head: int) -> Rota
                                    head_outputs(subject, rotated_params, layer, cap_r[(layer, "z")])[head, 0])
 
     tolerance = TOLERANCE.get(subject.dtype, 1e-4)
-    proof = tensor_errors(original, subject.unscramble(rotated, scramble))
+    proof = subject.errors(original, subject.unscramble(rotated, scramble))
     control_scramble = next(c for c in symmetries.controls("rotation", key, g) if c.name == "keys_rotated_differently")
     control_trace = subject.trace(control_scramble.scramble)
-    control = tensor_errors(original, subject.unscramble(control_trace, control_scramble.scramble))
+    control = subject.errors(original, subject.unscramble(control_trace, control_scramble.scramble))
     return RotationDemo(quantities, examples, proof, control, tolerance,
-                        max(e.max_rel_error for e in proof) <= tolerance,
-                        max(e.max_rel_error for e in control) > 1e-3)
+                        bool(proof) and all(e.passed for e in proof), worst_rel(control) > BROKEN_AT)
 
 
 @dataclass
@@ -178,7 +177,7 @@ class Comparison:
 
 
 def _errors(subject: Subject, scramble: Scramble, original) -> list[TensorError]:
-    return tensor_errors(original, subject.unscramble(subject.trace(scramble), scramble))
+    return subject.errors(original, subject.unscramble(subject.trace(scramble), scramble))
 
 
 def norm_commutation(subject: Subject, key: int) -> dict[str, dict[str, float]]:

@@ -34,3 +34,12 @@ def load_or_usage_error(name: str, dtype: torch.dtype = torch.float32):
     except (ModelLoadError, UnsupportedModelError, OSError, ValueError) as error:
         raise UsageError(str(error).splitlines()[0] if str(error) else type(error).__name__) from None
     return loaded
+
+
+def print_json(value) -> None:
+    """Strict JSON on stdout: non-finite numbers are written as the strings "nan", "inf", "-inf"."""
+    import json
+
+    from perm_core.compare import json_safe
+
+    print(json.dumps(json_safe(value), indent=2, allow_nan=False))

@@ -6,9 +6,7 @@ Lock MODEL with key K and measure the right key, no key and N wrong keys
 
 from __future__ import annotations
 
-import json
-
-from perm_core.commands import UsageError, key_or_usage_error, load_or_usage_error
+from perm_core.commands import UsageError, key_or_usage_error, load_or_usage_error, print_json
 
 SUPPORTED = ("digits-vit", "digits-vit-b", "minilm", "smollm2-135m")
 
@@ -33,7 +31,7 @@ def run(args) -> int:
     loaded = load_or_usage_error(args.model)
     result = authorize(loaded, key, n_wrong=args.wrong, model_name=args.model)
     if args.json:
-        print(json.dumps(result.to_json(), indent=2))
+        print_json(result.to_json())
         return 0
     wrong = result.wrong_keys
     print(f"{result.model}: {result.metric}, locked with key {result.key} "

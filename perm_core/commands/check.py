@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
-
-from perm_core.commands import DTYPES, key_or_usage_error, load_or_usage_error
+from perm_core.commands import DTYPES, key_or_usage_error, load_or_usage_error, print_json
 from perm_core.symmetries import SYMMETRIES
 
 
@@ -27,7 +25,7 @@ def run(args) -> int:
     loaded = load_or_usage_error(args.model, DTYPES[args.dtype])
     report = check(loaded.model, default_inputs(loaded), args.symmetry or SYMMETRIES, key, model_name=args.model)
     if args.json:
-        print(json.dumps(report.to_json(), indent=2))
+        print_json(report.to_json())
     else:
         print(format_report(report))
     return 0 if report.passed else 1
@@ -35,13 +33,27 @@ def run(args) -> int:
 
 def format_report(report) -> str:
     lines = [f"{report.model}  ({report.family}, {report.dtype})", "",
-             f"{'symmetry':<14} {'direction':<9} {'max abs err':>12} {'max rel err':>12} {'tolerance':>10}  result"]
+             f"{'symmetry':<14} {'direction':<9} {'moved':>9} {'max abs err':>12} {'max rel err':>12} "
+             f"{'tolerance':>10}  result"]
     for c in report.checks:
-        lines.append(f"{c.symmetry:<14} {c.direction:<9} {c.max_abs_error:>12.2e} {c.max_rel_error:>12.2e} "
-                     f"{c.tolerance:>10.0e}  {'pass' if c.passed else 'FAIL'}")
+        lines.append(f"{c.symmetry:<14} {c.direction:<9} {c.moved:>9.2g} {c.max_abs_error:>12.2e} "
+                     f"{c.max_rel_error:>12.2e} {c.tolerance:>10.0e}  {'pass' if c.passed else 'FAIL'}")
+        if c.note:
+            lines.append(f"    {c.note}")
+        raised = [t for t in c.tensors if t.finite and t.tolerance > c.tolerance]
+        if raised:
+            top = max(raised, key=lambda t: t.tolerance)
+            lines.append(f"    {len(raised)} float32 tensor(s) held to their measured round-off x8 "
+                         f"(largest tolerance {top.tolerance:.1e}, {top.name})")
+    floored = {name: reason for c in report.checks for name, reason in c.floored.items()}
+    if floored:
+        reasons = sorted(set(floored.values()))
+        lines += ["", f"judged against the floor (zero in exact arithmetic): {len(floored)} tensor(s)"]
+        lines += [f"    {reason}" for reason in reasons]
     lines += ["", f"{'negative control':<40} {'max rel err':>12}  result"]
     for c in report.controls:
         lines.append(f"{c.symmetry + ': ' + c.name:<40} {c.max_rel_error:>12.2e}  "
                      f"{'broken (as it must be)' if c.broken else 'NOT BROKEN'}")
-    lines += ["", "PASSED" if report.passed else "FAILED"]
+    lines += ["", "moved: how far the scramble moved its most-moved weight or tensor (relative; a check "
+              "needs >= 0.1)", "PASSED" if report.passed else "FAILED"]
     return "\n".join(lines)

@@ -7,10 +7,8 @@ same function as B, and reports the fused model's test accuracy and loss, the lo
 
 from __future__ import annotations
 
-import json
-
 from perm_core.apps.matching import METHODS
-from perm_core.commands import UsageError, load_or_usage_error
+from perm_core.commands import UsageError, load_or_usage_error, print_json
 
 
 def register(sub) -> None:
@@ -36,7 +34,7 @@ def run(args) -> int:
                       prove=not args.no_proof)
     except ValueError as error:
         raise UsageError(str(error)) from None
-    print(json.dumps(result.to_json(), indent=2) if args.json else format_result(result))
+    print_json(result.to_json()) if args.json else print(format_result(result))
     proofs_ok = all(m.proof is None or (m.proof.passed and m.proof.control_broken) for m in result.methods)
     return 0 if proofs_ok else 1
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import json
+
+from perm_core.commands import print_json
 
 
 def register(sub) -> None:
@@ -17,7 +18,7 @@ def run(args) -> int:
 
     rows = list_models()
     if args.json:
-        print(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))
+        print_json([dataclasses.asdict(r) for r in rows])
         return 0
     print(f"{'name':<34} {'family':<6} {'source':<7} {'params':>12} {'offline':<7} license")
     for r in rows:

@@ -12,9 +12,7 @@ SSIM is in -1..1, PSNR in dB, both averaged over the victims (held-out digits), 
 
 from __future__ import annotations
 
-import json
-
-from perm_core.commands import UsageError, key_or_usage_error
+from perm_core.commands import UsageError, key_or_usage_error, print_json
 
 HELP_EPILOG = __doc__.split("\n", 2)[2]
 
@@ -55,7 +53,7 @@ def run(args) -> int:
         extra = {"epochs": args.train_epochs} if args.train_epochs else {}
         report["training"] = train_split(args.seed, key, show_bar=not args.json, **extra).to_json()
     if args.json:
-        print(json.dumps(report, indent=2))
+        print_json(report)
         return 0
     print(f"{'protection':<42} {'attacker':<9} {'SSIM':>7} {'PSNR dB':>8}  recovered")
     for row in result.rows:

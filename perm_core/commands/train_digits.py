@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+from perm_core.commands import print_json
 
 
 def register(sub) -> None:
@@ -18,5 +18,5 @@ def run(args) -> int:
 
     extra = {"epochs": args.epochs} if args.epochs else {}
     metrics = train_digits(args.seed, args.out, **extra)
-    print(json.dumps(metrics, indent=2))
+    print_json(metrics)
     return 0

@@ -15,6 +15,14 @@ import transformers as hf
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def strict_json(text: str):
+    """json.loads that refuses NaN/Infinity literals, as a strict parser does."""
+    def refuse(token):
+        raise ValueError(f"non-standard JSON constant {token}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
 def cli(*args, timeout=300):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-m", "perm_core", *args], capture_output=True, text=True,
@@ -25,7 +33,7 @@ def test_check_json_shape_and_exit_zero():
     result = cli("check", "random:gpt2", "--symmetry", "channels", "--symmetry", "tokens", "--key", "99",
                  "--json")
     assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout)
+    report = strict_json(result.stdout)
     assert set(report) == {"model", "family", "dtype", "passed", "checks", "controls"}
     assert (report["model"], report["family"], report["dtype"], report["passed"]) == (
         "random:gpt2", "gpt2", "float64", True)
@@ -33,9 +41,10 @@ def test_check_json_shape_and_exit_zero():
         (s, d) for s in ("channels", "tokens", "all") for d in ("forward", "backward")}
     for c in report["checks"]:
         assert set(c) == {"symmetry", "direction", "passed", "max_abs_error", "max_rel_error", "tolerance",
-                          "tensors"}
+                          "tensors", "moved", "moved_what", "note", "non_finite", "floored"}
         assert c["passed"] and c["max_rel_error"] < 1e-9 and c["tolerance"] == 1e-9
-        assert all(set(t) == {"name", "max_abs_error", "max_rel_error"} for t in c["tensors"])
+        assert c["moved"] >= 0.1 and c["moved_what"] and c["note"] == "" and c["non_finite"] == []
+        assert all(set(t) >= {"name", "max_abs_error", "max_rel_error", "tolerance", "finite"} for t in c["tensors"])
     assert report["controls"]
     for c in report["controls"]:
         assert set(c) == {"symmetry", "name", "broken", "max_rel_error"}

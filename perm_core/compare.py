@@ -1,0 +1,142 @@
+"""Tensor comparisons behind every verdict: per-tensor errors, tolerances, and reductions that never
+let a NaN or an infinity pass.
+
+The rules, written once for the checks, the controls, Explore, Backward, Rotation and Fusion:
+* A tensor's relative error is max |a - b| / max |b|, on the tensor's *own* scale.
+* A tensor that is zero in exact arithmetic (named by `verify.exact_zero_reason`, e.g. the gradient
+  of a key bias: softmax ignores a shift shared by a whole row) holds only round-off, so it is judged
+  against FLOOR x the largest tensor of its kind instead; the report lists every such tensor and why.
+* A non-finite value in either tensor, or a non-finite error, is an error of +inf: it fails every
+  check and breaks every control, and reports name the tensor as "non-finite".
+* float64 tensors are held to 1e-9. A float32 tensor is held to max(1e-4, ROUNDOFF_SAFETY x its own
+  measured float32 round-off), the round-off being its distance from the same model run in float64
+  (relative, on the same scale), capped at ROUNDOFF_CAP: deep or wide models accumulate round-off
+  that a fixed 1e-4 does not allow for, and a cap keeps every pass meaningful.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4}
+FLOOR = {torch.float64: 1e-6, torch.float32: 1e-2}
+ROUNDOFF_SAFETY = 8.0  # two independent float32 runs, each off by its round-off, plus margin
+ROUNDOFF_CAP = 1e-3
+BROKEN_AT = 1e-3  # a negative control is broken when some tensor moves by more than this (relative)
+# A check proves something only if its transform moved what it acts on: some weight, activation or
+# gradient of the scrambled world must differ from the original by at least this (relative).
+MOVED_AT = 0.1
+
+
+@dataclass
+class TensorError:
+    name: str
+    max_abs_error: float
+    max_rel_error: float
+    tolerance: float = math.nan  # this tensor's own tolerance (see the module docstring)
+    floor_reason: str | None = None  # why this tensor is judged against the floor, if it is
+    finite: bool = True
+
+    @property
+    def passed(self) -> bool:
+        return self.finite and self.max_rel_error <= self.tolerance
+
+
+def worst(values) -> float:
+    """The largest value, with any NaN counted as +inf (Python's max() silently drops NaN)."""
+    result = 0.0
+    for value in values:
+        if not math.isfinite(value):
+            return math.inf
+        result = max(result, value)
+    return result
+
+
+def worst_rel(errors) -> float:
+    return worst(e.max_rel_error for e in errors)
+
+
+def worst_abs(errors) -> float:
+    return worst(e.max_abs_error for e in errors)
+
+
+def is_finite(tensor: torch.Tensor) -> bool:
+    return bool(torch.isfinite(tensor).all())
+
+
+def kind_of(name: str) -> str:
+    if name.startswith("grad.param."):
+        return "grad.param"
+    return "grad" if name.startswith("grad.") else "forward"
+
+
+def scales(tensors: dict[str, torch.Tensor], floor_reasons: dict[str, str], dtype: torch.dtype) -> dict:
+    """Each tensor's reference scale: its own largest |value|, or for exact zeros the kind floor."""
+    own = {n: t.abs().max().item() if t.numel() else 0.0 for n, t in tensors.items()}
+    largest = {}
+    for name, value in own.items():
+        if math.isfinite(value):
+            largest[kind_of(name)] = max(largest.get(kind_of(name), 0.0), value)
+    floor = FLOOR.get(dtype, FLOOR[torch.float32])
+    return {n: floor * largest.get(kind_of(n), 0.0) if n in floor_reasons else own[n] for n in tensors}
+
+
+def relative_differences(reference: dict[str, torch.Tensor], other: dict[str, torch.Tensor],
+                         scale: dict[str, float]) -> dict[str, tuple[float, float, bool]]:
+    """name -> (max abs difference, relative difference, both finite), for names in both."""
+    found = {}
+    for name, ref in reference.items():
+        if name not in other or other[name].shape != ref.shape:
+            continue
+        if not (is_finite(ref) and is_finite(other[name])):
+            found[name] = (math.inf, math.inf, False)
+            continue
+        diff = (other[name].to(torch.float64) - ref.to(torch.float64)).abs().max().item() if ref.numel() else 0.0
+        rel = diff / scale[name] if scale[name] > 0 else (0.0 if diff == 0 else math.inf)
+        found[name] = (diff, rel, True)
+    return found
+
+
+def tensor_errors(original: dict, restored: dict[str, torch.Tensor], floor_reasons: dict[str, str] | None = None,
+                  roundoff: dict[str, float] | None = None) -> list[TensorError]:
+    """Per-tensor errors of `restored` against `original` (Records or tensors), with tolerances.
+
+    roundoff: name -> the tensor's measured float32 round-off (relative), from `measure_roundoff`.
+    """
+    floor_reasons = floor_reasons or {}
+    reference = {n: getattr(r, "tensor", r) for n, r in original.items() if n in restored}
+    if not reference:
+        return []
+    dtype = next(iter(reference.values())).dtype
+    scale = scales(reference, floor_reasons, dtype)
+    base = TOLERANCE.get(dtype, TOLERANCE[torch.float32])
+    errors = []
+    for name, (diff, rel, finite) in relative_differences(reference, restored, scale).items():
+        tolerance = base
+        if roundoff is not None and dtype == torch.float32 and name in roundoff:
+            tolerance = min(max(base, ROUNDOFF_SAFETY * roundoff[name]), ROUNDOFF_CAP)
+        errors.append(TensorError(name, diff, rel, tolerance, floor_reasons.get(name), finite))
+    return errors
+
+
+def measure_roundoff(float32_run: dict, float64_run: dict, floor_reasons: dict[str, str]) -> dict[str, float]:
+    """name -> relative distance of a float32 run from the same computation in float64."""
+    reference = {n: getattr(r, "tensor", r) for n, r in float64_run.items()}
+    mine = {n: getattr(r, "tensor", r) for n, r in float32_run.items() if n in reference}
+    scale = scales(reference, floor_reasons, torch.float32)  # the float32 floor: what float32 can resolve
+    return {n: rel if finite else math.inf
+            for n, (_, rel, finite) in relative_differences(reference, mine, scale).items()}
+
+
+def json_safe(value):
+    """A structure strict JSON accepts: non-finite floats become the strings "nan", "inf", "-inf"."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
