@@ -40,13 +40,22 @@ def rng_for(key: int, purpose: str) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence(words)))
 
 
+def _moving_permutation(rng: np.random.Generator, n: int) -> np.ndarray:
+    """A uniform draw among the n! - 1 permutations that move something (n >= 2): a key that draws
+    the identity would leave a space unmoved, and a check of an unmoved space proves nothing."""
+    while True:
+        drawn = rng.permutation(n)
+        if n < 2 or (drawn != np.arange(n)).any():
+            return drawn
+
+
 def permutation(key: int, n: int, purpose: str) -> torch.Tensor:
-    return torch.from_numpy(rng_for(key, purpose).permutation(n)).long()
+    return torch.from_numpy(_moving_permutation(rng_for(key, purpose), n)).long()
 
 
 def permutations(key: int, count: int, n: int, purpose: str) -> torch.Tensor:
     rng = rng_for(key, purpose)
-    return torch.from_numpy(np.stack([rng.permutation(n) for _ in range(count)])).long()
+    return torch.from_numpy(np.stack([_moving_permutation(rng, n) for _ in range(count)])).long()
 
 
 def orthogonal(key: int, count: int, n: int, purpose: str) -> torch.Tensor:
@@ -78,5 +87,9 @@ def plane_rotations(key: int, count: int, n: int, purpose: str) -> torch.Tensor:
 
 
 def permutation_bits(n: int) -> float:
-    """log2(n!): the key space of a uniformly random permutation of n items."""
-    return math.lgamma(n + 1) / math.log(2)
+    """log2(n! - 1): the permutations of n items that a key can draw (every one but the identity)."""
+    if n < 2:
+        return 0.0
+    if n <= 20:
+        return math.log2(math.factorial(n) - 1)
+    return math.lgamma(n + 1) / math.log(2)  # n! - 1 and n! agree to far below a bit

@@ -26,23 +26,41 @@ CONFIGS = {
     ("gpt2", "tiny"): lambda: hf.GPT2Config(vocab_size=TINY_VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64,
                                             bos_token_id=0, eos_token_id=0),
     ("gpt2", "base"): lambda: hf.GPT2Config(),  # GPT-2 small
-    ("llama", "tiny"): lambda: hf.LlamaConfig(vocab_size=TINY_VOCAB, hidden_size=32, num_hidden_layers=2,
-                                              num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+    # Three key/value groups of two query heads, and q/k/v/o and MLP biases, so that a bug leaving a
+    # group or a bias behind is loud (SmolLM2 has neither biases nor more than one group per test key).
+    ("llama", "tiny"): lambda: hf.LlamaConfig(vocab_size=TINY_VOCAB, hidden_size=48, num_hidden_layers=2,
+                                              num_attention_heads=6, num_key_value_heads=3, intermediate_size=64,
                                               max_position_embeddings=64, tie_word_embeddings=False,
+                                              attention_bias=True, mlp_bias=True,
                                               bos_token_id=0, eos_token_id=0, pad_token_id=None),
     ("llama", "base"): lambda: hf.LlamaConfig(vocab_size=49152, hidden_size=576, num_hidden_layers=30,
                                               num_attention_heads=9, num_key_value_heads=3,
                                               intermediate_size=1536, max_position_embeddings=8192,
                                               tie_word_embeddings=True, rope_theta=100000.0),  # SmolLM2-135M shape
+    # Two key/value groups of two query heads (so groups really move), a sliding window of 4 that a
+    # 12-token input exceeds, sliding and global layers with their two RoPE bases.
+    ("gemma3", "tiny"): lambda: hf.Gemma3TextConfig(
+        vocab_size=TINY_VOCAB, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=8, intermediate_size=64, max_position_embeddings=64, sliding_window=4, query_pre_attn_scalar=8,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"], bos_token_id=0, eos_token_id=0,
+        pad_token_id=None),
+    ("gemma3", "base"): lambda: hf.Gemma3TextConfig(  # gemma-3-270m's shape
+        vocab_size=262144, hidden_size=640, num_hidden_layers=18, num_attention_heads=4, num_key_value_heads=1,
+        head_dim=256, intermediate_size=2048, max_position_embeddings=32768, sliding_window=512,
+        query_pre_attn_scalar=256, layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 3),
+    ("dinov2", "tiny"): lambda: hf.Dinov2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                mlp_ratio=2, image_size=16, patch_size=4, num_channels=3,
+                                                layerscale_value=0.5),  # lambda1 re-drawn per channel below
+    ("dinov2", "base"): lambda: hf.Dinov2Config(hidden_size=384, num_attention_heads=6),  # dinov2-s's shape, 224
 }
 DEFAULT_CLASSES = {"vit": "ViTForImageClassification", "bert": "BertForMaskedLM", "gpt2": "GPT2LMHeadModel",
-                   "llama": "LlamaForCausalLM"}
+                   "llama": "LlamaForCausalLM", "gemma3": "Gemma3ForCausalLM", "dinov2": "Dinov2Model"}
 
 
 def random_config(family: str, size: str = "tiny"):
     if (family, size) not in CONFIGS:
-        raise ValueError(f"no random model {family}-{size}; families: vit, bert, gpt2, llama; sizes: "
-                         f"{', '.join(RANDOM_SIZES)}")
+        raise ValueError(f"no random model {family}-{size}; families: vit, bert, gpt2, llama, gemma3, dinov2; "
+                         f"sizes: {', '.join(RANDOM_SIZES)}")
     config = CONFIGS[family, size]()
     config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
     return config
@@ -81,7 +99,7 @@ def random_inputs(family: str, model, seed: int = 0, n_tokens: int = 12) -> dict
     """Inputs for a random model: an image batch, or ids with a padded last position."""
     generator = torch.Generator().manual_seed(seed)
     config = model.config
-    if family == "vit":
+    if family in ("vit", "dinov2"):
         shape = (1, config.num_channels, config.image_size, config.image_size)
         return {"pixel_values": torch.randn(shape, generator=generator)}
     ids = torch.randint(0, config.vocab_size, (1, n_tokens), generator=generator)

@@ -52,8 +52,19 @@ def test_orthogonal_and_plane_rotations():
 
 
 def test_key_space_bits():
-    assert keys.permutation_bits(4) == pytest.approx(math.log2(24))
+    assert keys.permutation_bits(4) == pytest.approx(math.log2(23))  # every permutation but the identity
+    assert keys.permutation_bits(2) == 0.0 and keys.permutation_bits(1) == 0.0
     g = family_by_name("bert").geometry(random_config("bert"))
     assert symmetries.key_space_bits("channels", g) == pytest.approx(math.lgamma(33) / math.log(2))
-    assert symmetries.key_space_bits("tokens", g, n_tokens=12) == pytest.approx(math.log2(math.factorial(11)))
+    assert symmetries.key_space_bits("tokens", g, n_tokens=12) == pytest.approx(math.log2(math.factorial(11) - 1))
     assert symmetries.key_space_bits("rotation", g) == math.inf
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_a_key_never_draws_the_identity(n):
+    identity = torch.arange(n)
+    for key in range(200):
+        assert not torch.equal(keys.permutation(key, n, "heads/0/groups"), identity)
+        assert all(not torch.equal(row, identity) for row in keys.permutations(key, 3, n, "x"))
+    drawn = {tuple(keys.permutation(key, n, "p").tolist()) for key in range(400)}
+    assert len(drawn) == math.factorial(n) - 1  # and every other permutation is reachable
