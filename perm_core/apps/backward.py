@@ -4,6 +4,8 @@ If g is a symmetry (f(g.theta, g.x) = g.f(theta, x)) and the loss is measured on
 output, then L(g.theta, g.x) = L(theta, x) for every theta, so its gradient is equivariant:
 grad L(g.theta, g.x) = g.grad L(theta, x). Hence a plain SGD step taken in the scrambled world lands
 exactly on the scrambled image of the step taken in the original world, step after step.
+`sgd_lockstep` measures that on the updates (theta'_t - theta'_0 against g(theta_t - theta_0)), so a
+negative control is judged on its training, never on where it started.
 
 Losses (the loss sees the output after it is un-scrambled, so it is invariant by construction):
   class       cross-entropy of the classifier logits to a target class (or a label per image)
@@ -13,16 +15,18 @@ Losses (the loss sees the output after it is un-scrambled, so it is invariant by
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
+from perm_core.compare import is_finite, tensor_errors, worst, worst_abs
 from perm_core.spec import PIXELS, Scramble, apply_axes, transform_params
 from perm_core.tokens import model_inputs
 from perm_core.trace import TOKEN_RESID, Record
-from perm_core.verify import TOLERANCE, ZERO_FLOOR, Subject, TensorError, tensor_errors
+from perm_core.verify import BROKEN_AT, FLOOR, TOLERANCE, Subject, TensorError, worst_rel
 from perm_core.zoo import mean_pool
 
 LOSSES = {
@@ -129,11 +133,11 @@ class GradientComparison:
 
     @property
     def max_rel_error(self) -> float:
-        return max(e.max_rel_error for e in self.errors)
+        return worst_rel(self.errors)
 
     @property
     def passed(self) -> bool:
-        return self.max_rel_error <= self.tolerance
+        return bool(self.errors) and all(e.passed for e in self.errors)
 
 
 def compare_gradients(model, inputs: dict, loss: Loss, keys_by_symmetry: dict[str, int],
@@ -146,7 +150,7 @@ def compare_gradients(model, inputs: dict, loss: Loss, keys_by_symmetry: dict[st
     restored = subject.unscramble(scrambled, scramble)
     return GradientComparison(loss_a, loss_b, {n: r.tensor for n, r in original.items()},
                               {n: r.tensor for n, r in scrambled.items()}, restored,
-                              tensor_errors(original, restored), TOLERANCE.get(subject.dtype, 1e-4))
+                              subject.errors(original, restored), TOLERANCE.get(subject.dtype, 1e-4))
 
 
 @dataclass
@@ -154,8 +158,15 @@ class SGDStep:
     step: int
     loss_original: float
     loss_scrambled: float
-    max_abs_error: float
-    max_rel_error: float  # over every parameter: transform(theta_t) vs the scrambled world's theta'_t
+    # The training error: the scrambled world's accumulated update theta'_t - theta'_0 against the applied
+    # transform of the original world's update theta_t - theta_0, per tensor on that update's own scale.
+    # Nothing has been trained at step 0 (both updates are zero): 0 there by definition.
+    update_abs_error: float
+    update_rel_error: float
+    # The parameter-space error: transform(theta_t) vs theta'_t, per tensor on the parameter's own scale.
+    # Much smaller than the update error (an update is small next to the weights it moves).
+    param_abs_error: float
+    param_rel_error: float
 
 
 @dataclass
@@ -163,62 +174,120 @@ class SGDResult:
     steps: list[SGDStep] = field(default_factory=list)
     tolerance: float = 1e-4
     control: str | None = None
+    lr: float = 0.0
+    update_moved: float = 0.0  # the largest |theta_t - theta_0| of the original world, over steps and tensors
+
+    @property
+    def trained(self) -> bool:
+        """Did the original world's weights move at all? (Not with lr=0, steps=0 or a zero gradient.)"""
+        return len(self.steps) > 1 and self.update_moved > 0
 
     @property
     def max_rel_error(self) -> float:
-        return max(s.max_rel_error for s in self.steps)
+        """The verdict's number: the worst update error from step 1 on (inf for any NaN or infinity)."""
+        return worst(s.update_rel_error for s in self.steps[1:])
+
+    @property
+    def max_param_error(self) -> float:
+        return worst(s.param_rel_error for s in self.steps)
 
     @property
     def passed(self) -> bool:
-        return self.max_rel_error <= self.tolerance
+        """The true symmetry: trained, and every update un-scrambles within the tolerance."""
+        return self.trained and self.max_rel_error <= self.tolerance
+
+    @property
+    def broken(self) -> bool:
+        """A negative control: trained, and some update is off by more than BROKEN_AT (relative)."""
+        return self.trained and self.max_rel_error > BROKEN_AT
+
+    @property
+    def verdict(self) -> str:
+        if not self.trained:
+            return "nothing was trained"
+        if self.control is None:
+            return "passed" if self.passed else "failed"
+        return "broken" if self.broken else "not broken"
 
 
 def params_error(expected: dict[str, torch.Tensor], actual: dict[str, torch.Tensor]) -> tuple[float, float]:
-    """(max abs, max rel) over all parameters; rel is against each tensor's scale, floored by the largest."""
-    floor = ZERO_FLOOR.get(next(iter(expected.values())).dtype, 1e-3)
-    largest = max(t.abs().max().item() for t in expected.values())
-    worst_abs = worst_rel = 0.0
+    """(max abs, max rel) over all parameters; rel is against each tensor's scale, floored by the largest.
+    A NaN or infinity anywhere (in either dict, or in an error) makes both +inf."""
+    floor = FLOOR.get(next(iter(expected.values())).dtype, 1e-3)
+    if not all(is_finite(t) for t in expected.values()) or not all(is_finite(actual[n]) for n in expected):
+        return math.inf, math.inf
+    largest = worst(t.abs().max().item() for t in expected.values() if t.numel())
+    abs_errors, rel_errors = [], []
     for name, want in expected.items():
+        if not want.numel():
+            continue
         diff = (actual[name].to(torch.float64) - want.to(torch.float64)).abs().max().item()
         scale = max(want.abs().max().item(), floor * largest)
-        worst_abs, worst_rel = max(worst_abs, diff), max(worst_rel, diff / scale if scale > 0 else diff)
-    return worst_abs, worst_rel
+        abs_errors.append(diff)
+        rel_errors.append(diff / scale if scale > 0 else (0.0 if diff == 0 else math.inf))
+    return worst(abs_errors), worst(rel_errors)
+
+
+def update_error(expected: dict[str, torch.Tensor], actual: dict[str, torch.Tensor],
+                 floor_reasons: dict[str, str]) -> tuple[float, float]:
+    """(max abs, max rel) of the scrambled world's update against the transformed original update.
+
+    Each tensor is judged on its own update's scale (compare.tensor_errors); an update that is zero in
+    exact arithmetic (a key bias: its gradient is zero) against the floor; a NaN anywhere is +inf.
+    """
+    named = {f"grad.param.{n}": t for n, t in expected.items()}
+    errors = tensor_errors(named, {f"grad.param.{n}": t for n, t in actual.items()}, floor_reasons)
+    return worst_abs(errors), worst_rel(errors)
 
 
 def sgd_lockstep(model, inputs: dict, loss: Loss, keys_by_symmetry: dict[str, int], steps: int = 5,
                  lr: float = 0.001, control: str | None = None, progress=None) -> SGDResult:
-    """`steps` plain SGD steps in both worlds; after each, compare transform(theta_t) with theta'_t.
+    """`steps` plain SGD steps in both worlds, measuring whether *training* commutes with the transform.
 
-    control: the name of one of perm_core.symmetries.controls (e.g. "norms_not_permuted"): the
-    scrambled world then starts from a wrongly scrambled model, and the lock-step must break.
+    The scrambled world starts from g(theta_0), g the applied transform (the symmetry, or with `control`
+    the negative control, e.g. "norms_not_permuted", a near miss that is not a symmetry). After each step
+    the scrambled world's accumulated update theta'_t - theta'_0 is compared with g(theta_t - theta_0),
+    the transformed update of the original world. For a symmetry the two agree to round-off; for a
+    control the gradients differ, so the trajectories diverge and the error is of order 1 -- but only once
+    something was trained: with lr=0 or steps=0 both updates are zero and the result says so.
+
+    Each world keeps its accumulated update as a tensor of its own (theta_t = theta_0 + delta_t), so the
+    update is never recovered by subtracting two nearly equal weights (that would cost float32 all its
+    digits for a small learning rate).
     """
     from perm_core import symmetries
 
     subject = Subject(model, inputs)
-    intended = subject.build(keys_by_symmetry)
-    applied = intended
+    applied = subject.build(keys_by_symmetry)
     if control is not None:
         found = [c for name, key in keys_by_symmetry.items()
                  for c in symmetries.controls(name, key, subject.geometry, subject.n_tokens) if c.name == control]
         if not found:
             raise ValueError(f"no negative control named {control!r} for {', '.join(keys_by_symmetry)}")
         applied = found[0].scramble
-        intended = applied.with_controls(skip_tags=frozenset(), positions_follow_tokens=True)
-    theta = {n: p.detach().clone() for n, p in subject.params.items()}  # never the shared model's tensors
-    theta_s = transform_params(theta, subject.spec, applied, subject.claims)
-    result = SGDResult(tolerance=TOLERANCE.get(subject.dtype, 1e-4), control=control)
+    theta_0 = {n: p.detach().clone() for n, p in subject.params.items()}  # never the shared model's tensors
+    theta_s0 = transform_params(theta_0, subject.spec, applied, subject.claims)
+    delta = {n: torch.zeros_like(p) for n, p in theta_0.items()}
+    delta_s = {n: torch.zeros_like(p) for n, p in theta_s0.items()}
+    result = SGDResult(tolerance=TOLERANCE.get(subject.dtype, 1e-4), control=control, lr=lr)
+    moved = []
     for step in range(steps + 1):
-        expected = transform_params(theta, subject.spec, intended, subject.claims)
-        err_abs, err_rel = params_error(expected, theta_s)
+        theta = {n: theta_0[n] + delta[n] for n in theta_0}
+        theta_s = {n: theta_s0[n] + delta_s[n] for n in theta_s0}
+        expected_update = transform_params(delta, subject.spec, applied, subject.claims)
+        upd_abs, upd_rel = update_error(expected_update, delta_s, subject.floor_reasons) if step else (0.0, 0.0)
+        par_abs, par_rel = params_error(transform_params(theta, subject.spec, applied, subject.claims), theta_s)
+        moved.append(worst(d.abs().max().item() for d in delta.values() if d.numel()))
         loss_a, grads = gradients(subject, loss, None, params=theta)
         loss_b, grads_s = gradients(subject, loss, applied, params=theta_s)
-        result.steps.append(SGDStep(step, loss_a, loss_b, err_abs, err_rel))
+        result.steps.append(SGDStep(step, loss_a, loss_b, upd_abs, upd_rel, par_abs, par_rel))
         if step == steps:
             break
-        theta = {n: p - lr * grads[f"grad.param.{n}"].tensor for n, p in theta.items()}
-        theta_s = {n: p - lr * grads_s[f"grad.param.{n}"].tensor for n, p in theta_s.items()}
+        delta = {n: d - lr * grads[f"grad.param.{n}"].tensor for n, d in delta.items()}
+        delta_s = {n: d - lr * grads_s[f"grad.param.{n}"].tensor for n, d in delta_s.items()}
         if progress:
             progress((step + 1) / steps, f"SGD step {step + 1}/{steps}")
+    result.update_moved = worst(moved)
     return result
 
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import plotly.graph_objects as go
 
 from perm_core.figures import FLOOR, LAYOUT, heatmap, to_numpy
+
+NON_FINITE = 1e6  # where a non-finite SGD error is drawn on the log axis
 
 
 def as_matrix(tensor) -> np.ndarray:
@@ -43,19 +47,27 @@ def gradient_errors(errors, tolerance: float) -> go.Figure:
     return fig
 
 
-def sgd_errors(results: dict, tolerance: float) -> go.Figure:
-    """results: label -> SGDResult. Per step: transform(theta_t) vs the scrambled world's theta'_t."""
+def sgd_errors(results: dict, tolerance: float, broken_at: float) -> go.Figure:
+    """results: label -> SGDResult. Per step from 1 on: the scrambled world's accumulated update
+    theta'_t - theta'_0 against the transformed original update g(theta_t - theta_0), worst tensor,
+    relative to that update's own size. Step 0 is left out: nothing has been trained there."""
     fig = go.Figure()
     colors = ["#2ca02c", "#d62728", "#ff7f0e", "#9467bd"]
     for color, (label, result) in zip(colors, results.items(), strict=False):
-        fig.add_trace(go.Scatter(x=[s.step for s in result.steps], y=[max(s.max_rel_error, FLOOR)
-                                                                      for s in result.steps],
-                                 mode="lines+markers", name=label, line=dict(color=color)))
-    fig.add_hline(y=tolerance, line=dict(color="gray", dash="dash"), annotation_text="tolerance")
+        trained = result.steps[1:]
+        # A non-finite error (a NaN anywhere counts as +inf) is drawn at NON_FINITE, never dropped.
+        values = [max(s.update_rel_error, FLOOR) if math.isfinite(s.update_rel_error) else NON_FINITE
+                  for s in trained]
+        fig.add_trace(go.Scatter(x=[s.step for s in trained], y=values, mode="lines+markers", name=label,
+                                 line=dict(color=color)))
+    fig.add_hline(y=tolerance, line=dict(color="gray", dash="dash"), annotation_text="tolerance (symmetry)",
+                  annotation_position="bottom right")
+    fig.add_hline(y=broken_at, line=dict(color="#d62728", dash="dot"),
+                  annotation_text="control broken above", annotation_position="top right")
     fig.update_layout(**{**LAYOUT, "height": 340}, legend=dict(orientation="h", y=-0.3),
-                      title=dict(text="Scrambled weights vs scrambled original weights, per SGD step",
+                      title=dict(text="Scrambled world's update vs scrambled original update, per SGD step",
                                  font=dict(size=13)))
-    fig.update_yaxes(type="log", title="max relative error", exponentformat="e")
+    fig.update_yaxes(type="log", title="max relative update error", exponentformat="e")
     fig.update_xaxes(title="SGD step", dtick=1)
     return fig
 

@@ -1,5 +1,8 @@
 """Gradients and SGD steps commute with every symmetry, to the perm_core tolerances; controls break."""
 
+import copy
+import math
+
 import pytest
 import torch
 
@@ -69,12 +72,53 @@ def test_sgd_lockstep_float64_and_float32(vit64, batch):
 
 
 @pytest.mark.parametrize("control", ["norms_not_permuted", "residual_rotation"])
-def test_sgd_lockstep_negative_controls_break(vit64, batch, control):
+def test_sgd_lockstep_negative_controls_break_after_training(vit64, batch, control):
     x, y = batch
     result = bw.sgd_lockstep(vit64, {"pixel_values": x.double()}, bw.Loss("class", y), {"channels": 7},
                              steps=2, lr=0.05, control=control)
-    assert not result.passed
-    assert result.steps[-1].max_rel_error > 1e-2
+    assert result.trained and result.broken and not result.passed and result.verdict == "broken"
+    assert result.steps[0].update_rel_error == 0  # nothing trained yet: step 0 is never the evidence
+    assert all(s.update_rel_error > 1e-2 for s in result.steps[1:])  # the trainings diverge from step 1
+    assert result.max_rel_error > 1e-2
+
+
+@pytest.mark.parametrize("lr,steps", [(0.0, 3), (0.05, 0)])
+def test_control_without_training_is_not_broken(vit64, batch, lr, steps):
+    """A control is judged on its training: with nothing trained there is nothing to break."""
+    x, y = batch
+    result = bw.sgd_lockstep(vit64, {"pixel_values": x.double()}, bw.Loss("class", y), {"channels": 7},
+                             steps=steps, lr=lr, control="norms_not_permuted")
+    assert len(result.steps) == steps + 1
+    assert not result.trained and not result.broken and not result.passed
+    assert result.verdict == "nothing was trained"
+    assert result.max_rel_error == 0 and result.max_param_error == 0
+
+
+def test_true_symmetry_passes_on_the_updates(vit64, batch):
+    x, y = batch
+    result = bw.sgd_lockstep(vit64, {"pixel_values": x.double()}, bw.Loss("class", y), {"channels": 7, "heads": 1},
+                             steps=3, lr=0.0003)
+    assert result.trained and result.passed and not result.broken and result.verdict == "passed"
+    assert 0 < result.max_rel_error < 1e-9 and result.max_param_error < 1e-12
+
+
+def test_nan_in_a_parameter_fails(vit64, batch):
+    x, y = batch
+    model = copy.deepcopy(vit64)
+    with torch.no_grad():
+        model.vit.layers[0].mlp.fc1.weight[0, 0] = float("nan")
+    result = bw.sgd_lockstep(model, {"pixel_values": x.double()}, bw.Loss("class", y), {"channels": 7},
+                             steps=1, lr=0.05)
+    assert not result.passed and result.verdict == "failed"
+    assert result.max_rel_error == math.inf and result.max_param_error == math.inf
+
+
+def test_params_error_counts_a_nan_as_inf():
+    expected = {"a": torch.ones(3, dtype=torch.float64), "b": torch.ones(2, dtype=torch.float64)}
+    assert bw.params_error(expected, {n: t.clone() for n, t in expected.items()}) == (0.0, 0.0)
+    broken = {"a": torch.tensor([1.0, float("nan"), 1.0], dtype=torch.float64), "b": expected["b"]}
+    assert bw.params_error(expected, broken) == (math.inf, math.inf)
+    assert bw.params_error(broken, expected) == (math.inf, math.inf)
 
 
 def test_bad_control_name_is_refused(vit64, batch):
