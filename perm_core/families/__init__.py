@@ -43,9 +43,9 @@ class Family:
 
 
 def _registry() -> dict[str, Family]:
-    from perm_core.families import bert, gpt2, llama, vit
+    from perm_core.families import bert, dinov2, gpt2, llama, vit
 
-    return {fam.FAMILY.name: fam.FAMILY for fam in (vit, bert, gpt2, llama)}
+    return {fam.FAMILY.name: fam.FAMILY for fam in (vit, bert, gpt2, llama, dinov2)}
 
 
 def supported_summary() -> str:
