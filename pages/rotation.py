@@ -62,7 +62,8 @@ labels = {"q": "queries", "k": "keys", "v": "values"}
 for i, role in enumerate(r for r in ("q", "k", "v") if r in demo.examples):
     cols[i % 2].plotly_chart(figs.side_by_side(*demo.examples[role], f"{labels[role]} (this head): change completely"),
                              key=f"rot_{role}")
-cols[1].plotly_chart(figs.side_by_side(*demo.examples["attention"], "attention scores: identical", "key token"),
+cols[1].plotly_chart(figs.side_by_side(*demo.examples["attention"],
+                                       "attention probabilities (softmax of q·k): identical", "key token"),
                      key="rot_attention")
 if "head_output" in demo.examples:
     cols[0].plotly_chart(figs.side_by_side(*demo.examples["head_output"],

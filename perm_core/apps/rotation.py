@@ -24,7 +24,7 @@ _HOOK_LOCK = threading.Lock()  # the model may be shared by several app sessions
 @dataclass
 class Quantity:
     layer: int
-    name: str  # "queries", "keys", "values", "head values (before W_O)", "attention scores", "head outputs"
+    name: str  # "queries", "keys", "values", "head values (before W_O)", "attention probabilities", "head outputs"
     changed: float  # relative change of the rotated model's tensor, as it is
     restored: float  # relative error after un-rotating it (the same as `changed` for invariant tensors)
     invariant: bool  # expected to be unchanged
@@ -130,7 +130,7 @@ def _rotation_demo(model, inputs: dict, key: int, layer: int, head: int) -> Rota
             back = apply_axes(b, (None, None, "o" if role == "z" else role), inverse, i)
             quantities.append(Quantity(i, label, _rel(b, a), _rel(back, a), False))
         attn_a, attn_b = original[f"blocks.{i}.attn"].tensor, rotated[f"blocks.{i}.attn"].tensor
-        quantities.append(Quantity(i, "attention scores", _rel(attn_b, attn_a), _rel(attn_b, attn_a), True))
+        quantities.append(Quantity(i, "attention probabilities", _rel(attn_b, attn_a), _rel(attn_b, attn_a), True))
         if (i, "z") in cap_o:
             heads_a = head_outputs(subject, subject.params, i, cap_o[(i, "z")])
             heads_b = head_outputs(subject, rotated_params, i, cap_r[(i, "z")])

@@ -25,7 +25,8 @@ def test_rotation_page_default_run():
     assert "same function" in verdict and "broken, as it must be" in verdict
     charts = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
     titles = [c["layout"].get("title", {}).get("text", "") for c in charts]
-    assert any("queries" in t for t in titles) and any("attention scores" in t for t in titles)
+    assert any("queries" in t for t in titles) and any(t.startswith("attention probabilities") for t in titles)
+    assert not any("scores" in t for t in titles)  # the chart shows softmax probabilities, not q·k scores
     assert any("RoPE" in t for t in titles) and any("residual stream" in t for t in titles)
     assert "0.0001" in verdict  # float32 tolerance of the default digits-vit
 

@@ -34,7 +34,7 @@ def test_queries_keys_values_change_but_scores_and_outputs_do_not(digits64):
             q = by_name[(layer, name)]
             assert q.changed > 0.3  # changed completely ...
             assert q.restored < 1e-9  # ... and exactly by the rotation
-        for name in ("attention scores", "head outputs (W_O z, per head)"):
+        for name in ("attention probabilities", "head outputs (W_O z, per head)"):
             assert by_name[(layer, name)].changed < 1e-9
     assert by_name[(2, "model output")].changed < 1e-9
     assert demo.passed and demo.tolerance == 1e-9
