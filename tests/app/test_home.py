@@ -1,8 +1,14 @@
 """AppTest: the home page explains, shows computed pictures and links to the pages; the app shell works."""
 
+import re
 from pathlib import Path
 
+import torch
 from streamlit.testing.v1 import AppTest
+
+from perm_core import verify
+from perm_core.defaults import default_inputs
+from perm_core.zoo import load_model
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
 
@@ -29,3 +35,20 @@ def test_model_load_error_is_a_message_and_home_keeps_working():
     assert not at.exception
     assert any("whole number" in e.value for e in at.error)
     assert at.title[0].value == "Transformer Symmetry Explorer"
+
+
+def test_the_exactness_claim_is_what_a_float64_check_measures():
+    """Home says "equal to float64 round-off: relative errors around 1e-15", not "to the last bits"."""
+    at = AppTest.from_file(APP, default_timeout=300)
+    at.run()
+    intro = next(m.value for m in at.markdown if "comes back" in m.value)
+    assert "last bits of floating point" not in intro and "Not bit for bit" in intro
+    claimed = float(re.search(r"relative errors around (1e-\d+)", intro).group(1))
+    loaded = load_model("digits-vit", dtype=torch.float64)
+    report = verify.check(loaded.model, default_inputs(loaded), ["tokens", "channels", "heads", "mlp"], key=42)
+    assert report.passed
+    # Every tensor on its own scale (the floored exact zeros carry no relative information), forward and backward.
+    errors = [t for c in report.checks for t in c.tensors if not t.floor_reason]
+    worst = verify.worst_rel(errors)
+    assert claimed / 10 <= worst <= claimed * 10, worst
+    assert any(t.max_abs_error > 0 for t in errors)  # not bit for bit
