@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from perm_core.commands import DTYPES, key_or_usage_error, load_or_usage_error, print_json
+from perm_core.compare import worst
 from perm_core.symmetries import SYMMETRIES
 
 
@@ -34,10 +35,11 @@ def run(args) -> int:
 def format_report(report) -> str:
     lines = [f"{report.model}  ({report.family}, {report.dtype})", "",
              f"{'symmetry':<14} {'direction':<9} {'moved':>9} {'max abs err':>12} {'max rel err':>12} "
-             f"{'tolerance':>10}  result"]
+             f"{'tolerance':>10} {'err/tol':>8}  result"]
     for c in report.checks:
+        margin = worst(t.max_rel_error / t.tolerance for t in c.tensors)
         lines.append(f"{c.symmetry:<14} {c.direction:<9} {c.moved:>9.2g} {c.max_abs_error:>12.2e} "
-                     f"{c.max_rel_error:>12.2e} {c.tolerance:>10.0e}  {'pass' if c.passed else 'FAIL'}")
+                     f"{c.max_rel_error:>12.2e} {c.tolerance:>10.0e} {margin:>8.2f}  {'pass' if c.passed else 'FAIL'}")
         if c.note:
             lines.append(f"    {c.note}")
         raised = [t for t in c.tensors if t.finite and t.tolerance > c.tolerance]
@@ -55,5 +57,6 @@ def format_report(report) -> str:
         lines.append(f"{c.symmetry + ': ' + c.name:<40} {c.max_rel_error:>12.2e}  "
                      f"{'broken (as it must be)' if c.broken else 'NOT BROKEN'}")
     lines += ["", "moved: how far the scramble moved its most-moved weight or tensor (relative; a check "
-              "needs >= 0.1)", "PASSED" if report.passed else "FAILED"]
+              "needs >= 0.1)", "err/tol: the worst tensor's error over its own tolerance (a pass needs <= 1)",
+              "PASSED" if report.passed else "FAILED"]
     return "\n".join(lines)
