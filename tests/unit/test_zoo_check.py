@@ -24,9 +24,10 @@ def test_check_passes_on_shipped_and_wheel_models(name, dtype):
 
 
 @pytest.mark.slow
-def test_check_passes_on_smollm2(smollm):
+@pytest.mark.parametrize("key", [1, 3])  # both failed float32 at a fixed 1e-4 (a layer-norm gradient at 1.1e-4)
+def test_check_passes_on_smollm2_in_float32(smollm, key):
     loaded = zoo.load_model("smollm2-135m", dtype=torch.float32)
-    report = check(loaded.model, default_inputs(loaded), key=7, model_name="smollm2-135m")
+    report = check(loaded.model, default_inputs(loaded), key=key, model_name="smollm2-135m")
     assert report.family == "llama"
     assert report.passed, [(c.symmetry, c.direction, c.max_rel_error) for c in report.checks if not c.passed] + [
         (c.name, c.max_rel_error) for c in report.controls if not c.broken]
