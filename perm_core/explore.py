@@ -188,7 +188,7 @@ class Exploration:
 
     def _params_and_movement(self, scramble: Scramble):
         params = self.subject.transformed_params(scramble)
-        return params, self.subject.weight_movement(params)
+        return params, self.subject.weight_movement(params)  # early exit: usually one small weight
 
     def run(self, keys_by_symmetry: dict[str, int], control: str | None = None) -> ExploreResult:
         import time

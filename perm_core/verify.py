@@ -163,25 +163,35 @@ class Subject:
             errors = tensor_errors(original, restored, self.floor_reasons, self.roundoff(original))
         return errors
 
-    def weight_movement(self, params: dict[str, torch.Tensor]) -> dict[str, float]:
-        """'weight NAME' -> relative change (own scale) of every parameter the scramble touched."""
-        changed = {n: p.detach() for n, p in params.items() if p is not self.params[n]
-                   and p.shape == self.params[n].shape}
-        before = {n: self.params[n].detach() for n in changed}
-        own = {n: t.abs().max().item() for n, t in before.items()}
-        return {f"weight {n}": rel for n, (_, rel, _) in relative_differences(before, changed, own).items()}
+    def weight_movement(self, params: dict[str, torch.Tensor], enough: float = MOVED_AT) -> dict[str, float]:
+        """'weight NAME' -> relative change (own scale) of parameters the scramble touched, smallest first,
+        stopping at the first that moved by `enough`: one moved weight is the proof, and a full pass over
+        every weight would cost as much as building them."""
+        changed = sorted((n for n, p in params.items() if p is not self.params[n] and p.shape == self.params[n].shape),
+                         key=lambda n: params[n].numel())
+        moved = {}
+        for name in changed:
+            before, after = self.params[name].detach(), params[name].detach()
+            _, rel, _ = relative_differences({name: before}, {name: after}, {name: before.abs().max().item()})[name]
+            moved[f"weight {name}"] = rel
+            if rel >= enough:
+                break
+        return moved
 
     def movement(self, original: dict[str, Record], scrambled: dict[str, Record],
-                 weights: dict[str, float] | None = None) -> tuple[float, str]:
+                 weights=None) -> tuple[float, str]:
         """How far the scrambled world is from the original before un-scrambling: the largest relative
-        change of any weight (`weight_movement`) or recorded tensor. Returns (amount, what moved most)."""
-        moved: dict[str, float] = dict(weights or {})
+        change of a recorded tensor or, where none moved enough, of a weight (`weights`: a dict from
+        `weight_movement`, or a callable giving one, asked only when needed). Returns (amount, what)."""
+        moved: dict[str, float] = {}
         reference = {n: r.tensor for n, r in original.items()}
         scale = scales(reference, self.floor_reasons, self.dtype)
         for name, (_, rel, finite) in relative_differences(
                 reference, {n: r.tensor for n, r in scrambled.items()}, scale).items():
             if finite and name not in self.floor_reasons:
                 moved[name] = rel
+        if weights is not None and not max(moved.values(), default=0.0) >= MOVED_AT:
+            moved.update(weights() if callable(weights) else weights)
         if not moved:
             return 0.0, ""
         what = max(moved, key=lambda n: moved[n] if math.isfinite(moved[n]) else -1.0)
@@ -211,7 +221,13 @@ def check_scramble(subject: Subject, scramble: Scramble, label: str, original: d
     grads = {n: r for n, r in scrambled.items() if n.startswith("grad.")}
     forward = {n: r for n, r in scrambled.items() if not n.startswith("grad.")}
     directions = [("forward", forward)] + ([("backward", grads)] if backward else [])
-    weights = subject.weight_movement(params)
+    weights_found = {}
+
+    def weights():
+        if not weights_found:
+            weights_found.update(subject.weight_movement(params))
+        return weights_found
+
     results = []
     for direction, records in directions:
         moved, what = subject.movement(original, records, weights)
