@@ -20,8 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from perm_core import figures  # noqa: E402
 from perm_core.defaults import default_inputs  # noqa: E402
-from perm_core.explore import PARAMS_CACHE, Exploration  # noqa: E402
+from perm_core.explore import Exploration  # noqa: E402
 from perm_core.inputs import prepare_text  # noqa: E402
+from perm_core.param_cache import TENSORS  # noqa: E402
 from perm_core.tokens import model_inputs  # noqa: E402
 from perm_core.zoo import load_model  # noqa: E402
 
@@ -69,7 +70,7 @@ def measure(name: str) -> dict:
     keys = iter(range(1000, 2000))
 
     def key_change():
-        PARAMS_CACHE.clear()  # every key is new: a cache miss, the worst case
+        TENSORS.clear()  # every key is new: a cache miss, the worst case
         k = next(keys)
         return explorer.run({"tokens": k, "channels": k})
 

@@ -1,57 +1,22 @@
 """The Explore page's compute: original, scrambled and un-scrambled traces of one model on one input.
 
 The original trace depends only on (model, input, dtype), so an `Exploration` holds it once and every
-key change recomputes only the scrambled side. Transformed parameter sets are the other expensive
-part; they sit in a bounded LRU cache keyed by (model, dtype, keys, control), shared by all callers.
+key change recomputes only the scrambled side. Transformed parameters come tensor by tensor from
+perm_core.param_cache (bounded by bytes, shared by all sessions): a key change rebuilds only the
+tensors its symmetry reaches.
 """
 
 from __future__ import annotations
 
 import math
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
 
-from perm_core import symmetries
+from perm_core import param_cache, symmetries
 from perm_core.spec import Scramble
 from perm_core.trace import Record
 from perm_core.verify import BROKEN_AT, MOVED_AT, TOLERANCE, Subject, TensorError, worst_abs, worst_rel
-
-PARAMS_CACHE_SIZE = 6  # parameter sets of the biggest zoo model (smollm2) are ~540 MB each in float32
-
-
-class ParamsCache:
-    """A small thread-safe LRU: (model, dtype, keys, control) -> transformed parameter dict."""
-
-    def __init__(self, size: int = PARAMS_CACHE_SIZE):
-        self.size = size
-        self._items: OrderedDict = OrderedDict()
-        self._lock = threading.Lock()
-        self.hits = self.misses = 0
-
-    def get(self, key, build):
-        with self._lock:
-            if key in self._items:
-                self._items.move_to_end(key)
-                self.hits += 1
-                return self._items[key]
-        value = build()  # outside the lock: other sessions keep going while this one computes
-        with self._lock:
-            self.misses += 1
-            self._items[key] = value
-            self._items.move_to_end(key)
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
-        return value
-
-    def clear(self):
-        with self._lock:
-            self._items.clear()
-
-
-PARAMS_CACHE = ParamsCache()
 
 
 @dataclass
@@ -145,16 +110,22 @@ def kind_label(name: str) -> str:
     return name.replace("output.", "output ")
 
 
+def weights_id(model) -> str:
+    """A cache identity for a model object's weights, unique per object (ids of dead objects get reused)."""
+    if not hasattr(model, "_perm_core_weights_id"):
+        import uuid
+
+        model._perm_core_weights_id = f"{type(model).__name__}-{uuid.uuid4().hex}"
+    return model._perm_core_weights_id
+
+
 class Exploration:
     """One model on one input: the subject and its original trace, computed once."""
 
     def __init__(self, model, inputs: dict, model_id: str = ""):
         self.subject = Subject(model, inputs)
-        self.model_id = model_id or type(model).__name__
+        self.model_id = model_id or weights_id(model)
         self.original: dict[str, Record] = self.subject.trace()
-        # The token permutation reaches the weights only through a learned position table (ViT).
-        self._tokens_touch_params = any(
-            "positions" in str(claim.rule.axes) for claim in self.subject.claims.values())
 
     @property
     def geometry(self):
@@ -177,18 +148,16 @@ class Exploration:
         return element, chosen
 
     def params_for(self, scramble: Scramble, keys_by_symmetry: dict[str, int], control: str | None):
+        """(transformed params, a callable measuring how far they moved): tensors come from the shared
+        byte-bounded cache, so changing one key rebuilds only the tensors that key reaches."""
         if scramble.is_identity:
             return self.subject.params, {}
-        weight_keys = {n: k for n, k in keys_by_symmetry.items() if n != "tokens" or self._tokens_touch_params}
-        if control and control.startswith("tokens/") and self._tokens_touch_params:
-            weight_keys["tokens"] = keys_by_symmetry.get("tokens", 0)
-        cache_key = (self.model_id, str(self.subject.dtype), tuple(sorted(weight_keys.items())), control,
-                     self.n_tokens if "tokens" in weight_keys else None)
-        return PARAMS_CACHE.get(cache_key, lambda: self._params_and_movement(scramble))
-
-    def _params_and_movement(self, scramble: Scramble):
-        params = self.subject.transformed_params(scramble)
-        return params, self.subject.weight_movement(params)  # early exit: usually one small weight
+        keys = dict(keys_by_symmetry)
+        if control:  # a control's symmetry acts even when the sidebar has it switched off
+            keys.setdefault(control.split("/")[0], 0)
+        scope = (self.model_id, str(self.subject.dtype), self.n_tokens, control)
+        params = param_cache.transformed_params(self.subject, scramble, keys, scope)
+        return params, lambda: self.subject.weight_movement(params)
 
     def run(self, keys_by_symmetry: dict[str, int], control: str | None = None) -> ExploreResult:
         import time

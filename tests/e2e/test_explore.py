@@ -8,7 +8,7 @@ from PIL import Image
 
 from tests.e2e.conftest import wait_for_app
 
-VERDICT = "Identical to"
+VERDICT = "un-scrambled tensors match"
 
 
 def wait_verdict(page, text: str = VERDICT, timeout_ms: int = 180_000):

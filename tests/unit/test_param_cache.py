@@ -1,0 +1,60 @@
+"""The per-tensor parameter cache: same tensors as a full rebuild, one key change rebuilds only what it
+reaches, bounded by bytes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from perm_core import param_cache
+from perm_core.explore import Exploration
+from perm_core.random_models import build_random_model, random_inputs
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+ALL = {"tokens": 3, "channels": 4, "heads": 5, "head_channels": 6, "mlp": 7, "rotation": 8}
+
+
+@pytest.fixture
+def explorer():
+    param_cache.TENSORS.clear()
+    model, _ = build_random_model("vit", dtype=torch.float64, seed=2)
+    return Exploration(model, random_inputs("vit", model, seed=2))
+
+
+def test_cached_tensors_equal_a_full_rebuild(explorer):
+    for keys in (ALL, {**ALL, "mlp": 9}, {"channels": 1}, {**ALL, "tokens": 11}):
+        scramble, _ = explorer.scramble_for(keys)
+        cached, _ = explorer.params_for(scramble, keys, None)
+        full = explorer.subject.transformed_params(scramble)
+        assert cached.keys() == full.keys()
+        assert all(torch.equal(cached[n], full[n]) for n in full)
+
+
+def test_one_key_change_rebuilds_only_the_tensors_it_reaches(explorer):
+    explorer.run(ALL)
+    claims = explorer.subject.claims
+    reached = {"mlp": [n for n in claims if "mlp" in param_cache.roles_of(claims[n].rule.axes)],
+               "tokens": [n for n in claims if "positions" in param_cache.roles_of(claims[n].rule.axes)]}
+    assert len(reached["mlp"]) == 6 and reached["tokens"] == ["vit.embeddings.position_embeddings"]
+    for symmetry, names in reached.items():
+        before = param_cache.TENSORS.misses
+        result = explorer.run({**ALL, symmetry: 99})
+        assert param_cache.TENSORS.misses - before == len(names), symmetry
+        assert result.passed
+    before = param_cache.TENSORS.misses
+    explorer.run({**ALL, "channels": 99})  # the residual stream reaches nearly every tensor
+    assert param_cache.TENSORS.misses - before > len(explorer.subject.params) // 2
+
+
+def test_a_control_of_a_switched_off_symmetry_still_acts(explorer):
+    result = explorer.run({"tokens": 3}, control="mlp/output_not_permuted")
+    assert result.worst_rel > 1e-3 and not result.passed
+
+
+def test_the_cache_is_bounded_by_bytes():
+    cache = param_cache.TensorCache(max_bytes=1000)
+    for i in range(10):
+        cache.put(i, torch.zeros(50, dtype=torch.float32))  # 200 bytes each
+    assert cache.bytes <= 1000 and cache.get(9) is not None and cache.get(0) is None
+    cache.put("huge", torch.zeros(1000))  # larger than the bound: computed, never kept
+    assert cache.get("huge") is None and cache.bytes <= 1000
