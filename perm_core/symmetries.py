@@ -70,8 +70,9 @@ def heads(key: int, g: Geometry) -> Scramble:
 
 
 def head_channels(key: int, g: Geometry, permute_qk: bool | None = None) -> Scramble:
-    """On RoPE models Q/K channels cannot move (each rotary plane has its own frequency): V/O only."""
-    permute_qk = not g.rope if permute_qk is None else permute_qk
+    """On RoPE models Q/K channels cannot move (each rotary plane has its own frequency): V/O only.
+    Nor with a Q/K norm: its per-channel gain, shared by all heads, does not move with them."""
+    permute_qk = not (g.rope or g.qk_norm) if permute_qk is None else permute_qk
     rep = g.heads_per_group
     q_heads, kv_heads = torch.arange(g.n_heads), torch.arange(g.n_kv_heads)
 
@@ -93,16 +94,43 @@ def mlp(key: int, g: Geometry) -> Scramble:
                                                                                       f"mlp/{layer}")),)}))
 
 
-def rotation(key: int, g: Geometry, general_qk: bool | None = None, k_key: int | None = None) -> Scramble:
-    """Q and K by R, V by S and O by S^T, one (R, S) per key/value group. RoPE: R inside rotary planes."""
-    general_qk = not g.rope if general_qk is None else general_qk
+QK_ROTATIONS = ("general", "planes", "half_turns", "signs")
+
+
+def default_qk_rotation(g: Geometry) -> str:
+    """The widest Q/K rotation the geometry keeps (Geometry.restrictions says why)."""
+    if g.qk_norm:  # a fixed per-channel gain: each channel must stay on its axis
+        return "half_turns" if g.rope else "signs"
+    return "planes" if g.rope else "general"
+
+
+def rotation(key: int, g: Geometry, general_qk: bool | None = None, k_key: int | None = None,
+             qk: str | None = None) -> Scramble:
+    """Q and K by R, V by S and O by S^T, one (R, S) per key/value group.
+
+    R's form (`qk`): "general" (any rotation), "planes" (a 2-D rotation inside each rotary plane, i and
+    i + head_dim/2: commutes with RoPE), "half_turns" (each rotary plane turned by 0 or pi, i.e. both its
+    channels' signs flipped together: commutes with RoPE and with a per-channel Q/K norm gain), "signs"
+    (each channel's sign flipped or not). Default: `default_qk_rotation`; general_qk=True means "general".
+    """
+    if qk is None:
+        qk = "general" if general_qk else "planes" if general_qk is False else default_qk_rotation(g)
+    if qk not in QK_ROTATIONS:
+        raise ValueError(f"unknown Q/K rotation form {qk!r}; choose from {', '.join(QK_ROTATIONS)}")
     rep = g.heads_per_group
 
     def build(layer):
         def qk_blocks(k):
-            if general_qk:
-                return keys.orthogonal(k, g.n_kv_heads, g.head_dim, f"rotation/{layer}/qk")
-            return keys.plane_rotations(k, g.n_kv_heads, g.head_dim, f"rotation/{layer}/qk")
+            purpose = f"rotation/{layer}/qk"
+            if qk == "general":
+                return keys.orthogonal(k, g.n_kv_heads, g.head_dim, purpose)
+            if qk == "planes":
+                return keys.plane_rotations(k, g.n_kv_heads, g.head_dim, purpose)
+            half = g.head_dim // 2 if qk == "half_turns" else g.head_dim
+            flips = torch.from_numpy(keys.rng_for(k, purpose).integers(0, 2, (g.n_kv_heads, half)))
+            signs = 1.0 - 2.0 * flips.to(torch.float64)
+            signs = torch.cat([signs, signs], dim=-1) if qk == "half_turns" else signs
+            return torch.diag_embed(signs)
 
         r = qk_blocks(key)
         r_k = r if k_key is None else qk_blocks(k_key)
@@ -175,6 +203,12 @@ def controls(name: str, key: int, g: Geometry, n_tokens: int | None = None) -> l
             moving = _nontrivial_tokens(element)
             found.append(Control(name, "positions_not_moved", "tokens shuffled but their positions not",
                                  moving.with_controls(positions_follow_tokens=False)))
+            if g.sliding_window and n_tokens > g.sliding_window:  # shorter inputs never reach the window
+                from perm_core.tokens import WINDOW_NOT_MOVED
+
+                found.append(Control(name, "window_not_moved",
+                                     "sliding window counted in sequence order, not in the moved positions",
+                                     moving.with_controls(skip_tags=frozenset({WINDOW_NOT_MOVED}))))
     elif name == "channels":
         found.append(Control(name, "norms_not_permuted", "forget to permute the LayerNorm/RMSNorm weights",
                              element.with_controls(skip_tags=frozenset({"norm"}))))
@@ -189,6 +223,9 @@ def controls(name: str, key: int, g: Geometry, n_tokens: int | None = None) -> l
             across = Permutation(keys.permutation(key, g.n_heads * g.head_dim, "heads/across"))
             found.append(Control(name, "qk_across_heads", "one Q/K channel permutation that crosses heads",
                                  Scramble(_per_layer(g, lambda layer: {"q": (across,), "k": (across,)}))))
+        if g.n_kv_heads == 1 and g.n_heads > 1:  # one key/value head: nothing to move out of step
+            found.append(Control(name, "output_not_permuted", "query heads permuted, output projection not",
+                                 element.with_controls(skip_tags=frozenset({"attn.o"}))))
     elif name == "head_channels":
         qk = head_channels(key, g, permute_qk=True)
         found.append(Control(name, "keys_not_permuted", "query channels permuted, key channels not",
@@ -204,6 +241,10 @@ def controls(name: str, key: int, g: Geometry, n_tokens: int | None = None) -> l
         if g.rope:
             found.append(Control(name, "general_rotation_with_rope",
                                  "a general Q/K rotation on a RoPE model", rotation(key, g, general_qk=True)))
+        if g.qk_norm:
+            found.append(Control(name, "plane_rotation_with_qk_norm" if g.rope else "general_rotation_with_qk_norm",
+                                 "a Q/K rotation that mixes channels with different Q/K norm gains",
+                                 rotation(key, g, qk="planes" if g.rope else "general")))
     return found
 
 

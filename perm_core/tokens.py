@@ -4,6 +4,9 @@ Positions travel with their tokens (position ids for text; for ViT the learned p
 permuted by the spec's "positions" role), so the model sees the same set of (token, position) pairs.
 Causal models get the causal mask as an additive float 4D mask built from the permuted positions:
 query i may attend key j iff position[j] <= position[i]. (A bool 4D mask is silently wrong in eager.)
+Models with sliding-window layers (Gemma 3) get a dict of two such masks, one per layer type, the window
+also measured in positions: key j is in query i's window iff position[i] - window < position[j].
+(A single 4D mask would be used as-is by every layer, silently dropping the window.)
 """
 
 from __future__ import annotations
@@ -14,6 +17,10 @@ from einops import rearrange
 from perm_core.families import Geometry
 from perm_core.spec import Scramble
 from perm_core.transforms import Permutation
+
+# A Scramble skip tag for a negative control: the sliding window stays in sequence order (where the
+# tokens now stand) instead of moving with the tokens' positions.
+WINDOW_NOT_MOVED = "sliding_window_mask"
 
 
 def shuffle_patches(pixels: torch.Tensor, tokens: Permutation, patch_size: int) -> torch.Tensor:
@@ -55,13 +62,27 @@ def model_inputs(inputs: dict, g: Geometry, scramble: Scramble, dtype: torch.dty
         kwargs["attention_mask"] = mask
         if token_types is not None:
             kwargs["token_type_ids"] = token_types
+    elif g.sliding_window:
+        window_positions = positions
+        if WINDOW_NOT_MOVED in scramble.skip_tags:
+            window_positions = torch.arange(length, device=ids.device).expand(batch, length)
+        kwargs["attention_mask"] = {
+            "full_attention": causal_float_mask(positions, mask, dtype),
+            "sliding_attention": causal_float_mask(positions, mask, dtype, g.sliding_window, window_positions),
+        }
     else:
         kwargs["attention_mask"] = causal_float_mask(positions, mask, dtype)
     return kwargs
 
 
-def causal_float_mask(positions: torch.Tensor, padding_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def causal_float_mask(positions: torch.Tensor, padding_mask: torch.Tensor, dtype: torch.dtype,
+                      window: int | None = None, window_positions: torch.Tensor | None = None) -> torch.Tensor:
+    """[B, 1, query, key]: 0 where allowed, finfo.min elsewhere. With a window, key j must also satisfy
+    window_positions[i] - window < window_positions[j] (window_positions: the positions by default)."""
     allowed = positions[:, None, :] <= positions[:, :, None]  # [B, query, key]
+    if window is not None:
+        at = positions if window_positions is None else window_positions
+        allowed = allowed & (at[:, None, :] > at[:, :, None] - window)
     allowed = allowed & padding_mask[:, None, :].bool()
     mask = torch.zeros(allowed.shape, dtype=dtype, device=positions.device)
     mask = mask.masked_fill(~allowed, torch.finfo(dtype).min)

@@ -24,10 +24,29 @@ class Geometry:
     first_token_fixed: bool  # a pooled first token ([CLS]) stays in place under token permutation
     input_kind: str  # "image" | "bidirectional-text" | "causal-text"
     patch_size: int | None = None
+    qk_norm: bool = False  # an RMSNorm on each query/key head, one gain per head channel shared by all heads
+    sliding_window: int | None = None  # some layers attend only to the last `sliding_window` positions
 
     @property
     def heads_per_group(self) -> int:
         return self.n_heads // self.n_kv_heads
+
+    def restrictions(self) -> dict[str, str]:
+        """symmetry -> why only a restricted form of it is generated for this geometry (one sentence)."""
+        found = {}
+        if self.rope:
+            found["head_channels"] = ("RoPE rotates each query/key plane by its own frequency, so Q/K channels "
+                                      "cannot move: only V/O channels are permuted.")
+            found["rotation"] = ("Only rotations inside each rotary plane (channels i and i + head_dim/2) "
+                                 "commute with RoPE, so Q/K are rotated inside those planes.")
+        if self.qk_norm:
+            found["rotation"] = (
+                "The Q/K norm gain differs from channel to channel and does not move, so a Q/K rotation must "
+                "keep every channel on its own axis: Q/K only flip the sign of whole rotary planes (half-turns), "
+                "while V/O rotate freely." if self.rope else
+                "The Q/K norm gain differs from channel to channel and does not move, so Q/K channels may only "
+                "flip sign, while V/O rotate freely.")
+        return found
 
 
 @dataclass(frozen=True)
@@ -43,9 +62,9 @@ class Family:
 
 
 def _registry() -> dict[str, Family]:
-    from perm_core.families import bert, dinov2, gpt2, llama, vit
+    from perm_core.families import bert, dinov2, gemma3, gpt2, llama, vit
 
-    return {fam.FAMILY.name: fam.FAMILY for fam in (vit, bert, gpt2, llama, dinov2)}
+    return {fam.FAMILY.name: fam.FAMILY for fam in (vit, bert, gpt2, llama, gemma3, dinov2)}
 
 
 def supported_summary() -> str:
