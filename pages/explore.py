@@ -4,6 +4,7 @@ import streamlit as st
 
 from perm_core import figures, symmetries
 from perm_core.explore import BROKEN_AT, control_options, kind_label, layer_of
+from perm_core.inputs import token_labels
 from perm_core.tokens import shuffle_patches
 from ui import explore_panels as panels
 from ui.compute import exploration, explore_result
@@ -65,7 +66,7 @@ if geometry.input_kind == "image":
         col.image(figures.mosaic_image(image, geometry.patch_size), caption=f"{title}: {view.input_label}")
 else:
     ids = view.inputs["input_ids"][0].tolist()
-    words = [view.loaded.tokenizer.decode([i]) for i in ids]
+    words = token_labels(view.loaded, ids)  # the tokenizer's strings, or id chips like #17 without one
     order = tokens.index.tolist() if tokens is not None else list(range(len(ids)))
     for col, title, origins in zip(cols, columns_titles, (list(range(len(ids))), order, list(range(len(ids)))),
                                    strict=True):

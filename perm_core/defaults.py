@@ -15,6 +15,8 @@ def default_inputs(loaded: LoadedModel, seed: int = 0) -> dict:
     if loaded.tokenizer is not None:
         encoding, _ = model_inputs.prepare_text(DEFAULT_TEXT, loaded)
         return encoding
+    if model_inputs.takes_text(loaded):  # a text model without a tokenizer: ids drawn from its vocabulary
+        return model_inputs.token_ids(loaded, model_inputs.DEFAULT_N_TOKENS, seed)
     images = model_inputs.sample_images()
     digit = next((im for name, im in images.items() if "digit" in name.lower()), None)
     image = digit if digit is not None and loaded.image_channels == 1 else next(iter(images.values()))

@@ -197,11 +197,24 @@ def model_window(loaded: LoadedModel) -> int | None:
     return min(limits) if limits else None
 
 
+def takes_text(loaded: LoadedModel) -> bool:
+    """Whether the model reads token ids (with or without a tokenizer) rather than pixels."""
+    return loaded.image_size is None
+
+
+DEFAULT_N_TOKENS = 12  # token ids drawn when a text model has no tokenizer and no text is given
+
+
 def prepare_text(
     text: str, loaded: LoadedModel, max_tokens: int | None = None
 ) -> tuple[dict[str, torch.Tensor], str | None]:
-    """Tokenize text for the model -> (encoding of [1, T] tensors, truncation notice or None)."""
-    if loaded.tokenizer is None:
+    """Text -> (encoding of [1, T] tensors, truncation notice or None).
+
+    With a tokenizer: the tokenizer's ids. Without one (random:* models, weights-only directories):
+    each whitespace-separated word becomes one vocabulary id, a hash of the word, so the same text
+    always gives the same ids and a repeated word the same id.
+    """
+    if not takes_text(loaded):
         raise InputError(f"{loaded.info.name} takes images, not text.")
     if not isinstance(text, str) or not text.strip():
         raise InputError("Please enter some text: the input is empty.")
@@ -209,8 +222,12 @@ def prepare_text(
         raise InputError(f"Text is too long ({len(text):,} characters; the limit is {MAX_TEXT_CHARS:,}).")
     window = model_window(loaded)
     limit = min(x for x in (window, max_tokens) if x is not None) if (window or max_tokens) else None
+    if loaded.tokenizer is None:
+        return _hashed_words(text, loaded, limit, "the model's window" if limit == window else "the chosen limit")
 
     full_length = len(loaded.tokenizer(text, truncation=False, verbose=False)["input_ids"])
+    if full_length == 0:
+        raise InputError(f"The tokenizer of {loaded.info.name} turns this text into no tokens at all.")
     notice = None
     if limit is not None and full_length > limit:
         reason = "the model's window" if limit == window else "the chosen limit"
@@ -219,6 +236,54 @@ def prepare_text(
         text, truncation=limit is not None, max_length=limit, return_tensors="pt", verbose=False
     )
     return dict(encoding), notice
+
+
+def _hashed_words(text: str, loaded: LoadedModel, limit: int | None, reason: str):
+    import hashlib
+
+    vocab = _vocab_size(loaded)
+    words = text.split()
+    notice = None
+    if limit is not None and len(words) > limit:
+        notice = f"Text truncated to {limit} tokens ({reason}); {len(words) - limit} tokens were dropped."
+        words = words[:limit]
+    ids = [int.from_bytes(hashlib.sha256(word.encode("utf-8")).digest()[:8], "little") % vocab for word in words]
+    ids_tensor = torch.tensor([ids], dtype=torch.long)
+    return {"input_ids": ids_tensor, "attention_mask": torch.ones_like(ids_tensor)}, notice
+
+
+def _vocab_size(loaded: LoadedModel) -> int:
+    vocab = getattr(loaded.model.config, "vocab_size", None)
+    if not isinstance(vocab, int) or vocab < 1:
+        raise InputError(f"{loaded.info.name} has no vocabulary size in its config; cannot draw token ids.")
+    return vocab
+
+
+def token_ids(loaded: LoadedModel, n_tokens: int = DEFAULT_N_TOKENS, seed: int = 0) -> dict[str, torch.Tensor]:
+    """n_tokens ids drawn uniformly from the model's vocabulary by a generator seeded with `seed`.
+
+    The same (model vocabulary, n_tokens, seed) always gives the same ids, tokenizer or not.
+    """
+    if not takes_text(loaded):
+        raise InputError(f"{loaded.info.name} takes images, not token ids.")
+    if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 1:
+        raise InputError(f"The number of tokens must be a whole number of at least 1, got {n_tokens!r}.")
+    window = model_window(loaded)
+    if window is not None and n_tokens > window:
+        raise InputError(f"{n_tokens} tokens do not fit the model's window of {window}.")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise InputError(f"The seed must be a whole number from 0 to 2**63-1, got {seed!r}.")
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, _vocab_size(loaded), (1, n_tokens), generator=generator)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def token_labels(loaded: LoadedModel, ids) -> list[str]:
+    """What to print for each id: the tokenizer's string, or `#17` when the model has no tokenizer."""
+    ids = [int(i) for i in (ids.flatten().tolist() if isinstance(ids, torch.Tensor) else ids)]
+    if loaded.tokenizer is None:
+        return [f"#{i}" for i in ids]
+    return [loaded.tokenizer.decode([i]) for i in ids]
 
 
 # --- samples ---

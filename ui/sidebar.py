@@ -112,7 +112,7 @@ def render_sidebar() -> View:
         if view.loaded is not None:
             st.caption(view.loaded.info.description)
             st.markdown("### Input")
-            if view.loaded.tokenizer is not None:
+            if model_inputs.takes_text(view.loaded):  # with or without a tokenizer
                 _text_input(view)
             else:
                 _image_input(view)
@@ -185,12 +185,39 @@ def image_from_upload(name: str, data: bytes):
         return None, f"{name}: {error}"
 
 
+TEXT_SOURCES = {"sample": "Sample text", "text": "Your text", "ids": "Token ids"}
+
+
 def _text_input(view: View) -> None:
+    """Text through the tokenizer; or token ids drawn from the vocabulary (the default without a tokenizer)."""
     _, texts = _samples()
-    sources = ("sample", "text")
-    seed("txt_src", "sample", valid=lambda v: v in sources)
-    source = st.radio("Text", sources, key="txt_src", horizontal=True,
-                      format_func={"sample": "Sample text", "text": "Your text"}.get)
+    has_tokenizer = view.loaded.tokenizer is not None
+    sources = tuple(TEXT_SOURCES)
+    # The sources of a model without a tokenizer have their own key, so switching models keeps both choices.
+    source_key = "txt_src" if has_tokenizer else "ids_src"
+    seed(source_key, "sample" if has_tokenizer else "ids", valid=lambda v: v in sources)
+    source = st.radio("Text", sources, key=source_key, horizontal=True, format_func=TEXT_SOURCES.get)
+    if not has_tokenizer:
+        st.caption("This model has no tokenizer: a text becomes one vocabulary id per word (a hash of the "
+                   "word); token ids are drawn from the vocabulary by a seed.")
+    if source == "ids":
+        window = model_inputs.model_window(view.loaded) or MAX_TOKENS
+        most = max(1, min(window, MAX_TOKENS))
+        seed("n_ids", min(model_inputs.DEFAULT_N_TOKENS, most), int, valid=lambda v: 1 <= v <= most)
+        if st.session_state.get("n_ids", 1) > most:
+            st.session_state["n_ids"] = most
+        seed("ids_seed", 0, int, valid=lambda v: 0 <= v < 2**31)
+        cols = st.columns(2)
+        n_ids = int(cols[0].number_input(f"Tokens (1-{most})", 1, most, key="n_ids"))
+        id_seed = int(cols[1].number_input("Seed", 0, 2**31 - 1, key="ids_seed"))
+        try:
+            view.inputs = model_inputs.token_ids(view.loaded, n_ids, id_seed)
+        except model_inputs.InputError as error:
+            view.problems.append(str(error))
+            return
+        view.input_id = f"ids:{n_ids}:{id_seed}"
+        view.input_label = f"{n_ids} token ids drawn with seed {id_seed}"
+        return
     if source == "sample":
         names = list(texts)
         seed("txt_sample", "Permutation" if "Permutation" in names else names[0], valid=lambda v: v in names)

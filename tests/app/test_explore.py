@@ -180,3 +180,31 @@ def _noise_png() -> bytes:
 def test_bad_uploads_are_messages(data, message):
     image, error = image_from_upload("bad.png", data)
     assert image is None and message in error and error.startswith("bad.png: ")
+
+
+def chips_of(at) -> list[list[str]]:
+    """The input's three chip rows (original | scrambled | un-scrambled) -> their labels."""
+    import re
+
+    rows = [m.value for m in at.markdown if "original position" in m.value]
+    return [re.findall(r'original position \d+">([^<]*)</span>', row) for row in rows]
+
+
+@pytest.mark.parametrize("model", ["random:bert", "random:gpt2", "random:llama"])
+def test_random_text_models_run_on_token_id_chips(model):
+    """No tokenizer: the input is token ids drawn from the vocabulary, shown as id chips like #17."""
+    at = explore(model=model, dtype="float64")
+    assert at.success and not at.error, [e.value for e in at.error]
+    assert max(proof_errors(at).values()) <= 1e-9
+    original, scrambled, restored = chips_of(at)
+    assert len(original) == 12 and all(label.startswith("#") and label[1:].isdigit() for label in original)
+    assert restored == original and sorted(scrambled) == sorted(original) and scrambled != original
+
+    at.number_input(key="n_ids").set_value(5).run()
+    assert not at.exception and at.success and len(chips_of(at)[0]) == 5
+    at.number_input(key="ids_seed").set_value(9).run()
+    assert not at.exception and at.success and chips_of(at)[0] != original[:5]
+    at.radio(key="ids_src").set_value("text").run()  # a text without a tokenizer: one hashed id per word
+    assert not at.exception and at.success
+    words = at.text_area(key="text").value.split()
+    assert len(chips_of(at)[0]) == len(words)
