@@ -26,11 +26,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    from perm_core.families import UnsupportedModelError
+    from perm_core.spec import UnclaimedParameterError
+
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except UsageError as error:
-        print(f"error: {error}", file=sys.stderr)
+    except (UsageError, UnsupportedModelError, UnclaimedParameterError) as error:
+        # A model the specs cannot describe is unusable, never a traceback: one line, exit 2.
+        print(f"error: {str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__}",
+              file=sys.stderr)
         return 2
 
 

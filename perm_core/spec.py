@@ -69,6 +69,10 @@ class FamilySpec:
     def claim_all(self, names) -> dict[str, Claim]:
         return {name: self.claim(name) for name in names}
 
+    def unclaimed(self, names) -> list[str]:
+        """Every name no rule claims (claim_all stops at the first one)."""
+        return [name for name in names if not any(rule.match(name) for rule in self.rules)]
+
 
 @dataclass(frozen=True)
 class Scramble:

@@ -11,6 +11,8 @@ instantiation on the meta device, so list_models() knows them without any downlo
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import os
 from dataclasses import dataclass
@@ -161,35 +163,68 @@ def load_hub(info: zoo.ModelInfo, dtype: torch.dtype) -> zoo.LoadedModel:
 def _wrap(
     info: zoo.ModelInfo, model: torch.nn.Module, source: str | Path, local_only: bool
 ) -> zoo.LoadedModel:
-    """Attach tokenizer or image processor, whichever the checkpoint has."""
-    from transformers import AutoImageProcessor, AutoTokenizer
+    """Attach tokenizer or image processor, whichever the checkpoint has.
+
+    A text model without a usable tokenizer (a weights-only directory) loads with tokenizer=None:
+    its inputs are then token ids drawn from the vocabulary (perm_core.inputs).
+    """
+    from transformers import AutoImageProcessor
 
     config = model.config
     tokenizer = image_processor = None
     image_size = image_channels = labels = None
-    if info.family == "vit":
+    if _takes_images(info, model):
         image_size, image_channels = config.image_size, config.num_channels
         try:
             image_processor = AutoImageProcessor.from_pretrained(source, local_files_only=local_only)
         except Exception:  # noqa: BLE001 - missing or unusable: fall back, never fail the model
             image_processor = None  # inputs.image_to_pixels falls back to 0.5/0.5 normalization
     else:
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
-        except (OSError, ValueError) as error:
-            raise zoo.ModelLoadError(f"{info.name}: no usable tokenizer ({error})".splitlines()[0]) from None
-    if info.task == "image-classification":
+        tokenizer = usable_tokenizer(source, local_only)
+    if info.task in ("image-classification", "text-classification", "token-classification"):
         labels = [config.id2label[i] for i in range(config.num_labels)]
     return zoo.LoadedModel(info, model, tokenizer, image_size, image_channels, labels, image_processor)
 
 
+def _takes_images(info: zoo.ModelInfo, model: torch.nn.Module) -> bool:
+    from perm_core.families import UnsupportedModelError, family_by_name
+
+    try:
+        return family_by_name(info.family).geometry(model.config).input_kind == "image"
+    except (UnsupportedModelError, AttributeError):
+        return info.family == "vit"
+
+
+# Files that carry a vocabulary; without one, AutoTokenizer builds an empty (GPT-2: no ids at all) or a
+# five-token (BERT: everything [UNK]) tokenizer from the config alone.
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "tokenizer.model", "spiece.model",
+                   "sentencepiece.bpe.model")
+_PROBE_TEXT = "The quick brown fox jumps over the lazy dog."
+
+
+def usable_tokenizer(source: str | Path, local_only: bool = True):
+    """The checkpoint's tokenizer, or None when it has none that turns a plain sentence into ids."""
+    from transformers import AutoTokenizer
+
+    if isinstance(source, Path) and not any((source / name).is_file() for name in TOKENIZER_FILES):
+        return None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
+        ids = tokenizer(_PROBE_TEXT, verbose=False)["input_ids"]
+    except Exception:  # noqa: BLE001 - any tokenizer failure means: run on token ids instead
+        return None
+    special = set(tokenizer.all_special_ids)  # [UNK] among them: a vocabulary-less tokenizer gives only these
+    return tokenizer if any(i not in special for i in ids) else None
+
+
 # --- local dirs ---
 
-_FAMILY_OF_MODEL_TYPE = {"vit": "vit", "bert": "bert", "gpt2": "gpt2", "llama": "llama"}
 _AUTO_FOR_TASK = {
     "image-classification": "AutoModelForImageClassification",
     "causal-lm": "AutoModelForCausalLM",
     "masked-lm": "AutoModelForMaskedLM",
+    "text-classification": "AutoModelForSequenceClassification",
+    "token-classification": "AutoModelForTokenClassification",
     "feature-extraction": "AutoModel",
 }
 
@@ -206,14 +241,88 @@ def _task_from_architectures(architectures: list[str]) -> str:
         return "causal-lm"
     if arch.endswith("ForMaskedLM"):
         return "masked-lm"
+    if arch.endswith("ForSequenceClassification"):
+        return "text-classification"
+    if arch.endswith("ForTokenClassification"):
+        return "token-classification"
     return "feature-extraction"
 
 
-def load_local_dir(path_text: str, dtype: torch.dtype) -> zoo.LoadedModel:
-    """A directory written by save_pretrained: config.json + *.safetensors (pickles refused)."""
-    import json
+def _family_of_model_type(model_type: str):
+    from perm_core.families import _registry
 
+    for family in _registry().values():
+        if model_type in family.model_types:
+            return family
+    return None
+
+
+def _architecture_class(path: Path, config: dict, family, task: str):
+    """The transformers class named by config.architectures (the class save_pretrained wrote).
+
+    Only classes of the installed transformers package are used (never remote code); a directory
+    without `architectures` loads with the Auto class of its task.
+    """
     import transformers
+
+    architectures = config.get("architectures") or []
+    if not architectures:
+        return getattr(transformers, _AUTO_FOR_TASK[task])
+    name = architectures[0]
+    cls = getattr(transformers, name, None) if isinstance(name, str) and name.isidentifier() else None
+    if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
+        raise zoo.ModelLoadError(
+            f"{path}: architecture {name!r} is not a class of the installed transformers "
+            "(custom code is never run here)."
+        )
+    model_type = getattr(cls.config_class, "model_type", None)
+    if model_type not in family.model_types:
+        raise zoo.ModelLoadError(
+            f"{path}: architecture {name} is a {model_type!r} class, but config.json says model_type "
+            f"{config.get('model_type')!r}."
+        )
+    return cls
+
+
+def refuse_unclaimed(model: torch.nn.Module, family, where: str) -> None:
+    """Refuse a model the family's spec cannot fully describe, naming what it does not claim."""
+    class_name = type(model).__name__
+    spec = family.spec(model.config)
+    unclaimed = spec.unclaimed(name for name, _ in model.named_parameters())
+    if unclaimed:
+        shown = ", ".join(unclaimed[:6]) + (f" and {len(unclaimed) - 6} more" if len(unclaimed) > 6 else "")
+        raise zoo.ModelLoadError(
+            f"{where}: {class_name} has {len(unclaimed)} parameter(s) the {family.name} symmetry spec does not "
+            f"claim ({shown}); refusing to guess how they transform. Supported {family.name} classes: "
+            f"{', '.join(family.classes)}."
+        )
+    if class_name not in family.classes:
+        raise zoo.ModelLoadError(
+            f"{where}: {class_name} is not a supported {family.name} class; supported: {', '.join(family.classes)}."
+        )
+
+
+@contextlib.contextmanager
+def _quiet_loading():
+    """No "Loading weights" bar on stderr: a refused model then costs the CLI exactly one line there."""
+    from transformers.utils import logging as hf_logging
+
+    active = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if active:
+            hf_logging.enable_progress_bar()
+
+
+def load_local_dir(path_text: str, dtype: torch.dtype) -> zoo.LoadedModel:
+    """A directory written by save_pretrained: config.json + *.safetensors (pickles refused).
+
+    The model is loaded as the class recorded in config.json (a BertForSequenceClassification keeps
+    its classifier), and refused unless the family's spec claims every one of its parameters.
+    """
+    import json
 
     path = Path(path_text).expanduser()
     if not path.is_dir():
@@ -232,24 +341,33 @@ def load_local_dir(path_text: str, dtype: torch.dtype) -> zoo.LoadedModel:
                 "re-save it with save_pretrained(safe_serialization=True)."
             )
         raise zoo.ModelLoadError(f"{path} has no .safetensors weights.")
-    config = json.loads((path / "config.json").read_text())
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as error:
+        raise zoo.ModelLoadError(f"{path}/config.json is not readable JSON ({error}).") from None
+    if not isinstance(config, dict):
+        raise zoo.ModelLoadError(f"{path}/config.json is not a JSON object.")
     model_type = config.get("model_type", "?")
-    family = _FAMILY_OF_MODEL_TYPE.get(model_type)
+    family = _family_of_model_type(model_type)
     if family is None:
+        from perm_core.families import _registry
+
+        supported = sorted({t for f in _registry().values() for t in f.model_types})
         raise zoo.ModelLoadError(
-            f"{path}: model_type {model_type!r} is not supported; "
-            f"supported: {', '.join(_FAMILY_OF_MODEL_TYPE)}."
+            f"{path}: model_type {model_type!r} is not supported; supported: {', '.join(supported)}."
         )
     task = _task_from_architectures(config.get("architectures") or [])
-    auto = getattr(transformers, _AUTO_FOR_TASK[task])
-    model = auto.from_pretrained(
-        path, attn_implementation="eager", dtype=dtype, use_safetensors=True, trust_remote_code=False,
-        local_files_only=True,
-    )  # fmt: skip
+    cls = _architecture_class(path, config, family, task)
+    with _quiet_loading():
+        model = cls.from_pretrained(
+            path, attn_implementation="eager", dtype=dtype, use_safetensors=True, trust_remote_code=False,
+            local_files_only=True,
+        )  # fmt: skip
+    refuse_unclaimed(model, family, str(path))
     model = zoo.finish(model, dtype)
     info = zoo.ModelInfo(
         name=str(path),
-        family=family,
+        family=family.name,
         task=task,
         source="local",
         n_params=sum(p.numel() for p in model.parameters()),
@@ -257,4 +375,9 @@ def load_local_dir(path_text: str, dtype: torch.dtype) -> zoo.LoadedModel:
         license="unknown (local directory)",
         description=f"{type(model).__name__} loaded from {path}",
     )
-    return _wrap(info, model, path, local_only=True)
+    loaded = _wrap(info, model, path, local_only=True)
+    if loaded.tokenizer is None and loaded.image_size is None:
+        loaded.info = dataclasses.replace(
+            info, description=info.description + " (no tokenizer: inputs are token ids drawn from its vocabulary)"
+        )
+    return loaded

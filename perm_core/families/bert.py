@@ -39,5 +39,7 @@ def rules(g: Geometry) -> tuple[Rule, ...]:
     )
 
 
-FAMILY = Family("bert", ("bert",), ("BertModel", "BertForMaskedLM", "BertForSequenceClassification"),
-                geometry, rules)
+# Sequence classification reads the pooled [CLS], which never moves; token classification has one row of
+# logits per token, which moves with its token (trace.py: logits [B, T, labels] carry a token axis).
+FAMILY = Family("bert", ("bert",), ("BertModel", "BertForMaskedLM", "BertForSequenceClassification",
+                                    "BertForTokenClassification"), geometry, rules)

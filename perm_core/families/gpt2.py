@@ -28,8 +28,13 @@ def rules(g: Geometry) -> tuple[Rule, ...]:
         Rule(L + r"mlp\.c_proj\.weight", ("mlp", "resid"), "mlp.out"),
         Rule(L + r"mlp\.c_proj\.bias", ("resid",), "mlp.out"),
         Rule(P + r"ln_f\.(?:weight|bias)", ("resid",), "norm"),
-        Rule(r"lm_head\.weight", (None, "resid"), "head"),
+        Rule(r"lm_head\.weight", (None, "resid"), "head"),  # tied to wte unless tie_word_embeddings=False
+        Rule(r"classifier\.weight", (None, "resid"), "head"),  # GPT2ForTokenClassification: logits per token
+        Rule(r"classifier\.bias", (None,), "head"),
     )
 
 
-FAMILY = Family("gpt2", ("gpt2",), ("GPT2Model", "GPT2LMHeadModel"), geometry, rules)
+# GPT2ForSequenceClassification is not listed: it reads the logits of the LAST token in array order, which a
+# token permutation replaces by another token, so its output is not equivariant (its score.weight stays
+# unclaimed and the model is refused).
+FAMILY = Family("gpt2", ("gpt2",), ("GPT2Model", "GPT2LMHeadModel", "GPT2ForTokenClassification"), geometry, rules)

@@ -28,7 +28,11 @@ def rules(g: Geometry) -> tuple[Rule, ...]:
         Rule(L + r"mlp\.down_proj\.bias", ("resid",), "mlp.out"),
         Rule(P + r"norm\.weight", ("resid",), "norm"),
         Rule(r"lm_head\.weight", (None, "resid"), "head"),
+        Rule(r"score\.weight", (None, "resid"), "head"),  # LlamaForTokenClassification: logits per token
+        Rule(r"score\.bias", (None,), "head"),
     )
 
 
-FAMILY = Family("llama", ("llama",), ("LlamaModel", "LlamaForCausalLM"), geometry, rules)
+# LlamaForSequenceClassification is not listed: like GPT-2's, it pools the last token in array order.
+FAMILY = Family("llama", ("llama",), ("LlamaModel", "LlamaForCausalLM", "LlamaForTokenClassification"), geometry,
+                rules)
