@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shlex
 from pathlib import Path
 
 import torch
@@ -38,25 +39,51 @@ def run(args) -> int:
     loaded = load_or_usage_error(args.model, DTYPES[args.dtype])
     subject = Subject(loaded.model)
     scramble = subject.build({name: key for name in args.symmetry})
-    write_scrambled(loaded, subject.transformed_params(scramble), Path(args.out))
-    record = {"model": args.model, "family": subject.family.name, "key": key, "dtype": args.dtype,
+    out = Path(args.out)
+    write_scrambled(loaded, subject.transformed_params(scramble), out)
+    record = {"model": args.model, "family": subject.family.name, "class": type(loaded.model).__name__,
+              "key": key, "dtype": args.dtype,
               "symmetries": {name: DESCRIPTIONS[name] for name in args.symmetry},
-              "reproduce": f"python -m perm_core scramble {args.model} "
-                           + " ".join(f"--symmetry {s}" for s in args.symmetry) + f" --key {key}"}
-    (Path(args.out) / "key.json").write_text(json.dumps(record, indent=2))
+              "reproduce": reproduce_command(args.model, args.symmetry, key, args.dtype, out)}
+    (out / "key.json").write_text(json.dumps(record, indent=2))
     print(f"wrote {args.out}: {args.model} scrambled by {', '.join(args.symmetry)} with key {key}")
     return 0
 
 
+def reproduce_command(model: str, symmetry_names, key: int, dtype: str, out: Path) -> str:
+    """A shell line that writes the same checkpoint again (local paths made absolute, so any cwd works)."""
+    from perm_core.zoo_hub import looks_like_path
+
+    model_arg = str(Path(model).expanduser().resolve()) if looks_like_path(model) else model
+    words = ["python", "-m", "perm_core", "scramble", model_arg]
+    for name in symmetry_names:
+        words += ["--symmetry", name]
+    words += ["--key", str(key), "--dtype", dtype, "--out", str(out.expanduser().resolve())]
+    return shlex.join(words)
+
+
 def write_scrambled(loaded, params: dict[str, torch.Tensor], out: Path) -> None:
-    """A fresh copy of the architecture holds the new weights; the shared model is never touched."""
-    config = copy.deepcopy(loaded.model.config)
+    """A fresh copy of the architecture, in the model's dtype, holds the new weights; the shared model is never
+    touched. Written alongside: its config and generation config, and its tokenizer or image processor only
+    when the source had one."""
+    source = loaded.model
+    dtype = next(iter(params.values())).dtype
+    config = copy.deepcopy(source.config)
     config._attn_implementation = "eager"  # perm_core's own attention is not registered for other readers
-    model = type(loaded.model)(config)
+    model = type(source)(config).to(dtype)  # built in float32 by default: float64 weights must not be rounded
     missing, unexpected = model.load_state_dict({n: p.detach() for n, p in params.items()}, strict=False)
     model.tie_weights()
     if unexpected:
         raise UsageError(f"unexpected parameters when writing: {unexpected[:3]}")
+    fresh = dict(model.named_parameters(remove_duplicate=False))
+    written = {fresh[name].data_ptr() for name in params if name in fresh}
+    untouched = [name for name in missing if name in fresh and fresh[name].data_ptr() not in written]
+    if untouched:
+        raise UsageError(f"parameters left at their fresh initialization when writing: {untouched[:3]}")
+    if getattr(source, "generation_config", None) is not None and getattr(model, "generation_config", None) is not None:
+        model.generation_config = copy.deepcopy(source.generation_config)
     model.save_pretrained(out, safe_serialization=True)
     if loaded.tokenizer is not None:
         loaded.tokenizer.save_pretrained(out)
+    if getattr(loaded, "image_processor", None) is not None:
+        loaded.image_processor.save_pretrained(out)
