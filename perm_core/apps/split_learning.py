@@ -32,10 +32,11 @@ import torch
 import torch.nn.functional as F
 
 from perm_core import keys
+from perm_core.compare import worst
 from perm_core.digits import _torch_threads, digits_split, digits_vit_config
 
 Progress = Callable[[float, str], None]
-DEFAULT_EPOCHS = 10  # ~92 % held-out accuracy; the shipped digits-vit trains 60 epochs to 97.8 %
+DEFAULT_EPOCHS = 10  # a short run; the page and the CLI report the held-out accuracy it reaches
 DEFAULT_KEY = 2024
 DEFAULT_SEED = 0
 
@@ -115,13 +116,19 @@ def _accuracy(embeddings, server, test_x, test_y, channels, token_generator) -> 
     return (server_forward(server, features).argmax(-1) == test_y).float().mean().item()
 
 
+def accuracy_gap(training: SplitTraining) -> float:
+    """The largest |plain - scrambled| held-out accuracy over the epochs of one run."""
+    return worst(abs(a - b) for a, b in zip(training.plain_accuracy, training.scrambled_accuracy, strict=True))
+
+
 def train_split(seed: int = DEFAULT_SEED, key: int = DEFAULT_KEY, epochs: int = DEFAULT_EPOCHS,
                 batch_size: int = 32, lr: float = 2e-3, progress: Progress | None = None,
                 show_bar: bool = False, dtype: torch.dtype = torch.float32) -> SplitTraining:
     """Train a fresh digits ViT through the split twice: plain, and scrambled (tokens + channels).
 
-    Deterministic for (seed, key, settings). In float64 the two runs agree to round-off (~1e-12);
-    in float32 round-off differences grow during training, so curves agree closely but not exactly.
+    Deterministic for (seed, key, settings). The two runs differ only by round-off, which training
+    amplifies in either precision: `max_weight_difference` and `accuracy_gap` measure how far apart
+    they end (float64 ends much closer than float32, but not at float64 round-off).
     """
     from tqdm.auto import tqdm
     from transformers import ViTForImageClassification
@@ -185,7 +192,7 @@ def train_split(seed: int = DEFAULT_SEED, key: int = DEFAULT_KEY, epochs: int = 
         inverse = torch.argsort(channels)
         restored = permuted_copy(scrambled, inverse).state_dict()
         reference = plain.state_dict()
-        result.max_weight_difference = max(
+        result.max_weight_difference = worst(  # a NaN anywhere is +inf, never dropped
             (restored[name] - reference[name]).abs().max().item()
             for name in reference if "embeddings" not in name)
     result.seconds = round(time.perf_counter() - started, 2)

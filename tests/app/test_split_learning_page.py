@@ -1,9 +1,14 @@
 """AppTest: the split-learning page runs without an exception and shows its table and charts."""
 
 import json
+import re
 from pathlib import Path
 
+import torch
 from streamlit.testing.v1 import AppTest
+
+from perm_core import keys
+from perm_core.apps import split_learning
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
 
@@ -27,6 +32,34 @@ def test_split_learning_page_renders_measurements():
     assert set(table["attacker"]) == {"decoder", "adaptive", "—"}
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Plain: held-out accuracy"].endswith("%")
+
+    # Every number in the texts is the one measured in this run (training is deterministic for its settings).
+    run = split_learning.train_split(split_learning.DEFAULT_SEED, split_learning.DEFAULT_KEY, 2,
+                                     dtype=torch.float32)
+    assert metrics["Plain: held-out accuracy"] == f"{run.final_plain_accuracy:.1%}"
+    assert metrics["Scrambled: held-out accuracy"] == f"{run.final_scrambled_accuracy:.1%}"
+    assert metrics["Max weight difference"] == f"{run.max_weight_difference:.1e}"
+    captions = " ".join(c.value for c in at.caption)
+    assert f"end of this float32 run, {run.max_weight_difference:.1e}." in captions
+    gap = re.search(r"differ by at most ([\d.]+%) over the 2 epochs", captions).group(1)
+    assert gap == f"{split_learning.accuracy_gap(run):.1%}"
+    assert "1e-12" not in captions and "coincide" not in captions
+    # No fixed accuracies or precisions in the help texts: they could not describe every run.
+    assert not re.search(r"\d+ ?%", at.slider(key="sl_epochs").help or "")
+    assert "1e-12" not in (at.selectbox(key="sl_dtype").help or "")
+    # The key is a 64-bit integer; the permutation group is a separate, computed number.
+    key_text = next(m.value for m in at.markdown if m.value.startswith("**The key**"))
+    assert "64-bit integer" in key_text and "at most 2⁶⁴ guesses" in key_text
+    assert f"64! ≈ 2^{keys.permutation_bits(64):.1f}" in key_text
+    assert f"16! ≈ 2^{keys.permutation_bits(16):.1f}" in key_text
+
+
+def test_accuracy_gap_is_the_largest_difference_over_epochs():
+    run = split_learning.SplitTraining(0, 1, 3, 32, 1e-3, plain_accuracy=[0.2, 0.5, 0.9],
+                                       scrambled_accuracy=[0.2, 0.45, 0.91])
+    assert abs(split_learning.accuracy_gap(run) - 0.05) < 1e-12
+    run.scrambled_accuracy[0] = float("nan")
+    assert split_learning.accuracy_gap(run) == float("inf")
 
 
 def test_split_learning_page_rejects_a_bad_key():
