@@ -64,8 +64,9 @@ cols[3].metric(f"Wrong keys (mean of {len(result.wrong_keys)})", fmt.format(sum(
                                                                            / len(result.wrong_keys)))
 cols[4].metric("Chance" + (" (uniform over the vocabulary)" if result.metric == "perplexity" else ""),
                fmt.format(result.chance))
-st.info(f"Key space: {result.key_space_bits:.0f} bits ({loaded.model.config.hidden_size}! orderings of the "
-        f"residual channels); the CLI key picks one of them.")
+st.info(f"The key is a 64-bit integer: an attacker needs at most 2^64 guesses of the key. Separately, the "
+        f"permutation group: {loaded.model.config.hidden_size}! orderings of the residual channels, "
+        f"{result.key_space_bits:.0f} bits; a key reaches at most 2^64 of them.")
 if abs(result.right_key - result.original) <= 1e-6 * max(1.0, abs(result.original)):
     st.success(f"The right key restores the model exactly: {label} {fmt.format(result.right_key)}.")
 else:

@@ -65,8 +65,12 @@ def keys(view, explorer, symmetries) -> None:
         return
     bits = bits_summary(view.keys, explorer.geometry, explorer.n_tokens)
     extra = ", plus a continuous family of rotations" if "rotation" in view.keys else ""
-    st.markdown(f"Key space of the switched-on permutations together: **{format_bits(bits['total'])}**{extra} "
-                f"(log2 of the number of distinct transforms; log2 n! for a permutation of n items).")
+    n_keys = len(view.keys)
+    integers = f"{n_keys} 64-bit integer{'s' if n_keys > 1 else ''}"
+    st.markdown(f"The switched-on permutations can form **{format_bits(bits['total'])}** of distinct transforms "
+                f"together{extra} (log2 of their number; log2 n! for a permutation of n items). The keys are "
+                f"{integers}, one per symmetry: at most 2^{64 * n_keys} choices, so a key search faces at most "
+                f"{64 * n_keys} bits, not the size of the group.")
     drawable = [n for n in view.keys if n != "rotation"]
     cols = st.columns(max(len(drawable), 1) if drawable else 1)
     for col, name in zip(cols, drawable, strict=False):
@@ -77,12 +81,12 @@ def keys(view, explorer, symmetries) -> None:
         where = " (block 0)" if name in ("heads", "mlp", "head_channels") else ""
         fig = figures.permutation_figure(index, f"{SYMMETRY_LABELS[name]}{where}, key {view.keys[name]}")
         col.plotly_chart(fig, width="stretch", key=f"perm-{name}")
-        col.caption(f"{format_bits(bits[name])} of key space")
+        col.caption(f"{format_bits(bits[name])} of transforms; its key: 64 bits")
     if "rotation" in view.keys:
         element = symmetries.build("rotation", view.keys["rotation"], explorer.geometry, explorer.n_tokens)
         block = element.spaces[("v", 0)][0].blocks[0]
         st.plotly_chart(figures.heatmap(block, "rotation S of head 0, block 0 (orthogonal: S S^T = I)",
                                         zmax=1.0), width="content", key="perm-rotation")
-        st.caption("Rotations are continuous: their key space is infinite; the key only picks one of them.")
+        st.caption("Rotations are continuous (infinitely many); the 64-bit key picks one of at most 2^64.")
     st.latex(r"P_\pi = \big[e_{\pi(1)} \cdots e_{\pi(n)}\big]^\top,\qquad P_\pi^{-1} = P_\pi^\top,"
              r"\qquad |S_n| = n! \;\Rightarrow\; \log_2 n! \text{ bits}")

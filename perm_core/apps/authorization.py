@@ -15,7 +15,8 @@ The scheme, concretely:
     client also un-permutes the final features before the head; the same gather does both.
   * No key: plain features into the locked backbone. Wrong key: features permuted by Q != P. The
     backbone then sees its residual channels in the wrong order, which is a different network.
-Key space: d_model! orderings (symmetries.key_space_bits("channels")), 296 bits for d_model = 64.
+The key is a 64-bit integer (at most 2^64 guesses); it draws one of the d_model! orderings of the
+permutation group (symmetries.key_space_bits("channels"): 296 bits for d_model = 64).
 What this does not claim: security against an attacker who can fine-tune or who fits the
 permutation from data; it shows what the permutation symmetry makes possible, as in the paper.
 """

@@ -7,6 +7,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from perm_core.digits import evaluate_digits
+from perm_core.keys import permutation_bits
 from perm_core.zoo import load_model
 
 PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "authorization.py")
@@ -31,7 +32,8 @@ def test_digits_lock_numbers_and_histogram():
     assert shown["Unlocked model"] == shown["Right key"]
     assert percent(shown["No key"]) < 0.3
     assert percent(shown["Wrong keys (mean of 20)"]) < 0.3
-    assert "296 bits" in at.info[0].value
+    assert "64-bit integer" in at.info[0].value and "at most 2^64 guesses" in at.info[0].value
+    assert f"64! orderings of the residual channels, {permutation_bits(64):.0f} bits" in at.info[0].value
     spec = json.loads(at.get("plotly_chart")[0].proto.spec)
     histogram = spec["data"][0]
     assert histogram["type"] == "histogram" and histogram["name"] == "20 wrong keys"
