@@ -1,9 +1,14 @@
 """Full-precision numerics for float64 models: attention softmax and RMSNorm in the model's dtype.
 
-Stock eager attention in ViT, BERT and Llama computes the softmax in float32 even for a float64
-model, and Llama's RMSNorm computes its variance in float32: both cap every float64 comparison at
-~1e-7. The replacements below are the same math without the downcast (float32 models compute
-exactly what they did before) and the attention still returns its probabilities for traces.
+What downcasts in the stock code (transformers 5.23, the version pinned here):
+* eager attention of ViT, Llama and Gemma 3: softmax(..., dtype=torch.float32), then cast back;
+* Llama's RMSNorm (the variance and the normalization) and Gemma 3's RMSNorm (all of it) in float32.
+Each caps a float64 comparison at ~1e-7. BERT's and GPT-2's eager attention compute the softmax in the
+model's dtype (GPT-2's optional reorder_and_upcast_attn path, off by default, would compute its scores in
+float32 but is never taken with the attention installed here); BERT, ViT and GPT-2 use torch's LayerNorm,
+which keeps the dtype. The replacements below are the same math without the downcast (float32
+models, and float64 BERT and GPT-2, compute exactly what they did before: tests/unit/test_numerics.py)
+and the attention still returns its probabilities for traces.
 """
 
 from __future__ import annotations
