@@ -7,7 +7,7 @@ def test_backward_page_in_chromium(app_url, page, shot):
     page.goto(f"{app_url}/backward")
     wait_for_app(page, timeout_ms=240_000)
     page.get_by_text("Every gradient un-scrambles to the original").wait_for(timeout=120_000)
-    page.get_by_text("the scrambled weights equal the scrambled original weights").wait_for(timeout=120_000)
+    page.get_by_text("the scrambled world's update equals the scrambled original update").wait_for(timeout=120_000)
     page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= 11",
                            timeout=60_000)
     page.wait_for_timeout(800)
