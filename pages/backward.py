@@ -7,6 +7,7 @@ from perm_core.apps import backward as bw
 from perm_core.apps import figures_backward as fb
 from perm_core.defaults import default_inputs
 from perm_core.digits import digits_split
+from perm_core.families import geometry_of
 from perm_core.inputs import InputError, prepare_text
 from perm_core.verify import BROKEN_AT, Subject
 from ui.resources import key_or_stop, shared_model
@@ -43,7 +44,7 @@ loss_kinds = bw.losses_for(loaded.model)
 row = st.columns([2, 3, 3])
 loss_kind = row[0].selectbox("Loss", loss_kinds, format_func=lambda k: bw.LOSSES[k], key="bw_loss")
 reference, target_class = None, 0
-if loaded.info.family == "vit":
+if geometry_of(loaded.model).input_kind == "image":
     labels = loaded.labels or [str(i) for i in range(loaded.model.config.num_labels)]
     if model_name == "digits-vit":
         test_x = digits_split()[2]
@@ -163,8 +164,8 @@ if control != "none":
 bar.empty()
 result = runs["correct scramble"]
 cols = st.columns(5)
-cols[0].metric("Worst update error, steps 1+", f"{result.max_rel_error:.2e}")
-cols[1].metric("Worst weight error", f"{result.max_param_error:.2e}")
+cols[0].metric("Update error", f"{result.max_rel_error:.2e}", help="The worst over steps 1 on: the verdict.")
+cols[1].metric("Weight error", f"{result.max_param_error:.2e}", help="The worst over every step, for reference.")
 cols[2].metric("Loss at step 0", f"{result.steps[0].loss_original:.4g}")
 cols[3].metric(f"Loss after {steps} steps", f"{result.steps[-1].loss_original:.4g}")
 cols[4].metric("Tolerance", f"{result.tolerance:.0e}")

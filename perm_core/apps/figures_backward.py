@@ -60,13 +60,14 @@ def sgd_errors(results: dict, tolerance: float, broken_at: float) -> go.Figure:
                   for s in trained]
         fig.add_trace(go.Scatter(x=[s.step for s in trained], y=values, mode="lines+markers", name=label,
                                  line=dict(color=color)))
-    fig.add_hline(y=tolerance, line=dict(color="gray", dash="dash"), annotation_text="tolerance (symmetry)",
-                  annotation_position="bottom right")
-    fig.add_hline(y=broken_at, line=dict(color="#d62728", dash="dot"),
-                  annotation_text="control broken above", annotation_position="top right")
+    for value, text, color, dash, anchor in ((tolerance, "tolerance (symmetry)", "gray", "dash", "top"),
+                                             (broken_at, "control broken above", "#d62728", "dot", "bottom")):
+        fig.add_hline(y=value, line=dict(color=color, dash=dash))
+        # On a log axis an annotation's y is log10 of the value (add_hline's own label lands elsewhere).
+        fig.add_annotation(x=1, xref="paper", y=math.log10(value), yref="y", text=text, showarrow=False,
+                           xanchor="right", yanchor=anchor, font=dict(color=color, size=11))
     fig.update_layout(**{**LAYOUT, "height": 340}, legend=dict(orientation="h", y=-0.3),
-                      title=dict(text="Scrambled world's update vs scrambled original update, per SGD step",
-                                 font=dict(size=13)))
+                      title=dict(text="Update error per SGD step", font=dict(size=13)))
     fig.update_yaxes(type="log", title="max relative update error", exponentformat="e")
     fig.update_xaxes(title="SGD step", dtick=1)
     return fig
