@@ -14,6 +14,7 @@ import time
 
 import torch
 
+from perm_core.families import geometry_of
 from perm_core.random_models import build_random_model
 from perm_core.verify import Subject
 
@@ -29,15 +30,16 @@ def best_of(repeats: int, fn) -> float:
     return min(times)
 
 
-def inputs_for(family: str, model) -> dict:
-    if family == "vit":
-        return {"pixel_values": torch.randn(1, 3, 224, 224)}
+def inputs_for(model) -> dict:
+    if geometry_of(model).input_kind == "image":
+        size = model.config.image_size
+        return {"pixel_values": torch.randn(1, model.config.num_channels, size, size)}
     return {"input_ids": torch.randint(0, model.config.vocab_size, (1, SEQ_LEN))}
 
 
 def bench(family: str, repeats: int) -> dict:
     model, _ = build_random_model(family, size="base")
-    inputs = inputs_for(family, model)
+    inputs = inputs_for(model)
     subject = Subject(model, inputs)
     keys = {"channels": 11, "heads": 12, "mlp": 13}
     with torch.no_grad():

@@ -3,7 +3,7 @@
 import streamlit as st
 
 from perm_core import figures, symmetries
-from perm_core.explore import BROKEN_AT, control_options, kind_label, layer_of
+from perm_core.explore import BROKEN_AT, control_options, kind_label, layer_of, patch_grid
 from perm_core.inputs import token_labels
 from perm_core.tokens import shuffle_patches
 from ui import explore_panels as panels
@@ -50,6 +50,14 @@ elif result.passed:
     top[1].success(verdict)
 else:
     top[1].error(verdict)
+if not result.scramble.is_identity:
+    contrast = st.columns(3)
+    contrast[0].metric("Scrambled differs from the original by", f"{result.moved:.2g}",
+                       help=f"Relative change of what moved most: {result.moved_what}. Keys that move nothing "
+                            "prove nothing, so a check needs at least 0.1.")
+    contrast[1].metric("Un-scrambled differs by", f"{result.worst_rel:.1e}",
+                       help="Worst relative error over every un-scrambled tensor (own scale).")
+    contrast[2].metric("Tensors compared", f"{len(result.errors)}")
 
 restored, scrambled, original = result.restored, result.scrambled, explorer.original
 columns_titles = ("Original", "Scrambled", "Un-scrambled")
@@ -64,6 +72,8 @@ if geometry.input_kind == "image":
     back = shuffle_patches(shuffled, tokens.inverse(), geometry.patch_size) if tokens is not None else shuffled
     for col, title, image in zip(cols, columns_titles, (pixels, shuffled, back), strict=True):
         col.image(figures.mosaic_image(image, geometry.patch_size), caption=f"{title}: {view.input_label}")
+    if view.credit:
+        st.caption(f"{view.credit} Shown here resized to the model's input and cut into patches.")
 else:
     ids = view.inputs["input_ids"][0].tolist()
     words = token_labels(view.loaded, ids)  # the tokenizer's strings, or id chips like #17 without one
@@ -72,20 +82,34 @@ else:
                                    strict=True):
         col.markdown(f"**{title}**")
         col.markdown(figures.token_chips([words[i] for i in origins], origins), unsafe_allow_html=True)
-st.latex(r"\text{tokens: } X \mapsto P X,\qquad \text{channels: } X \mapsto X Q,\qquad "
-         r"f_{\theta'}(P X Q) = P\, f_\theta(X)\, Q")
+st.latex(r"\begin{gathered}\text{tokens: } X \mapsto P X,\qquad \text{channels: } X \mapsto X Q \\ "
+         r"f_{\theta'}(P X Q) = P\, f_\theta(X)\, Q\end{gathered}")  # two lines: fits a 1024-pixel window
 
 # --- hidden states and attention ---
-st.subheader("Hidden states and attention")
 seed("layer", geometry.n_layers - 1, int, valid=lambda v: 0 <= v < geometry.n_layers)
 seed("head", 0, int, valid=lambda v: 0 <= v < geometry.n_heads)
 if st.session_state.get("layer", 0) >= geometry.n_layers:
     st.session_state["layer"] = geometry.n_layers - 1
 if st.session_state.get("head", 0) >= geometry.n_heads:
     st.session_state["head"] = 0
-pick = st.columns(2)
-layer = pick[0].slider("Layer (block)", 0, geometry.n_layers - 1, key="layer") if geometry.n_layers > 1 else 0
-head = pick[1].slider("Head", 0, geometry.n_heads - 1, key="head") if geometry.n_heads > 1 else 0
+
+
+def layer_and_head() -> tuple[int, int]:
+    pick = st.columns(2)
+    last_layer, last_head = geometry.n_layers - 1, geometry.n_heads - 1
+    chosen_layer = pick[0].slider("Layer (block)", 0, last_layer, key="layer") if last_layer > 0 else 0
+    chosen_head = pick[1].slider("Head", 0, last_head, key="head") if last_head > 0 else 0
+    return chosen_layer, chosen_head
+
+
+if geometry.input_kind == "image" and patch_grid(geometry, pixels.shape, explorer.n_tokens) is not None:
+    st.subheader("Where the class token looks")  # right below the pictures: the heat moves with the patches
+    layer, head = layer_and_head()
+    panels.class_attention_overlays((pixels, shuffled, back), explorer, result, layer)
+    st.subheader("Hidden states and attention")
+else:
+    st.subheader("Hidden states and attention")
+    layer, head = layer_and_head()
 panels.three_heatmaps(f"blocks.{layer}.hidden", (original[f"blocks.{layer}.hidden"].tensor, scrambled[
     f"blocks.{layer}.hidden"].tensor, restored[f"blocks.{layer}.hidden"]), "hidden state after block "
     f"{layer}", "channel", "token")

@@ -203,11 +203,30 @@ def permutation_of(scramble: Scramble, symmetry: str) -> torch.Tensor | None:
     return perms[-1].index if perms else None
 
 
-def output_summary(tensors: dict, task_labels, tokenizer, attention_mask, row: int | None, top_k: int = 5):
+def patch_grid(geometry, pixels_shape, n_tokens: int) -> tuple[int, int] | None:
+    """(rows, cols) of image patches when the tokens are [class token, patches in row-major order], else None."""
+    if geometry.input_kind != "image" or not geometry.first_token_fixed or not geometry.patch_size:
+        return None
+    rows, cols = pixels_shape[-2] // geometry.patch_size, pixels_shape[-1] // geometry.patch_size
+    return (rows, cols) if rows * cols == n_tokens - 1 else None
+
+
+def class_attention_grid(attention: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    """Attention probabilities [1, H, T, T] -> how much the class token (query 0) attends to each patch,
+    averaged over the heads, laid out as the patch grid [rows, cols] (the class token's own share left out).
+
+    The mean over heads does not depend on the order of the heads, so a head permutation leaves it unchanged;
+    a token permutation moves each value with its patch."""
+    return attention[0, :, 0, 1:].mean(dim=0).reshape(grid)
+
+
+def output_summary(tensors: dict, task_labels, tokenizer, attention_mask, row: int | None, top_k: int = 5,
+                   image: bool = False):
     """What a model's output means, from one column's tensors -> (kind, labels, values).
 
     kind "classes" (top-k class probabilities), "next-token" (top-k candidates of one row),
-    or "embedding" (the mean-pooled sentence embedding, as a vector).
+    "image-embedding" (an image backbone without a head: the class token's final embedding, the pooler
+    output, as a vector), or "embedding" (the mean-pooled sentence embedding, as a vector).
     """
     from perm_core.zoo import mean_pool
 
@@ -224,6 +243,9 @@ def output_summary(tensors: dict, task_labels, tokenizer, attention_mask, row: i
         labels = [repr(tokenizer.decode([i])) if tokenizer else f"#{i}" for i in top.indices.tolist()]
         return "next-token", labels, top.values.tolist()
     last = tensors.get("output.last_hidden")
+    if image:
+        pooled = tensors.get("output.pooler")
+        return "image-embedding", None, (pooled if pooled is not None else last[:, 0])[0]
     mask = attention_mask if attention_mask is not None else torch.ones(last.shape[:2])
     return "embedding", None, mean_pool(last, mask.to(last.dtype))[0]
 

@@ -38,6 +38,18 @@ def decimate(matrix: np.ndarray, max_cells: int = MAX_CELLS) -> tuple[np.ndarray
     return pooled, row_step, col_step
 
 
+def titled(fig: go.Figure, text: str, height: int, size: int = 13) -> go.Figure:
+    """Set a title whose lines are separated by <br> (plotly never wraps a title; a narrow column would cut
+    it): the top margin and the height grow with the lines, so the plot area keeps its size."""
+    extra = 18 * text.count("<br>")
+    title = dict(text=text, font=dict(size=size))
+    if extra:  # anchored at the top, so the added lines grow down into the added margin, not over the plot
+        title.update(y=1.0, yref="container", yanchor="top", pad=dict(t=10))
+    margin = {**LAYOUT["margin"], "t": LAYOUT["margin"]["t"] + extra}
+    fig.update_layout(title=title, height=height + extra, margin=margin)
+    return fig
+
+
 def heatmap(matrix, title: str, x_title: str = "", y_title: str = "", colorscale: str = "RdBu",
             symmetric: bool = True, zmax: float | None = None, y_labels=None) -> go.Figure:
     values = to_numpy(matrix)
@@ -45,13 +57,14 @@ def heatmap(matrix, title: str, x_title: str = "", y_title: str = "", colorscale
     if zmax is None:
         zmax = float(np.nanmax(np.abs(values))) if values.size else 1.0
     zmin = -zmax if symmetric else 0.0
-    note = f" (shown in {row_step}x{col_step} blocks)" if row_step * col_step > 1 else ""
+    note = f"<br>(shown in {row_step}x{col_step} blocks)" if row_step * col_step > 1 else ""
     x = np.arange(values.shape[1]) * col_step
     y = np.arange(values.shape[0]) * row_step
     trace = go.Heatmap(z=values.astype(np.float32), x=x, y=y, colorscale=colorscale, zmin=zmin, zmax=zmax,
                        colorbar=dict(thickness=10))
     fig = go.Figure(trace)
-    fig.update_layout(**LAYOUT, title=dict(text=title + note, font=dict(size=13)))
+    fig.update_layout(**LAYOUT)
+    titled(fig, title + note, LAYOUT["height"])
     fig.update_yaxes(autorange="reversed", title=y_title)
     fig.update_xaxes(title=x_title)
     if y_labels is not None and row_step == 1 and len(y_labels) <= 40:
@@ -115,16 +128,25 @@ def payload_bytes(figures) -> int:
     return sum(len(fig.to_json()) for fig in figures)
 
 
-def mosaic_image(pixels, patch_size: int, display: int = 240):
-    """A normalized pixel batch [1, C, H, W] -> an upscaled PIL image with its patch grid drawn."""
-    from PIL import Image, ImageDraw
+def pixels_to_rgb(pixels) -> np.ndarray:
+    """A normalized pixel batch [1, C, H, W] -> an RGB uint8 array [H, W, 3], stretched to its own min..max.
 
+    A permutation of patches keeps the min and max, so scrambled pixels get exactly the original's colours.
+    """
     array = to_numpy(pixels)[0]
     lo, hi = float(array.min()), float(array.max())
     array = (array - lo) / (hi - lo) if hi > lo else np.zeros_like(array)
     array = (np.moveaxis(array, 0, -1) * 255).round().astype(np.uint8)
     if array.shape[-1] == 1:
         array = np.repeat(array, 3, axis=-1)
+    return array
+
+
+def mosaic_image(pixels, patch_size: int, display: int = 240):
+    """A normalized pixel batch [1, C, H, W] -> an upscaled PIL image with its patch grid drawn."""
+    from PIL import Image, ImageDraw
+
+    array = pixels_to_rgb(pixels)
     height, width = array.shape[:2]
     scale = max(1, display // max(height, width))
     image = Image.fromarray(array).resize((width * scale, height * scale), Image.Resampling.NEAREST)
@@ -168,4 +190,58 @@ def tensor_error_chart(names, abs_errors, rel_errors, title: str, tolerance: flo
                       legend=dict(orientation="h", y=1.1))
     fig.update_yaxes(type="log", exponentformat="e")
     fig.update_xaxes(showticklabels=len(order) <= 60)
+    return fig
+
+
+# Transparent where the class token does not look, opaque hot colours where it does: the photo stays visible.
+HEAT = [[0.0, "rgba(20,20,90,0)"], [0.2, "rgba(40,40,200,0.12)"], [0.45, "rgba(130,50,220,0.45)"],
+        [0.7, "rgba(240,70,40,0.7)"], [1.0, "rgba(255,235,0,0.9)"]]
+
+
+def image_data_uri(rgb: np.ndarray, exact: bool | None = None) -> str:
+    """An RGB array as a data URI: PNG when exact (by default for small pictures: every pixel kept), else JPEG
+    (photos: a sixth of the bytes)."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    kind = "png" if (rgb.shape[0] * rgb.shape[1] <= 4096 if exact is None else exact) else "jpeg"
+    Image.fromarray(rgb).save(buffer, format=kind.upper(), **({"optimize": True} if kind == "png" else {
+        "quality": 90}))
+    return f"data:image/{kind};base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def attention_overlay(rgb, grid, patch_size: int, title: str, zmax: float | None = None,
+                      display: int = 224, name: str = "") -> go.Figure:
+    """A photo with one number per patch drawn over it as a semi-transparent heatmap.
+
+    rgb: [H, W, 3] uint8 (the model's input, e.g. pixels_to_rgb); grid: [H / patch, W / patch], cell (i, j)
+    covering the patch at row i, column j. Small images (8x8 digits) are upscaled by nearest neighbour to about
+    `display` pixels; each heat cell is stretched over its patch. Hover shows the patch and its value; `name`
+    names the heat trace (what its numbers are)."""
+    rgb = np.asarray(rgb, dtype=np.uint8)
+    grid = to_numpy(grid)
+    height, width = rgb.shape[:2]
+    if grid.shape != (height // patch_size, width // patch_size):
+        raise ValueError(f"grid {grid.shape} does not tile a {height}x{width} image in {patch_size}-pixel patches")
+    scale = max(1, display // max(height, width))
+    small = height * width <= 4096  # digits and icons: exact pixels as PNG; photos as JPEG
+    if scale > 1:
+        rgb = np.repeat(np.repeat(rgb, scale, axis=0), scale, axis=1)
+    step = patch_size * scale
+    if zmax is None:
+        zmax = float(np.nanmax(grid)) if grid.size else 1.0
+    fig = go.Figure(go.Image(source=image_data_uri(rgb, exact=small), hoverinfo="skip"))
+    patch_number = np.arange(grid.size, dtype=np.int32).reshape(grid.shape)  # row-major, as the tokens
+    fig.add_trace(go.Heatmap(
+        z=grid.astype(np.float32), x0=(step - 1) / 2, dx=step, y0=(step - 1) / 2, dy=step, zmin=0.0,
+        zmax=zmax or 1.0, colorscale=HEAT, customdata=patch_number, name=name,
+        colorbar=dict(orientation="h", thickness=8, len=1.0, y=-0.02, yanchor="top", tickfont=dict(size=10)),
+        hovertemplate="patch %{customdata}: %{z:.4f}<extra></extra>"))
+    fig.update_layout(**LAYOUT)
+    titled(fig, title, 330)
+    fig.update_xaxes(visible=False, range=[-0.5, rgb.shape[1] - 0.5], constrain="domain")
+    fig.update_yaxes(visible=False, range=[rgb.shape[0] - 0.5, -0.5], scaleanchor="x", constrain="domain")
     return fig

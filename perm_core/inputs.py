@@ -314,6 +314,44 @@ def sample_images() -> dict[str, Image.Image]:
     return samples
 
 
+def photo_credits() -> dict[str, str]:
+    """Sample photo name (as in sample_images) -> its credit line, read from scikit-learn's own
+    sklearn/datasets/images/README.txt (the photos are CC BY 2.0 and ask for attribution).
+
+    For each image the README gives an attribution line, the licence and the page the photo was taken from;
+    all three are shown. Where the account of the source page differs from the attributed name (the README
+    gives danielbuechele for both photos, while flower.jpg's page belongs to another account), that account is
+    named too, so the credit never hides what the source says.
+    """
+    import re
+    from importlib import resources
+
+    try:
+        text = (resources.files("sklearn.datasets") / "images" / "README.txt").read_text(encoding="utf-8")
+    except (FileNotFoundError, ModuleNotFoundError, OSError):
+        return {}
+    credits = {}
+    for block in re.split(r"\n\s*\n(?=Image:)", text.strip()):
+        name = re.search(r"^Image:\s*(\S+)", block, re.M)
+        who = re.search(r"^Attribution:\s*(?:Some rights reserved by\s*)?(.+?)\s*\[\d\]\s*$", block, re.M)
+        notes = dict(re.findall(r"^\[(\d)\]\s*(\S+)\s*$", block, re.M))
+        if not (name and who):
+            continue
+        licence_url = next((u for u in notes.values() if "creativecommons.org/licenses/" in u), "")
+        version = re.search(r"/licenses/([a-z-]+)/([\d.]+)", licence_url)
+        licence = f"CC {version.group(1).upper()} {version.group(2)}" if version else "a Creative Commons licence"
+        source = next((u for u in notes.values() if "/photos/" in u and u.rstrip("/").count("/") > 4), "")
+        account = re.search(r"/photos/([^/]+)/", source)
+        author = who.group(1).strip()
+        line = f"Photo {name.group(1)}: by {author}"
+        if account and account.group(1) != author:
+            line += f" (scikit-learn's attribution; the source page belongs to {account.group(1)})"
+        line += f", {licence}" + (f" ({licence_url})" if licence_url else "")
+        line += (f", from {source}" if source else "") + ", shipped with scikit-learn."
+        credits[f"Photo {name.group(1)} (scikit-learn sample image)"] = line
+    return credits
+
+
 def sample_texts() -> dict[str, str]:
     """Short texts written for this project (assets/samples/texts.json), name -> text."""
     payload = json.loads((ASSETS / "samples" / "texts.json").read_text(encoding="utf-8"))

@@ -270,7 +270,9 @@ def _load_random(info: ModelInfo, dtype: torch.dtype) -> LoadedModel:
     n_params = sum(p.numel() for p in model.parameters())
     info = dataclasses.replace(info, task=_task_of(model), n_params=n_params)
     config = model.config
-    is_image = family in ("vit", "dinov2")
+    from perm_core.families import geometry_of
+
+    is_image = geometry_of(model).input_kind == "image"  # any image family, by its geometry
     labels = (
         [config.id2label[i] for i in range(config.num_labels)]
         if info.task == "image-classification"

