@@ -196,7 +196,7 @@ def chips_of(at) -> list[list[str]]:
     return [re.findall(r'original position \d+">([^<]*)</span>', row) for row in rows]
 
 
-@pytest.mark.parametrize("model", ["random:bert", "random:gpt2", "random:llama"])
+@pytest.mark.parametrize("model", ["random:bert", "random:gpt2", "random:llama", "random:gemma3"])
 def test_random_text_models_run_on_token_id_chips(model):
     """No tokenizer: the input is token ids drawn from the vocabulary, shown as id chips like #17."""
     at = explore(model=model, dtype="float64")
@@ -214,3 +214,20 @@ def test_random_text_models_run_on_token_id_chips(model):
     assert not at.exception and at.success
     words = at.text_area(key="text").value.split()
     assert len(chips_of(at)[0]) == len(words)
+
+
+@pytest.mark.slow
+def test_gemma3_270m_on_a_sample_text():
+    """The real Gemma 3 (converted once from its GGUF wheels): next-token candidates come back exactly."""
+    at = explore(model="gemma3-270m", on_heads=1, on_mlp=1)
+    assert at.success and not at.error, [e.value for e in at.error]
+    verdict = at.success[0].value
+    assert "un-scrambled tensors match" in verdict and "float32" in verdict
+    assert max(proof_errors(at).values()) < 1e-3
+    original, scrambled, restored = chips_of(at)
+    assert restored == original and sorted(scrambled) == sorted(original) and scrambled != original
+    assert not any(label.startswith("#") for label in original)  # Gemma's own tokenizer names the tokens
+    candidates = [c for c in charts(at) if "next-token candidates" in title(c)]
+    assert len(candidates) == 3
+    first, _, last = (list(c["data"][0]["x"]) for c in candidates)
+    assert first == last  # the un-scrambled model predicts the same next tokens
