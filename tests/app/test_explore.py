@@ -223,11 +223,16 @@ def test_gemma3_270m_on_a_sample_text():
     assert at.success and not at.error, [e.value for e in at.error]
     verdict = at.success[0].value
     assert "un-scrambled tensors match" in verdict and "float32" in verdict
-    assert max(proof_errors(at).values()) < 1e-3
+    # Gemma's hidden states reach thousands, so only relative errors are comparable with float32 eps
+    relative = [e for name, e in proof_errors(at).items() if name.endswith("(rel)")]
+    assert relative and max(relative) < 1e-3
     original, scrambled, restored = chips_of(at)
     assert restored == original and sorted(scrambled) == sorted(original) and scrambled != original
     assert not any(label.startswith("#") for label in original)  # Gemma's own tokenizer names the tokens
     candidates = [c for c in charts(at) if "next-token candidates" in title(c)]
     assert len(candidates) == 3
-    first, _, last = (list(c["data"][0]["x"]) for c in candidates)
-    assert first == last  # the un-scrambled model predicts the same next tokens
+    (first_tokens, first_p), _, (last_tokens, last_p) = (
+        (list(c["data"][0]["y"]), list(c["data"][0]["x"])) for c in candidates
+    )
+    assert first_tokens == last_tokens  # the un-scrambled model predicts the same next tokens
+    assert max(abs(a - b) for a, b in zip(first_p, last_p, strict=True)) < 1e-4  # with the same probabilities
