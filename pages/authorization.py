@@ -4,6 +4,7 @@ import streamlit as st
 
 from perm_core.apps import authorization as auth
 from perm_core.apps import figures_backward as fb
+from ui.long_run import long_run
 from ui.resources import key_or_stop, shared_model
 
 MODELS = ("digits-vit", "digits-vit-b", "minilm", "smollm2-135m")
@@ -51,9 +52,8 @@ def measured(model_name, key, n_wrong, progress):
     return memo[(model_name, key, n_wrong)]
 
 
-bar = st.progress(0.0, text="Locking the model and trying keys")
-result = measured(model_name, key, n_wrong, lambda f, m: bar.progress(min(f, 1.0), text=m))
-bar.empty()
+with long_run("authorization", (model_name, key, n_wrong), "locking the model and trying keys") as progress:
+    result = measured(model_name, key, n_wrong, progress)
 label = LABELS[result.metric]
 fmt = "{:.1f}" if result.metric == "perplexity" else "{:.1%}"
 cols = st.columns(5)

@@ -10,6 +10,7 @@ from perm_core.digits import digits_split
 from perm_core.families import geometry_of
 from perm_core.inputs import InputError, prepare_text
 from perm_core.verify import BROKEN_AT, Subject
+from ui.long_run import long_run
 from ui.resources import key_or_stop, shared_model
 
 MODELS = ("digits-vit", "minilm", "random:vit", "random:bert", "random:gpt2", "random:llama")
@@ -155,13 +156,14 @@ def lockstep(model_name, dtype_name, settings, inputs, targets, reference, steps
     return memo[memo_key]
 
 
-bar = st.progress(0.0, text="SGD in both worlds")
-runs = {"correct scramble": lockstep(model_name, dtype_name, settings, sgd_inputs, sgd_targets, reference, steps,
-                                     lr, "none", lambda f, m: bar.progress(f, text=m))}
-if control != "none":
-    runs[f"control: {control}"] = lockstep(model_name, dtype_name, settings, sgd_inputs, sgd_targets, reference,
-                                           steps, lr, control, lambda f, m: bar.progress(f, text=m))
-bar.empty()
+share = 0.5 if control != "none" else 1.0  # of the bar, for the correct scramble's run
+with long_run("backward", (model_name, dtype_name, repr(settings), steps, lr, control), "SGD in both worlds") \
+        as progress:
+    runs = {"correct scramble": lockstep(model_name, dtype_name, settings, sgd_inputs, sgd_targets, reference,
+                                         steps, lr, "none", lambda f, m: progress(f * share, m))}
+    if control != "none":
+        runs[f"control: {control}"] = lockstep(model_name, dtype_name, settings, sgd_inputs, sgd_targets, reference,
+                                               steps, lr, control, lambda f, m: progress(0.5 + f / 2, f"control: {m}"))
 result = runs["correct scramble"]
 cols = st.columns(5)
 cols[0].metric("Update error", f"{result.max_rel_error:.2e}", help="The worst over steps 1 on: the verdict.")

@@ -11,6 +11,7 @@ from perm_core.keys import InvalidKeyError, validate_key
 from perm_core.symmetries import DESCRIPTIONS, SYMMETRIES
 from perm_core.verify import check
 from perm_core.zoo import ModelLoadError
+from ui.long_run import long_run, stop_if_stopped
 from ui.resources import shared_model
 from ui.sidebar import ZOO, ensure_view
 from ui.state import publish, seed
@@ -44,8 +45,15 @@ if not chosen:
     st.stop()
 
 settings = (model_name, dtype_name, key, tuple(chosen), backward)
+
+
+def request_check():
+    st.session_state["check_requested"] = True
+
+
+stop_if_stopped("check", settings, "the check", on_resume=request_check)
 # on_click runs before the script, so the request survives any rerun of this run.
-st.button("Run check", type="primary", on_click=lambda: st.session_state.update(check_requested=True))
+st.button("Run check", type="primary", on_click=request_check)
 if st.session_state.pop("check_requested", False):
     try:
         loaded = shared_model(model_name, dtype_name)
@@ -53,10 +61,9 @@ if st.session_state.pop("check_requested", False):
         st.error(str(error))
         publish()
         st.stop()
-    bar = st.progress(0.0, text="original trace")
-    report = check(loaded.model, default_inputs(loaded), chosen, key, model_name=model_name, backward=backward,
-                   progress=lambda fraction, message: bar.progress(min(max(fraction, 0.0), 1.0), text=message))
-    bar.empty()
+    with long_run("check", settings, "the check") as progress:
+        report = check(loaded.model, default_inputs(loaded), chosen, key, model_name=model_name,
+                       backward=backward, progress=progress)
     st.session_state["check_report"] = (settings, report)
 
 stored = st.session_state.get("check_report")

@@ -7,6 +7,7 @@ from perm_core.apps import figures_fusion as figs
 from perm_core.apps.fusion import fuse
 from perm_core.apps.matching import METHODS
 from perm_core.zoo import ModelLoadError
+from ui.long_run import long_run
 from ui.resources import shared_model
 
 DIGITS_MODELS = ("digits-vit", "digits-vit-b")
@@ -36,13 +37,21 @@ if name_a == name_b:
     st.warning("A and B are the same model: every method trivially fuses it with itself.")
 
 
-@st.cache_data(show_spinner=False, max_entries=8)
+@st.cache_resource(show_spinner=False)
+def fusion_memo() -> dict:
+    """Finished fusions by settings, shared by sessions (no elements inside, so progress can update a bar)."""
+    return {}
+
+
 def cached_fusion(a: str, b: str, chosen: tuple, points: int):
-    bar = st.progress(0.0, text="starting")
-    result = fuse(shared_model(a), shared_model(b), chosen, n_points=points,
-                  progress=lambda f, m: bar.progress(min(max(f, 0.0), 1.0), text=m))
-    bar.empty()
-    return result
+    memo = fusion_memo()
+    if (a, b, chosen, points) not in memo:
+        if len(memo) >= 8:
+            memo.pop(next(iter(memo)))
+        with long_run("fusion", (a, b, chosen, points), "matching and fusing") as progress:
+            memo[(a, b, chosen, points)] = fuse(shared_model(a), shared_model(b), chosen, n_points=points,
+                                                progress=progress)
+    return memo[(a, b, chosen, points)]
 
 
 ordered = tuple(m for m in METHODS if m in methods)

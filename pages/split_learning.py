@@ -6,6 +6,7 @@ from perm_core import keys
 from perm_core.apps import figures_split as fs
 from perm_core.apps import inversion, split_learning
 from perm_core.zoo import DTYPES
+from ui.long_run import long_run
 from ui.resources import key_or_stop
 
 st.title("Split learning: scrambled features, and what an attacker rebuilds from them")
@@ -43,9 +44,8 @@ def cached(kind, settings, compute):
     if (kind, settings) not in store:
         if len(store) >= 32:
             store.pop(next(iter(store)))
-        bar = st.progress(0.0, text=f"{kind} ...")
-        store[(kind, settings)] = compute(lambda f, m: bar.progress(min(max(f, 0.0), 1.0), text=m))
-        bar.empty()
+        with long_run("split_learning", (kind, settings), kind.lower()) as progress:
+            store[(kind, settings)] = compute(progress)
     return store[(kind, settings)]
 
 

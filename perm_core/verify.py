@@ -262,21 +262,33 @@ def check(model, inputs: dict, symmetry_names=symmetries.SYMMETRIES, key: int = 
         raise VacuousCheckError("no symmetry to check: name at least one")
     subject = Subject(model, inputs)
     report = Report(model_name or type(model).__name__, subject.family.name, str(subject.dtype).split(".")[-1])
+    if progress:
+        progress(0.0, "original run" + (" and its gradients" if backward else ""))
     original = subject.trace(backward=backward)
     if "tokens" in names and subject.movable_tokens < 2:
         report.checks.extend(_cannot_move(subject, "tokens", backward))
         names.remove("tokens")
     steps = names + (["all"] if include_combined and len(names) > 1 else [])
-    for step, name in enumerate(steps):
+    controls = {name: symmetries.controls(name, key, subject.geometry, subject.n_tokens) for name in names}
+    for name, found in controls.items():
+        if not found:
+            raise VacuousCheckError(f"the {name} symmetry has no negative control on {subject.family.name}")
+    # One unit per scrambled run: each check, each control (runs are about equally long).
+    total, done = len(steps) + sum(len(c) for c in controls.values()), 0
+
+    def advance(message: str) -> None:
+        nonlocal done
         if progress:
-            progress(step / len(steps), f"checking {name}")
+            progress(done / total, message)
+        done += 1
+
+    for name in steps:
+        advance(f"checking {name}")
         keys = {n: key for n in names} if name == "all" else {name: key}
         report.checks.extend(check_scramble(subject, subject.build(keys), name, original, backward))
-        if name != "all":
-            controls = symmetries.controls(name, key, subject.geometry, subject.n_tokens)
-            if not controls:
-                raise VacuousCheckError(f"the {name} symmetry has no negative control on {subject.family.name}")
-            report.controls.extend(run_control(subject, c, original) for c in controls)
+        for control in controls.get(name, []):
+            advance(f"{name}: control {control.name}")
+            report.controls.append(run_control(subject, control, original))
     if progress:
         progress(1.0, "done")
     return report

@@ -26,10 +26,12 @@ def key_or_usage_error(text) -> int:
 def load_or_usage_error(name: str, dtype: torch.dtype = torch.float32):
     """A zoo model, or UsageError with the loader's one-line reason (unknown, offline, unsupported)."""
     from perm_core.families import UnsupportedModelError, family_of
+    from perm_core.progress import terminal_bar
     from perm_core.zoo import ModelLoadError, load_model
 
     try:
-        loaded = load_model(name, dtype=dtype)
+        with terminal_bar(f"load {name}") as progress:  # a first conversion takes minutes
+            loaded = load_model(name, dtype=dtype, progress=progress)
         family_of(loaded.model)
     except (ModelLoadError, UnsupportedModelError, OSError, ValueError) as error:
         raise UsageError(str(error).splitlines()[0] if str(error) else type(error).__name__) from None

@@ -20,11 +20,14 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from perm_core.defaults import default_inputs
+    from perm_core.progress import terminal_bar
     from perm_core.verify import check
 
     key = key_or_usage_error(args.key)
     loaded = load_or_usage_error(args.model, DTYPES[args.dtype])
-    report = check(loaded.model, default_inputs(loaded), args.symmetry or SYMMETRIES, key, model_name=args.model)
+    with terminal_bar(f"check {args.model}") as progress:
+        report = check(loaded.model, default_inputs(loaded), args.symmetry or SYMMETRIES, key,
+                       model_name=args.model, progress=progress)
     if args.json:
         print_json(report.to_json())
     else:

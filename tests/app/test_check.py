@@ -53,3 +53,15 @@ def test_check_text_model_single_symmetry_float32():
     assert at.success[0].value.startswith("PASSED") and "float32" in at.success[0].value
     checks = at.dataframe[0].value
     assert list(checks["symmetry"]) == ["tokens", "tokens"] and (checks["max rel error"] <= 1e-4).all()
+
+
+def test_a_stopped_check_says_so_and_runs_again_on_request():
+    at = check_page(check_model="random:gpt2", check_dtype="float64", check_key="4")
+    at.multiselect[0].set_value(["mlp"]).run()
+    at.session_state["_check_stopped"] = ("random:gpt2", "float64", 4, ("mlp",), True)  # what Stop leaves
+    at.run()
+    assert any(w.value.startswith("Stopped: the check") for w in at.warning) and not at.success
+    assert [b.label for b in at.button] == ["Run the check again"]
+    at.button[0].click().run()
+    assert not at.exception and not at.warning
+    assert at.success[0].value.startswith("PASSED") and "random:gpt2 (gpt2, float64)" in at.success[0].value

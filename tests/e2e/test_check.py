@@ -1,5 +1,7 @@
 """Real Chromium: the Check page runs the report on digits-vit and offers the JSON."""
 
+import re
+
 from tests.e2e.conftest import wait_for_app
 
 
@@ -13,3 +15,20 @@ def test_check_page_in_chromium(app_url, page, shot):
     page.wait_for_selector(".js-plotly-plot", timeout=60_000)  # plotly draws after the run ends
     assert page.get_by_role("button", name="Download the report (JSON)").count() == 1
     shot(page, "check")
+
+
+def test_a_long_check_shows_the_time_left_and_stops(app_url, page, shot):
+    """smollm2-135m in float64 runs for minutes: the bar names the run and the time left, and Stop ends it."""
+    page.goto(f"{app_url}/check?model=smollm2-135m&check_dtype=float64")
+    wait_for_app(page, timeout_ms=180_000)
+    page.get_by_role("button", name="Run check").click()
+    stop = page.get_by_role("button", name="Stop the check")
+    stop.wait_for(timeout=180_000)
+    page.get_by_text(re.compile(r"so far, about .+ left")).first.wait_for(timeout=120_000)
+    shot(page, "check-running")
+    stop.click()
+    page.get_by_text("Stopped: the check").wait_for(timeout=120_000)
+    wait_for_app(page)
+    assert page.get_by_role("button", name="Run the check again").count() == 1
+    assert page.get_by_text("PASSED").count() == 0 and page.locator('[data-testid="stException"]').count() == 0
+    shot(page, "check-stopped")
