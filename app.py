@@ -8,24 +8,26 @@ from ui.sidebar import end_run, render_sidebar
 from ui.state import publish
 
 ROOT = Path(__file__).resolve().parent
-# (file, title, icon) in menu order; a page appears once its file exists.
+# (file, title, icon, sidebar) in menu order; a page appears once its file exists. sidebar "full": the
+# sidebar's model, input and keys act on the page; "own": the page has its own controls instead; "none": no
+# controls (the sidebar then says where they are).
 PAGES = (
-    ("pages/home.py", "Home", ":material/home:"),
-    ("pages/explore.py", "Explore", ":material/shuffle:"),
-    ("pages/check.py", "Check", ":material/fact_check:"),
-    ("pages/backward.py", "Backward", ":material/undo:"),
-    ("pages/authorization.py", "Authorization", ":material/key:"),
-    ("pages/split_learning.py", "Split learning", ":material/call_split:"),
-    ("pages/rotation.py", "Rotation", ":material/rotate_right:"),
-    ("pages/fusion.py", "Fusion", ":material/merge:"),
+    ("pages/home.py", "Home", ":material/home:", "none"),
+    ("pages/explore.py", "Explore", ":material/shuffle:", "full"),
+    ("pages/check.py", "Check", ":material/fact_check:", "full"),
+    ("pages/backward.py", "Backward", ":material/undo:", "own"),
+    ("pages/authorization.py", "Authorization", ":material/key:", "own"),
+    ("pages/split_learning.py", "Split learning", ":material/call_split:", "own"),
+    ("pages/rotation.py", "Rotation", ":material/rotate_right:", "own"),
+    ("pages/fusion.py", "Fusion", ":material/merge:", "own"),
 )
 
 st.set_page_config(page_title="Transformer Symmetry Explorer", page_icon=":material/shuffle:", layout="wide")
-pages = [st.Page(path, title=title, icon=icon, default=path == "pages/home.py")
-         for path, title, icon in PAGES if (ROOT / path).exists()]
-navigation = st.navigation(pages)
+pages = {title: st.Page(path, title=title, icon=icon, default=path == "pages/home.py")
+         for path, title, icon, _ in PAGES if (ROOT / path).exists()}
+navigation = st.navigation(list(pages.values()))
 st.session_state.pop("_nav_rerun", None)
-render_sidebar()
+render_sidebar(next(scope for _, title, _, scope in PAGES if title == navigation.title))
 try:
     navigation.run()
 finally:  # also when a page calls st.stop(): the next run renders the sidebar afresh

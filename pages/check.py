@@ -1,50 +1,40 @@
-"""Check: the full verification report (every symmetry forward and backward, negative controls) for a model."""
+"""Check: the full verification report (every symmetry forward and backward, negative controls) for the
+sidebar's model, input and keys."""
 
 import json
 
 import pandas as pd
 import streamlit as st
+import torch
 
 from perm_core import figures
-from perm_core.defaults import default_inputs
-from perm_core.keys import InvalidKeyError, validate_key
-from perm_core.symmetries import DESCRIPTIONS, SYMMETRIES
 from perm_core.verify import check
-from perm_core.zoo import ModelLoadError
+from ui.compute import model_on
 from ui.long_run import long_run, stop_if_stopped
-from ui.resources import shared_model
-from ui.sidebar import ZOO, ensure_view
-from ui.state import publish, seed
+from ui.sidebar import SYMMETRY_LABELS, ensure_view
+from ui.state import parse_bool, publish, seed
 
 view = ensure_view()
 st.title("Check: is this model exactly symmetric?")
-st.markdown("For researchers: every symmetry is applied with the key, forward and backward, compared tensor by "
-            "tensor against the original run, and every negative control must break. Uses the model's default "
-            "input; the same report as `python -m perm_core check MODEL --json`.")
-
-seed("check_model", view.model_name if view else ZOO[0], valid=lambda v: v in ZOO)
-seed("check_dtype", "float64", valid=lambda v: v in ("float32", "float64"))
-seed("check_key", "0")
-cols = st.columns([2, 1, 1])
-model_name = cols[0].selectbox("Model", ZOO, key="check_model")
-dtype_name = cols[1].radio("dtype", ("float32", "float64"), key="check_dtype", horizontal=True)
-raw_key = cols[2].text_input("Key", key="check_key")
-chosen = st.multiselect("Symmetries", SYMMETRIES, default=list(SYMMETRIES), format_func=lambda s: s,
-                        help="; ".join(f"{k}: {v}" for k, v in DESCRIPTIONS.items()))
-backward = st.checkbox("Backward pass too (gradients of inputs and every weight)", value=True)
-
-try:
-    key = validate_key(raw_key)
-except InvalidKeyError as error:
-    st.error(str(error))
+st.markdown("For researchers: every symmetry switched on in the sidebar is applied with its key to the sidebar's "
+            "model and input, forward and backward, and compared tensor by tensor with the original run; every "
+            "negative control must break. `python -m perm_core check MODEL --json` gives the same report on the "
+            "model's default input, with one key for every symmetry.")
+view.show_messages()
+if not view.ready:
     publish()
     st.stop()
-if not chosen:
-    st.warning("Choose at least one symmetry.")
+if not view.keys:
+    st.warning("Switch on at least one symmetry in the sidebar.")
     publish()
     st.stop()
 
-settings = (model_name, dtype_name, key, tuple(chosen), backward)
+seed("check_backward", True, parse_bool)
+backward = st.checkbox("Backward pass too (gradients of inputs and every weight)", key="check_backward")
+keys_text = ", ".join(f"{SYMMETRY_LABELS[name].lower()} {key}" for name, key in view.keys.items())
+st.caption(f"**{view.model_name}** in {view.dtype_name} on {view.device} · input: {view.input_label} · "
+           f"keys: {keys_text} (all from the sidebar)")
+settings = (view.model_name, view.dtype_name, view.device, view.input_id, tuple(view.keys.items()), backward)
 
 
 def request_check():
@@ -55,20 +45,17 @@ stop_if_stopped("check", settings, "the check", on_resume=request_check)
 # on_click runs before the script, so the request survives any rerun of this run.
 st.button("Run check", type="primary", on_click=request_check)
 if st.session_state.pop("check_requested", False):
-    try:
-        loaded = shared_model(model_name, dtype_name)
-    except ModelLoadError as error:
-        st.error(str(error))
-        publish()
-        st.stop()
+    model = model_on(view.model_name, view.dtype_name, view.device, view.loaded.model)
+    inputs = {k: v.to(view.device) if isinstance(v, torch.Tensor) else v for k, v in view.inputs.items()}
     with long_run("check", settings, "the check") as progress:
-        report = check(loaded.model, default_inputs(loaded), chosen, key, model_name=model_name,
+        report = check(model, inputs, list(view.keys), dict(view.keys), model_name=view.model_name,
                        backward=backward, progress=progress)
     st.session_state["check_report"] = (settings, report)
 
 stored = st.session_state.get("check_report")
 if stored is None or stored[0] != settings:
-    st.info("Press **Run check** (digits-vit takes a few seconds; minilm and smollm2 longer).")
+    st.info("Press **Run check**: digits-vit takes a few seconds, the real models up to minutes (the bar shows "
+            "the time left, and the run can be stopped).")
     publish()
     st.stop()
 report = stored[1]
@@ -102,5 +89,6 @@ st.plotly_chart(fig, width="stretch")
 st.dataframe(pd.DataFrame([vars(t) for t in tensors]), hide_index=True, width="stretch", height=240,
              column_config=SCIENTIFIC)
 st.download_button("Download the report (JSON)", json.dumps(payload, indent=2),
-                   file_name=f"check-{model_name.replace(':', '_')}-{dtype_name}.json", mime="application/json")
+                   file_name=f"check-{view.model_name.replace(':', '_')}-{view.dtype_name}.json",
+                   mime="application/json")
 publish()

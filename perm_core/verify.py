@@ -9,6 +9,7 @@ all break. The error rules (own scale, floors for exact zeros, float32 round-off
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -79,6 +80,7 @@ class Report:
     model: str
     family: str
     dtype: str
+    keys: dict[str, int] = field(default_factory=dict)  # the key of each symmetry checked
     checks: list[CheckResult] = field(default_factory=list)
     controls: list[ControlResult] = field(default_factory=list)
 
@@ -97,8 +99,8 @@ class Report:
             entry["tensors"] = [{k: v for k, v in asdict(t).items() if k != "floor_reason" or v} for t in c.tensors]
             checks.append(entry)
         controls = [{k: v for k, v in asdict(c).items() if k != "description"} for c in self.controls]
-        return json_safe({"model": self.model, "family": self.family, "dtype": self.dtype, "passed": self.passed,
-                          "checks": checks, "controls": controls})
+        return json_safe({"model": self.model, "family": self.family, "dtype": self.dtype, "keys": self.keys,
+                          "passed": self.passed, "checks": checks, "controls": controls})
 
 
 class Subject:
@@ -254,14 +256,17 @@ def _cannot_move(subject: Subject, name: str, backward: bool) -> list[CheckResul
     return [_summarize(name, d, [], tolerance, 0.0, "", note) for d in directions]
 
 
-def check(model, inputs: dict, symmetry_names=symmetries.SYMMETRIES, key: int = 0, model_name: str = "",
-          backward: bool = True, include_combined: bool = True, progress=None) -> Report:
-    """Every symmetry forward (and backward), their composition, and every negative control."""
+def check(model, inputs: dict, symmetry_names=symmetries.SYMMETRIES, key: int | Mapping[str, int] = 0,
+          model_name: str = "", backward: bool = True, include_combined: bool = True, progress=None) -> Report:
+    """Every symmetry forward (and backward), their composition, and every negative control.
+    `key`: one key for every symmetry, or a key per symmetry name (as the app's sidebar sets them)."""
     names = list(symmetry_names)
+    key_of = dict(key) if isinstance(key, Mapping) else {name: key for name in names}
     if not names:
         raise VacuousCheckError("no symmetry to check: name at least one")
     subject = Subject(model, inputs)
-    report = Report(model_name or type(model).__name__, subject.family.name, str(subject.dtype).split(".")[-1])
+    report = Report(model_name or type(model).__name__, subject.family.name, str(subject.dtype).split(".")[-1],
+                    {name: key_of[name] for name in names})
     if progress:
         progress(0.0, "original run" + (" and its gradients" if backward else ""))
     original = subject.trace(backward=backward)
@@ -269,7 +274,7 @@ def check(model, inputs: dict, symmetry_names=symmetries.SYMMETRIES, key: int = 
         report.checks.extend(_cannot_move(subject, "tokens", backward))
         names.remove("tokens")
     steps = names + (["all"] if include_combined and len(names) > 1 else [])
-    controls = {name: symmetries.controls(name, key, subject.geometry, subject.n_tokens) for name in names}
+    controls = {name: symmetries.controls(name, key_of[name], subject.geometry, subject.n_tokens) for name in names}
     for name, found in controls.items():
         if not found:
             raise VacuousCheckError(f"the {name} symmetry has no negative control on {subject.family.name}")
@@ -284,7 +289,7 @@ def check(model, inputs: dict, symmetry_names=symmetries.SYMMETRIES, key: int = 
 
     for name in steps:
         advance(f"checking {name}")
-        keys = {n: key for n in names} if name == "all" else {name: key}
+        keys = {n: key_of[n] for n in names} if name == "all" else {name: key_of[name]}
         report.checks.extend(check_scramble(subject, subject.build(keys), name, original, backward))
         for control in controls.get(name, []):
             advance(f"{name}: control {control.name}")

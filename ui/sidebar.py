@@ -94,7 +94,7 @@ def current_view() -> View | None:
     return st.session_state.get("view")
 
 
-def ensure_view() -> View:
+def ensure_view(scope: str = "full") -> View:
     """The view of this run. app.py renders the sidebar before the page; a page run on its own (Streamlit's
     old pages/ mode, which AppTest uses after switch_page) reruns once through app.py, else renders it."""
     if getattr(_THIS_RUN, "view", None) is not None:
@@ -103,7 +103,7 @@ def ensure_view() -> View:
         st.session_state["_nav_rerun"] = True  # app.py clears it; a second bare run renders the sidebar here
         use_navigation_registry()
         st.rerun()
-    view = render_sidebar()
+    view = render_sidebar(scope)
     end_run()
     return view
 
@@ -113,7 +113,38 @@ def end_run() -> None:
     _THIS_RUN.view = None
 
 
-def render_sidebar() -> View:
+# The sidebar's widget keys (a file upload cannot be set through session state, so it is not kept).
+KEPT_KEYS = ("model", "dtype", "device", "img_src", "digit", "img_sample", "txt_src", "ids_src", "n_ids", "ids_seed",
+             "txt_sample", "text", *(f"on_{n}" for n in SYMMETRIES), *(f"k_{n}" for n in SYMMETRIES))
+NOTES = {"own": "This page has its own controls, on the page. The model, input and keys chosen here for Explore "
+                "and Check are kept, and come back with them.",
+         "none": "Explore and Check take their model, input and keys from this sidebar: open one of them to "
+                 "choose."}
+
+
+def _keep_sidebar_state() -> None:
+    """Streamlit forgets a widget's value when a run does not draw it; writing it back keeps it. The browser
+    forgets it too, so the next run that draws the sidebar writes the values again (then they are sent)."""
+    for name in KEPT_KEYS:
+        if name in st.session_state:
+            st.session_state[name] = st.session_state[name]
+
+
+def render_sidebar(scope: str = "full") -> View:
+    """scope "full": model, input and keys act on the page; "own": the page has its own controls, and "none":
+    it has none, so the sidebar shows none of these (a control beside the page that does not act on it would
+    mislead)."""
+    if scope in NOTES:
+        _keep_sidebar_state()
+        st.session_state["_sidebar_hidden"] = True
+        st.sidebar.caption(NOTES[scope])
+        view = View(st.session_state.get("model", default_model()), st.session_state.get("dtype", "float32"),
+                    st.session_state.get("device", devices()[0]))
+        st.session_state["view"] = view
+        _THIS_RUN.view = view
+        return view
+    if st.session_state.pop("_sidebar_hidden", False):
+        _keep_sidebar_state()
     with st.sidebar:
         st.markdown("### Model")
         seed("model", default_model(), valid=lambda v: v in ZOO)

@@ -1,4 +1,5 @@
-"""AppTest: the Check page runs the full report on a zoo model, shows tables and per-tensor errors, offers JSON."""
+"""AppTest: the Check page runs the full report on the sidebar's model, input and keys, shows tables and
+per-tensor errors, offers JSON, and can be stopped."""
 
 import json
 from pathlib import Path
@@ -6,6 +7,7 @@ from pathlib import Path
 from streamlit.testing.v1 import AppTest
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
+ALL_ON = {f"on_{name}": "1" for name in ("tokens", "channels", "heads", "head_channels", "mlp", "rotation")}
 
 
 def check_page(**query) -> AppTest:
@@ -19,15 +21,22 @@ def check_page(**query) -> AppTest:
     return at
 
 
-def test_check_digits_float64_passes_and_offers_json():
-    at = check_page(check_key="5", model="digits-vit")  # the Check page starts on the sidebar's model
-    assert at.selectbox(key="check_model").value == "digits-vit"
-    at.button[0].click().run()
+def run_button(at: AppTest):
+    return next(b for b in at.button if b.label == "Run check")
+
+
+def test_check_digits_float64_every_symmetry_with_the_sidebar_keys():
+    at = check_page(model="digits-vit", dtype="float64", k_heads="9", **ALL_ON)
+    assert at.sidebar.selectbox(key="model").value == "digits-vit"  # the one model control on this page
+    caption = " ".join(c.value for c in at.caption)
+    assert "digits-vit" in caption and "heads 9" in caption and "float64" in caption
+    run_button(at).click().run()
     assert not at.exception, [e.value for e in at.exception]
     verdict = at.success[0].value
     assert verdict.startswith("PASSED") and "digits-vit (vit, float64)" in verdict
     checks, controls = at.dataframe[0].value, at.dataframe[1].value
     assert set(checks["direction"]) == {"forward", "backward"}
+    assert set(checks["symmetry"]) == {"tokens", "channels", "heads", "head_channels", "mlp", "rotation", "all"}
     assert (checks["max rel error"] <= 1e-9).all() and (checks["result"] == "pass").all()
     assert (controls["max rel error"] > 1e-3).all() and len(controls) >= 5
     chart = json.loads(at.get("plotly_chart")[0].proto.spec)
@@ -36,19 +45,30 @@ def test_check_digits_float64_passes_and_offers_json():
     assert downloads and downloads[0].proto.label == "Download the report (JSON)"
 
 
-def test_check_bad_key_and_no_symmetry_are_messages():
-    at = check_page(check_key=str(10**30))
-    assert any("whole number" in e.value for e in at.error) and not at.button
-    at.text_input(key="check_key").set_value("3").run()
-    assert not at.error and at.button
-    at.multiselect[0].set_value([]).run()
-    assert any("at least one" in w.value for w in at.warning)
+def test_the_report_uses_the_sidebar_keys_and_follows_a_key_change():
+    at = check_page(model="random:gpt2", dtype="float64", k_tokens="5", k_channels="6")
+    run_button(at).click().run()
+    first = at.dataframe[1].value["max rel error"].tolist()
+    at.sidebar.text_input(key="k_channels").set_value("7").run()
+    assert not at.success, "a report for other keys must not stay on screen"
+    run_button(at).click().run()
+    assert at.success[0].value.startswith("PASSED")
+    assert at.dataframe[1].value["max rel error"].tolist() != first  # the controls drew from the new key
 
 
-def test_check_text_model_single_symmetry_float32():
-    at = check_page(check_model="random:gpt2", check_dtype="float32")
-    at.multiselect[0].set_value(["tokens"]).run()
-    at.button[0].click().run()
+def test_bad_key_and_no_symmetry_are_messages():
+    at = check_page(model="random:gpt2", k_tokens=str(10**30))
+    assert any("whole number" in e.value for e in at.error) and not any(b.label == "Run check" for b in at.button)
+    at.sidebar.text_input(key="k_tokens").set_value("3").run()
+    assert not at.error and any(b.label == "Run check" for b in at.button)
+    at.sidebar.toggle(key="on_tokens").set_value(False).run()
+    at.sidebar.toggle(key="on_channels").set_value(False).run()
+    assert any("at least one symmetry" in w.value for w in at.warning)
+
+
+def test_check_text_model_float32_on_the_sidebar_text():
+    at = check_page(model="random:gpt2", dtype="float32", on_channels="0")
+    run_button(at).click().run()
     assert not at.exception
     assert at.success[0].value.startswith("PASSED") and "float32" in at.success[0].value
     checks = at.dataframe[0].value
@@ -56,9 +76,10 @@ def test_check_text_model_single_symmetry_float32():
 
 
 def test_a_stopped_check_says_so_and_runs_again_on_request():
-    at = check_page(check_model="random:gpt2", check_dtype="float64", check_key="4")
-    at.multiselect[0].set_value(["mlp"]).run()
-    at.session_state["_check_stopped"] = ("random:gpt2", "float64", 4, ("mlp",), True)  # what Stop leaves
+    at = check_page(model="random:gpt2", dtype="float64", on_tokens="0", on_channels="0", on_mlp="1", k_mlp="4")
+    view = at.session_state["view"]
+    at.session_state["_check_stopped"] = ("random:gpt2", "float64", view.device, view.input_id, (("mlp", 4),),
+                                          True)  # what Stop leaves
     at.run()
     assert any(w.value.startswith("Stopped: the check") for w in at.warning) and not at.success
     assert [b.label for b in at.button] == ["Run the check again"]

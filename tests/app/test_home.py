@@ -23,19 +23,30 @@ def test_home_renders_with_sidebar_and_links():
     assert len(at.latex) >= 2
     links = [link.proto.label for link in at.get("page_link")]
     assert any(label.startswith("Explore") for label in links) and any(label.startswith("Check") for label in links)
-    # The shared sidebar is rendered with the default model and default keys, and the URL mirrors it.
+    # Home acts on no model: the sidebar says where the controls are instead of showing idle ones.
+    assert not at.sidebar.selectbox and not at.sidebar.text_input
+    assert "open one of them" in at.sidebar.caption[0].value
+
+
+def test_explore_opens_on_the_default_model_and_keys_and_mirrors_them_in_the_url():
+    at = AppTest.from_file(APP, default_timeout=300)
+    at.run()
+    at.switch_page("pages/explore.py").run()
+    assert not at.exception, [e.value for e in at.exception]
     assert at.selectbox(key="model").value == default_model()  # dinov2-s on a photo when its wheel is there
     assert at.text_input(key="k_channels").value == "42"
     assert at.query_params["model"] in (default_model(), [default_model()])
 
 
-def test_model_load_error_is_a_message_and_home_keeps_working():
+def test_a_bad_key_is_a_message_and_the_page_keeps_working():
     at = AppTest.from_file(APP, default_timeout=300)
+    at.query_params["model"] = "digits-vit"
     at.run()
+    at.switch_page("pages/explore.py").run()
     at.text_input(key="k_tokens").set_value("-1").run()
     assert not at.exception
     assert any("whole number" in e.value for e in at.error)
-    assert at.title[0].value == "Transformer Symmetry Explorer"
+    assert at.title[0].value.startswith("Explore")
 
 
 def test_the_exactness_claim_is_what_a_float64_check_measures():

@@ -19,7 +19,7 @@ def test_check_page_in_chromium(app_url, page, shot):
 
 def test_a_long_check_shows_the_time_left_and_stops(app_url, page, shot):
     """smollm2-135m in float64 runs for minutes: the bar names the run and the time left, and Stop ends it."""
-    page.goto(f"{app_url}/check?model=smollm2-135m&check_dtype=float64")
+    page.goto(f"{app_url}/check?model=smollm2-135m&dtype=float64&on_heads=1&on_mlp=1&on_rotation=1")
     wait_for_app(page, timeout_ms=180_000)
     page.get_by_role("button", name="Run check").click()
     stop = page.get_by_role("button", name="Stop the check")

@@ -34,7 +34,8 @@ def test_check_json_shape_and_exit_zero():
                  "--json")
     assert result.returncode == 0, result.stderr
     report = strict_json(result.stdout)
-    assert set(report) == {"model", "family", "dtype", "passed", "checks", "controls"}
+    assert set(report) == {"model", "family", "dtype", "keys", "passed", "checks", "controls"}
+    assert report["keys"] == {"channels": 99, "tokens": 99}
     assert (report["model"], report["family"], report["dtype"], report["passed"]) == (
         "random:gpt2", "gpt2", "float64", True)
     assert {(c["symmetry"], c["direction"]) for c in report["checks"]} == {
