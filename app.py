@@ -30,6 +30,6 @@ st.session_state.pop("_nav_rerun", None)
 render_sidebar(next(scope for _, title, _, scope in PAGES if title == navigation.title))
 try:
     navigation.run()
-finally:  # also when a page calls st.stop(): the next run renders the sidebar afresh
+finally:  # also when a page calls st.stop(): the next run renders the sidebar afresh, the URL keeps the view
     end_run()
-publish()
+    publish()

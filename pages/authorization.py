@@ -6,11 +6,14 @@ from perm_core.apps import authorization as auth
 from perm_core.apps import figures_backward as fb
 from ui.long_run import long_run
 from ui.resources import key_or_stop, shared_model
+from ui.sidebar import ensure_view
+from ui.state import seed, seed_choice
 
 MODELS = ("digits-vit", "digits-vit-b", "minilm", "smollm2-135m")
 DEFAULT_WRONG = {"digits-vit": 20, "digits-vit-b": 20, "minilm": 5, "smollm2-135m": 3}
 LABELS = {"accuracy": "test accuracy", "retrieval": "paraphrase retrieval top-1", "perplexity": "perplexity"}
 
+ensure_view("own")  # the sidebar says this page has its own controls; the URL keeps them
 st.title("Model authorization: a key-locked Transformer")
 st.markdown(
     "**The scheme** (after Xu et al., CVPR 2024). The key draws a permutation *P* of the residual channels. "
@@ -23,10 +26,13 @@ st.caption("Threat model: the locked weights are public, the key is secret. This
            "possible; it is not a claim of security against an attacker who fine-tunes or fits P from data.")
 
 row = st.columns([2, 2, 2])
+seed_choice("au_model", MODELS, MODELS[0])
 model_name = row[0].selectbox("Model", MODELS, key="au_model",
                               help="smollm2-135m: the first load converts the shipped GGUF (about a minute).")
-key_text = row[1].text_input("Key", value="2024", key="au_key")
-n_wrong = row[2].slider("Wrong keys to try", 1, 50, DEFAULT_WRONG[model_name], key=f"au_wrong_{model_name}")
+seed("au_key", "2024")
+key_text = row[1].text_input("Key", key="au_key")
+seed_choice(f"au_wrong_{model_name}", range(1, 51), DEFAULT_WRONG[model_name], int)
+n_wrong = row[2].slider("Wrong keys to try", 1, 50, key=f"au_wrong_{model_name}")
 key = key_or_stop(key_text)
 
 try:

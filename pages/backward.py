@@ -12,22 +12,29 @@ from perm_core.inputs import InputError, prepare_text
 from perm_core.verify import BROKEN_AT, Subject
 from ui.long_run import long_run
 from ui.resources import key_or_stop, shared_model
+from ui.sidebar import ensure_view
+from ui.state import seed, seed_choice, seed_subset
 
 MODELS = ("digits-vit", "minilm", "random:vit", "random:bert", "random:gpt2", "random:llama")
 DEFAULT_TEXT = "A man is playing a guitar."
 DEFAULT_REFERENCE = "Someone plays the guitar."
 SGD_BATCH = 32  # digits training images per SGD step
 
+ensure_view("own")  # the sidebar says this page has its own controls; the URL keeps them
 st.title("Backward: gradients and training commute with the symmetries")
 st.caption("If a scramble g is a symmetry, the loss of the scrambled model on the scrambled input equals the "
            "original loss, so its gradient is the scrambled gradient, and an SGD step taken in the scrambled "
            "world lands exactly on the scrambled image of the original step.")
 
 top = st.columns([2, 1, 3, 1])
+seed_choice("bw_model", MODELS, MODELS[0])
 model_name = top[0].selectbox("Model", MODELS, key="bw_model")
+seed_choice("bw_dtype", ("float64", "float32"), "float64")
 dtype_name = top[1].radio("Precision", ("float64", "float32"), key="bw_dtype")
-chosen = top[2].multiselect("Symmetries", symmetries.SYMMETRIES, default=["tokens", "channels"], key="bw_syms")
-key_text = top[3].text_input("Key", value="42", key="bw_key")
+seed_subset("bw_syms", symmetries.SYMMETRIES, ["tokens", "channels"])
+chosen = top[2].multiselect("Symmetries", symmetries.SYMMETRIES, key="bw_syms")
+seed("bw_key", "42")
+key_text = top[3].text_input("Key", key="bw_key")
 key = key_or_stop(key_text)
 if not chosen:
     st.error("Pick at least one symmetry.")
@@ -43,17 +50,20 @@ except Exception as error:  # noqa: BLE001 - a one-line message, never a traceba
 # --- the loss and the input ---
 loss_kinds = bw.losses_for(loaded.model)
 row = st.columns([2, 3, 3])
+seed_choice("bw_loss", loss_kinds, loss_kinds[0])
 loss_kind = row[0].selectbox("Loss", loss_kinds, format_func=lambda k: bw.LOSSES[k], key="bw_loss")
 reference, target_class = None, 0
 if geometry_of(loaded.model).input_kind == "image":
     labels = loaded.labels or [str(i) for i in range(loaded.model.config.num_labels)]
     if model_name == "digits-vit":
         test_x = digits_split()[2]
-        index = row[1].slider("Test image", 0, len(test_x) - 1, 0, key="bw_image")
+        seed_choice("bw_image", range(len(test_x)), 0, int)
+        index = row[1].slider("Test image", 0, len(test_x) - 1, key="bw_image")
         inputs = {"pixel_values": test_x[index : index + 1]}
     else:
         inputs = default_inputs(loaded)
         row[1].caption("A random image (seed 0).")
+    seed_choice("bw_class", range(len(labels)), 0, int)
     target_class = row[2].selectbox("Target class", range(len(labels)), format_func=lambda i: labels[i],
                                     key="bw_class")
 elif loaded.tokenizer is None:  # random text models have no tokenizer: random token ids
@@ -63,18 +73,21 @@ elif loaded.tokenizer is None:  # random text models have no tokenizer: random t
         reference = default_inputs(loaded, seed=1)
         row[2].caption("Reference: another random sequence (seed 1).")
 else:
-    text = row[1].text_input("Input text", DEFAULT_TEXT, key="bw_text")
+    seed("bw_text", DEFAULT_TEXT)
+    text = row[1].text_input("Input text", key="bw_text")
     try:
         inputs, notice = prepare_text(text, loaded, max_tokens=64)
         if notice:
             st.info(notice)
         if loss_kind == "similarity":
-            reference_text = row[2].text_input("Reference sentence", DEFAULT_REFERENCE, key="bw_ref")
+            seed("bw_ref", DEFAULT_REFERENCE)
+            reference_text = row[2].text_input("Reference sentence", key="bw_ref")
             reference, _ = prepare_text(reference_text, loaded, max_tokens=64)
     except InputError as error:
         st.error(str(error))
         st.stop()
 weights = bw.weight_matrices(loaded.model)
+seed_choice("bw_weight", weights, weights[0])
 weight = st.selectbox("Weight matrix to show", weights, key="bw_weight")
 
 
@@ -121,11 +134,14 @@ st.caption("Plain SGD on the same loss, each world on its own input. The scrambl
            "trainings agree to round-off; a control's gradients differ, so its training diverges. With learning "
            "rate 0 nothing is trained and there is nothing to compare.")
 row = st.columns(3)
-steps = row[0].slider("SGD steps", 1, 30, 5, key="bw_steps")
-lr = row[1].select_slider("Learning rate", (0.0, 0.0003, 0.001, 0.003, 0.01, 0.03, 0.1), value=0.001,
-                         key="bw_lr")
+seed_choice("bw_steps", range(1, 31), 5, int)
+steps = row[0].slider("SGD steps", 1, 30, key="bw_steps")
+RATES = (0.0, 0.0003, 0.001, 0.003, 0.01, 0.03, 0.1)
+seed_choice("bw_lr", RATES, 0.001, float)
+lr = row[1].select_slider("Learning rate", RATES, key="bw_lr")
 shape = Subject(loaded.model, inputs)
 control_names = [c.name for name in chosen for c in symmetries.controls(name, key, shape.geometry, shape.n_tokens)]
+seed_choice("bw_control", ["none", *control_names], "none")
 control = row[2].selectbox("Negative control (must break)", ["none", *control_names], key="bw_control")
 if "pixel_values" in inputs and model_name == "digits-vit":
     train_x, train_y, _, _ = digits_split()

@@ -9,9 +9,12 @@ from perm_core.apps.matching import METHODS
 from perm_core.zoo import ModelLoadError
 from ui.long_run import long_run
 from ui.resources import shared_model
+from ui.sidebar import ensure_view
+from ui.state import seed_choice, seed_subset
 
 DIGITS_MODELS = ("digits-vit", "digits-vit-b")
 
+ensure_view("own")  # the sidebar says this page has its own controls; the URL keeps them
 st.title("Fusion: match, then average")
 st.markdown(
     "Two digits ViTs with the same architecture, trained from different seeds. Averaging their weights directly "
@@ -21,10 +24,14 @@ st.markdown(
     "function unchanged.")
 
 cols = st.columns([1, 1, 2, 1])
-name_a = cols[0].selectbox("Model A", DIGITS_MODELS, index=0, key="fusion_a")
-name_b = cols[1].selectbox("Model B", DIGITS_MODELS, index=1, key="fusion_b")
-methods = cols[2].multiselect("Methods", METHODS, default=list(METHODS), key="fusion_methods")
-n_points = cols[3].slider("Path points", 11, 31, 11, step=2, key="fusion_points")
+seed_choice("fusion_a", DIGITS_MODELS, DIGITS_MODELS[0])
+name_a = cols[0].selectbox("Model A", DIGITS_MODELS, key="fusion_a")
+seed_choice("fusion_b", DIGITS_MODELS, DIGITS_MODELS[1])
+name_b = cols[1].selectbox("Model B", DIGITS_MODELS, key="fusion_b")
+seed_subset("fusion_methods", METHODS, METHODS)
+methods = cols[2].multiselect("Methods", METHODS, key="fusion_methods")
+seed_choice("fusion_points", range(11, 32, 2), 11, int)
+n_points = cols[3].slider("Path points", 11, 31, step=2, key="fusion_points")
 if not methods:
     st.error("Pick at least one method.")
     st.stop()

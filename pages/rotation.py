@@ -9,10 +9,13 @@ from perm_core.defaults import default_inputs
 from perm_core.verify import worst_rel
 from perm_core.zoo import ModelLoadError
 from ui.resources import key_or_stop, shared_model
+from ui.sidebar import ensure_view
+from ui.state import seed, seed_choice
 
 MODELS = ("digits-vit", "random:vit", "random:bert", "random:gpt2", "random:llama", "minilm", "smollm2-135m")
 ROPE_MODELS = ("random:llama", "smollm2-135m")
 
+ensure_view("own")  # the sidebar says this page has its own controls; the URL keeps them
 st.title("Rotation: a continuous symmetry of attention")
 st.markdown(
     "Inside every head, queries and keys enter attention only through the dot product q·k, and values only "
@@ -21,8 +24,10 @@ st.markdown(
     "scores, each head's output and the model's output stay the same (Zhang et al., ICML 2025).")
 
 top = st.columns([2, 1, 1, 1, 1])
-model_name = top[0].selectbox("Model", MODELS, index=0, key="rotation_model")
-key_text = top[1].text_input("Rotation key", "1", key="rotation_key",
+seed_choice("rotation_model", MODELS, MODELS[0])
+model_name = top[0].selectbox("Model", MODELS, key="rotation_model")
+seed("rotation_key", "1")
+key_text = top[1].text_input("Rotation key", key="rotation_key",
                              help="An integer from 0 to 2**64-1; it seeds every (R, S) of every head.")
 key = key_or_stop(key_text)
 try:
@@ -33,8 +38,10 @@ except (ModelLoadError, OSError, ValueError) as error:
 config = loaded.model.config
 n_layers = config.num_hidden_layers
 n_heads = config.num_attention_heads
-layer = top[2].number_input("Layer", 0, n_layers - 1, 0, key="rotation_layer")
-head = top[3].number_input("Head", 0, n_heads - 1, 0, key="rotation_head")
+seed_choice("rotation_layer", range(n_layers), 0, int)
+layer = top[2].number_input("Layer", 0, n_layers - 1, key="rotation_layer")
+seed_choice("rotation_head", range(n_heads), 0, int)
+head = top[3].number_input("Head", 0, n_heads - 1, key="rotation_head")
 inputs = default_inputs(loaded)
 top[4].caption(f"{loaded.info.family}, {n_layers} layers x {n_heads} heads; input: the default sample")
 
@@ -93,6 +100,7 @@ norm_rows = [{"first norm of the model": f"{kind}, {label}", "permutation error"
 st.dataframe(pd.DataFrame(norm_rows), hide_index=True)
 
 st.subheader("RoPE models: which rotations survive")
+seed_choice("rotation_rope_model", ROPE_MODELS, ROPE_MODELS[0])
 rope_name = st.selectbox("RoPE model", ROPE_MODELS, key="rotation_rope_model",
                          help="smollm2-135m converts a GGUF on first load (~50 s), then loads from a cache.")
 try:

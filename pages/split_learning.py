@@ -6,9 +6,12 @@ from perm_core import keys
 from perm_core.apps import figures_split as fs
 from perm_core.apps import inversion, split_learning
 from perm_core.zoo import DTYPES
+from ui import state
 from ui.long_run import long_run
 from ui.resources import key_or_stop
+from ui.sidebar import ensure_view
 
+ensure_view("own")  # the sidebar says this page has its own controls; the URL keeps them
 st.title("Split learning: scrambled features, and what an attacker rebuilds from them")
 st.markdown(
     "**The protocol** (after Xu et al., CVPR 2024). The client keeps the ViT's embedding layer (patch "
@@ -23,14 +26,6 @@ st.markdown(
     f"Separately, the permutation group of the 64 channels has 64! ≈ 2^{channel_bits:.1f} elements; keys reach "
     f"at most 2⁶⁴ of them, so the key, not the group, bounds a key search. Each sample's token order is one "
     f"of 16! ≈ 2^{token_bits:.1f}.")
-
-
-def setting(name: str, default: int) -> int:
-    """Initial widget value: a query parameter (?epochs=3) when given, else the default."""
-    try:
-        return int(st.query_params.get(name, default))
-    except ValueError:
-        return default
 
 
 @st.cache_resource(show_spinner=False)
@@ -50,10 +45,14 @@ def cached(kind, settings, compute):
 
 
 cols = st.columns(4)
-seed = cols[0].number_input("Seed", 0, 10_000, setting("seed", split_learning.DEFAULT_SEED), key="sl_seed")
-key_text = cols[1].text_input("Client's secret key", str(split_learning.DEFAULT_KEY), key="sl_key")
-train_epochs = cols[2].slider("Training epochs", 1, 60, setting("epochs", split_learning.DEFAULT_EPOCHS),
-                              key="sl_epochs", help="The held-out accuracy this run reaches is measured below.")
+state.seed_choice("sl_seed", range(10_001), split_learning.DEFAULT_SEED, int)
+seed = cols[0].number_input("Seed", 0, 10_000, key="sl_seed")
+state.seed("sl_key", str(split_learning.DEFAULT_KEY))
+key_text = cols[1].text_input("Client's secret key", key="sl_key")
+state.seed_choice("sl_epochs", range(1, 61), split_learning.DEFAULT_EPOCHS, int)
+train_epochs = cols[2].slider("Training epochs", 1, 60, key="sl_epochs",
+                              help="The held-out accuracy this run reaches is measured below.")
+state.seed_choice("sl_dtype", ("float32", "float64"), "float32")
 dtype_name = cols[3].selectbox("Precision", ("float32", "float64"), key="sl_dtype",
                                help="float64: less round-off; how far apart the two runs end is measured below.")
 key = key_or_stop(key_text)
@@ -91,10 +90,12 @@ st.markdown(
     "each received channel's value distribution to an auxiliary channel, token order by the known embedding "
     "(each patch token is W·patch + b + pos_i, with only 4 pixels per patch) — then use the plain decoder.")
 cols = st.columns(3)
-attack_epochs = cols[0].slider("Decoder epochs", 1, 100, setting("attack_epochs", inversion.DEFAULT_EPOCHS),
-                               key="sl_attack_epochs")
-n_victims = cols[1].slider("Victims (held-out digits)", 10, 360, setting("victims", 360), key="sl_victims")
-n_show = cols[2].slider("Digits shown", 1, 16, 8, key="sl_show")
+state.seed_choice("sl_attack_epochs", range(1, 101), inversion.DEFAULT_EPOCHS, int)
+attack_epochs = cols[0].slider("Decoder epochs", 1, 100, key="sl_attack_epochs")
+state.seed_choice("sl_victims", range(10, 361), 360, int)
+n_victims = cols[1].slider("Victims (held-out digits)", 10, 360, key="sl_victims")
+state.seed_choice("sl_show", range(1, 17), 8, int)
+n_show = cols[2].slider("Digits shown", 1, 16, key="sl_show")
 attack = cached("Training the inversion decoders", (seed, key, attack_epochs, n_victims),
                 lambda p: inversion.run_attack(seed, key, attack_epochs, n_victims, n_show=16, progress=p))
 

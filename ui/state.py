@@ -39,9 +39,32 @@ def parse_bool(raw: str) -> bool:
     raise ValueError(raw)
 
 
+def parse_list(raw: str) -> list[str]:
+    return [item for item in raw.split(",") if item]
+
+
+def seed_choice(name: str, options, default, parse=str):
+    """seed() for a choice among options that can change with another control (a model's losses, layers):
+    a value that is no longer an option falls back to the default instead of breaking the widget."""
+    options = list(options)
+    seed(name, default, parse, valid=lambda v: v in options)
+    if st.session_state[name] not in options:
+        st.session_state[name] = default
+    return st.session_state[name]
+
+
+def seed_subset(name: str, options, default) -> list:
+    """seed() for a multiselect: a comma-separated list in the URL, unknown items dropped."""
+    options = list(options)
+    seed(name, list(default), lambda raw: [v for v in parse_list(raw) if v in options])
+    return st.session_state[name]
+
+
 def _encode(value) -> str:
     if isinstance(value, bool):
         return "1" if value else "0"
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
     return str(value)
 
 

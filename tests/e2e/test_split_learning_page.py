@@ -5,7 +5,7 @@ from tests.e2e.conftest import wait_for_app
 
 def test_split_learning_page_in_chromium(app_url, page, shot):
     # Query parameters set small first values for the sliders, so the test runs in seconds.
-    page.goto(f"{app_url}/split_learning?epochs=2&attack_epochs=3&victims=40")
+    page.goto(f"{app_url}/split_learning?sl_epochs=2&sl_attack_epochs=3&sl_victims=40")
     wait_for_app(page, timeout_ms=240_000)
     page.get_by_text("What the measurements say").wait_for(timeout=120_000)
     page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= 3",

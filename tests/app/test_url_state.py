@@ -1,0 +1,66 @@
+"""Every page's whole state lives in the URL: a link with non-default settings reopens with exactly those
+settings, and the page writes them back into the URL. Also: the sidebar shows model controls only where
+they act."""
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+APP = str(Path(__file__).resolve().parents[2] / "app.py")
+
+# page -> (non-default query values, widget key -> the value the widget must then hold)
+LINKS = {
+    "check": ({"model": "random:gpt2", "dtype": "float64", "on_mlp": "1", "k_mlp": "77", "check_backward": "0"},
+              {"model": "random:gpt2", "dtype": "float64", "on_mlp": True, "k_mlp": "77", "check_backward": False}),
+    "backward": ({"bw_model": "random:gpt2", "bw_dtype": "float32", "bw_syms": "heads,mlp", "bw_key": "9",
+                  "bw_steps": "3", "bw_lr": "0.01"},
+                 {"bw_model": "random:gpt2", "bw_dtype": "float32", "bw_syms": ["heads", "mlp"], "bw_key": "9",
+                  "bw_steps": 3, "bw_lr": 0.01}),
+    "rotation": ({"rotation_model": "minilm", "rotation_key": "77", "rotation_layer": "2", "rotation_head": "3"},
+                 {"rotation_model": "minilm", "rotation_key": "77", "rotation_layer": 2, "rotation_head": 3}),
+    "fusion": ({"fusion_a": "digits-vit-b", "fusion_b": "digits-vit",
+                "fusion_methods": "average,permutation+rotation"},
+               {"fusion_a": "digits-vit-b", "fusion_b": "digits-vit",
+                "fusion_methods": ["average", "permutation+rotation"]}),
+    "authorization": ({"au_model": "digits-vit", "au_key": "31337", "au_wrong_digits-vit": "3"},
+                      {"au_model": "digits-vit", "au_key": "31337", "au_wrong_digits-vit": 3}),
+    "split_learning": ({"sl_seed": "1", "sl_key": "5", "sl_epochs": "1", "sl_attack_epochs": "1",
+                        "sl_victims": "20", "sl_show": "4"},
+                       {"sl_seed": 1, "sl_key": "5", "sl_epochs": 1, "sl_attack_epochs": 1, "sl_victims": 20,
+                        "sl_show": 4}),
+}
+
+
+def open_link(page: str, query: dict) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=600)
+    for name, value in query.items():
+        at.query_params[name] = value
+    at.run()
+    at.switch_page(f"pages/{page}.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+@pytest.mark.parametrize("page", sorted(LINKS))
+def test_a_link_restores_the_page_and_the_page_writes_its_state_back(page):
+    query, expected = LINKS[page]
+    at = open_link(page, query)
+    for key, value in expected.items():
+        assert at.session_state[key] == value, key
+        published = at.query_params[key]
+        published = published[0] if isinstance(published, list) else published
+        assert published == query[key], key
+
+
+def test_a_mangled_link_falls_back_to_defaults_without_an_error():
+    at = open_link("backward", {"bw_model": "no-such-model", "bw_steps": "many", "bw_syms": "heads,bogus"})
+    assert at.session_state["bw_model"] == "digits-vit" and at.session_state["bw_steps"] == 5
+    assert at.session_state["bw_syms"] == ["heads"]
+
+
+@pytest.mark.parametrize("page", ["backward", "rotation", "fusion", "authorization", "split_learning"])
+def test_pages_with_their_own_controls_show_none_in_the_sidebar(page):
+    at = open_link(page, dict(LINKS[page][0]))
+    assert not at.sidebar.selectbox and not at.sidebar.text_input and not at.sidebar.toggle
+    assert "has its own controls" in at.sidebar.caption[0].value
