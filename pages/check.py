@@ -84,7 +84,7 @@ picked = st.selectbox("Check", range(len(labels)), format_func=labels.__getitem_
 tensors = report.checks[picked].tensors
 fig = figures.tensor_error_chart([t.name for t in tensors], [t.max_abs_error for t in tensors],
                                  [t.max_rel_error for t in tensors], f"{labels[picked]}: every tensor",
-                                 report.checks[picked].tolerance)
+                                 report.checks[picked].tolerance, tolerances=[t.tolerance for t in tensors])
 st.plotly_chart(fig, width="stretch")
 st.dataframe(pd.DataFrame([vars(t) for t in tensors]), hide_index=True, width="stretch", height=240,
              column_config=SCIENTIFIC)

@@ -127,7 +127,7 @@ panels.outputs(view, explorer, result)
 # --- the proof ---
 st.subheader("Proof: every layer, every tensor")
 rows = [{"layer": geometry.n_layers if layer_of(e.name) is None else layer_of(e.name), "kind": kind_label(e.name),
-         "abs": e.max_abs_error, "rel": e.max_rel_error} for e in result.errors]
+         "abs": e.max_abs_error, "rel": e.max_rel_error, "tolerance": e.tolerance} for e in result.errors]
 chart_title = ("un-scrambled vs original" + (f" — control: {result.control.description}" if control else ""))
 st.plotly_chart(figures.error_chart(rows, chart_title, tolerance=result.tolerance,
                                     broken_at=BROKEN_AT if control else None), width="stretch")

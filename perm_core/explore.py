@@ -67,8 +67,8 @@ class ExploreResult:
             return (f"NOT identical: non-finite values (NaN or inf) in {', '.join(self.non_finite[:3])}"
                     f"{' ...' if len(self.non_finite) > 3 else ''}.")
         if self.scramble.is_identity:
-            return f"No symmetry switched on: all {n} tensors identical to {self.worst_rel:.0e} in {dtype}."
-        contrast = f"Scrambled differs by {self.moved:.2g} ({self.moved_what}); un-scrambled by {self.worst_rel:.0e}"
+            return f"No symmetry switched on: all {n} tensors identical to {self.worst_rel:.1e} in {dtype}."
+        contrast = f"Scrambled differs by {self.moved:.2g} ({self.moved_what}); un-scrambled by {self.worst_rel:.1e}"
         if not self.moved_enough:
             return (f"{contrast}: the keys moved nothing (below {MOVED_AT}), so this proves nothing. "
                     "Choose another key.")

@@ -81,29 +81,56 @@ def bars(labels, values, title: str, x_title: str = "", color: str = "#4c78a8") 
     return fig
 
 
+def _threshold(fig: go.Figure, value: float, text: str, color: str, row: int, position: str) -> None:
+    """A horizontal threshold with its label on the line. On a log axis an annotation's y is log10 of the
+    value (plotly's add_hline label is placed as if the axis were linear, decades away)."""
+    fig.add_hline(y=value, line=dict(color=color, dash="dash"), row=row, col=1)
+    axis = "y" if row == 1 else f"y{row}"
+    fig.add_annotation(x=1 if position == "right" else 0, xref="x domain", xanchor=position, y=math.log10(value),
+                       yref=axis, yanchor="bottom", text=f"{text} {value:.0e}", showarrow=False,
+                       font=dict(color=color, size=11))
+
+
+def _two_panels(title: str, height: int) -> go.Figure:
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08, row_heights=[0.62, 0.38],
+                        subplot_titles=("relative error: the verdict, judged against the tolerance",
+                                        "absolute error: for reference (scale-dependent, no tolerance)"))
+    fig.update_annotations(font=dict(size=11))  # the panel titles
+    fig.update_layout(**{**LAYOUT, "height": height}, title=dict(text=title, font=dict(size=13)))
+    fig.update_yaxes(type="log", exponentformat="e", row=1, col=1, title="relative")
+    fig.update_yaxes(type="log", exponentformat="e", row=2, col=1, title="absolute")
+    return fig
+
+
 def error_chart(rows: list[dict], title: str, tolerance: float | None = None,
                 broken_at: float | None = None) -> go.Figure:
-    """rows: {"layer": int, "kind": str, "abs": float, "rel": float}; log-scale, one line per kind and measure."""
-    fig = go.Figure()
+    """rows: {"layer": int, "kind": str, "abs": float, "rel": float, optional "tolerance": the tensor's own}.
+    Relative errors (what the verdict judges) against the tolerance on top; absolute errors on their own axis
+    below. Exact zeros sit at FLOOR. Tensors held to a raised (float32 round-off) tolerance get a marker."""
+    fig = _two_panels(title, 460)
     kinds = sorted({r["kind"] for r in rows}, key=lambda k: (k not in COLORS, k))
     for kind in kinds:
         mine = sorted((r for r in rows if r["kind"] == kind), key=lambda r: r["layer"])
         xs = [r["layer"] for r in mine]
         color = COLORS.get(kind.split(" ")[0] if kind.startswith("output") else kind, "#2ca02c")
-        for measure, dash in (("rel", "solid"), ("abs", "dot")):
+        for row, measure in ((1, "rel"), (2, "abs")):
             ys = [max(r[measure], FLOOR) for r in mine]
             fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=f"{kind} ({measure})",
-                                     line=dict(color=color, dash=dash)))
+                                     legendgroup=kind, showlegend=row == 1, line=dict(color=color)), row=row, col=1)
+    raised = [r for r in rows if tolerance and r.get("tolerance", tolerance) > tolerance]
+    if raised:
+        fig.add_trace(go.Scatter(x=[r["layer"] for r in raised], y=[r["tolerance"] for r in raised], mode="markers",
+                                 name="raised own tolerance", marker=dict(symbol="line-ew-open", size=12,
+                                                                          color="gray")), row=1, col=1)
     if tolerance:
-        fig.add_hline(y=tolerance, line=dict(color="gray", dash="dash"), annotation_text="tolerance",
-                      annotation_position="bottom right")
+        _threshold(fig, tolerance, "tolerance", "gray", 1, "right")
     if broken_at:
-        fig.add_hline(y=broken_at, line=dict(color="orange", dash="dash"), annotation_text="broken above",
-                      annotation_position="top left")
-    fig.update_layout(**{**LAYOUT, "height": 340}, title=dict(text=title, font=dict(size=13)),
-                      legend=dict(orientation="h", y=-0.25))
-    fig.update_yaxes(type="log", title="max error vs original", exponentformat="e")
-    fig.update_xaxes(title="layer (-1 = embeddings, outputs after the last block)", dtick=1)
+        _threshold(fig, broken_at, "broken above", "#e45756", 1, "left")
+    fig.update_layout(legend=dict(orientation="h", y=-0.12))
+    fig.update_xaxes(dtick=1)
+    fig.update_xaxes(title="layer (-1 = embeddings, outputs after the last block)", row=2, col=1)
     return fig
 
 
@@ -174,22 +201,25 @@ def token_chips(tokens: list[str], origins: list[int]) -> str:
 
 
 def tensor_error_chart(names, abs_errors, rel_errors, title: str, tolerance: float | None = None,
-                       max_bars: int = 400) -> go.Figure:
-    """Per-tensor max errors on a log axis (the worst max_bars tensors when there are more)."""
+                       max_bars: int = 400, tolerances=None) -> go.Figure:
+    """Per-tensor max errors (the worst max_bars tensors when there are more): relative errors with each
+    tensor's own tolerance on top (float32 tensors may be held to their measured round-off), absolute below."""
     order = sorted(range(len(names)), key=lambda i: -rel_errors[i])[:max_bars]
     order.sort()
-    fig = go.Figure()
-    fig.add_trace(go.Bar(x=[names[i] for i in order], y=[max(rel_errors[i], FLOOR) for i in order],
-                         name="max rel error", marker_color="#4c78a8"))
-    fig.add_trace(go.Scatter(x=[names[i] for i in order], y=[max(abs_errors[i], FLOOR) for i in order],
-                             mode="markers", name="max abs error", marker=dict(color="#f58518", size=5)))
+    xs = [names[i] for i in order]
+    fig = _two_panels(title + (f" (worst {max_bars} of {len(names)})" if len(names) > max_bars else ""), 480)
+    fig.add_trace(go.Bar(x=xs, y=[max(rel_errors[i], FLOOR) for i in order], name="max rel error",
+                         marker_color="#4c78a8"), row=1, col=1)
+    if tolerances is not None and any(t != tolerance for t in tolerances):
+        fig.add_trace(go.Scatter(x=xs, y=[tolerances[i] for i in order], mode="markers", name="own tolerance",
+                                 marker=dict(symbol="line-ew-open", size=12, color="gray")), row=1, col=1)
+    fig.add_trace(go.Scatter(x=xs, y=[max(abs_errors[i], FLOOR) for i in order], mode="markers",
+                             name="max abs error", marker=dict(color="#f58518", size=5)), row=2, col=1)
     if tolerance:
-        fig.add_hline(y=tolerance, line=dict(color="gray", dash="dash"), annotation_text="tolerance")
-    note = f" (worst {max_bars} of {len(names)})" if len(names) > max_bars else ""
-    fig.update_layout(**{**LAYOUT, "height": 360}, title=dict(text=title + note, font=dict(size=13)),
-                      legend=dict(orientation="h", y=1.1))
-    fig.update_yaxes(type="log", exponentformat="e")
-    fig.update_xaxes(showticklabels=len(order) <= 60)
+        _threshold(fig, tolerance, "tolerance", "gray", 1, "right")
+    fig.update_layout(legend=dict(orientation="h", y=-0.12))
+    fig.update_xaxes(showticklabels=False, row=1, col=1)
+    fig.update_xaxes(showticklabels=len(order) <= 60, row=2, col=1)
     return fig
 
 

@@ -51,7 +51,7 @@ def title(chart) -> str:
 def proof_errors(at) -> dict[str, float]:
     """Trace name of the proof chart -> its largest plotted error."""
     proof = next(c for c in charts(at) if "un-scrambled vs original" in title(c))
-    return {t["name"]: float(decode(t["y"]).max()) for t in proof["data"]}
+    return {t["name"]: float(decode(t["y"]).max()) for t in proof["data"] if "tolerance" not in t["name"]}
 
 
 def payload(at) -> int:
@@ -65,6 +65,9 @@ def test_default_view_is_exact_and_small():
     moved, restored = (float(x) for x in re.match(r"Scrambled differs by ([\d.e+-]+) .*un-scrambled by ([\d.e+-]+)",
                                                    verdict).groups())
     assert moved >= 0.1 and restored <= 1e-4  # the contrast is the lesson
+    shown = {m.label: m.value for m in at.metric}
+    assert shown["Un-scrambled differs by"] == f"{restored:.1e}"  # one number, written the same way everywhere
+    assert shown["Scrambled differs from the original by"] == f"{moved:.2g}"
     errors = proof_errors(at)
     assert {"hidden state (rel)", "attention map (rel)", "output logits (rel)"} <= set(errors)
     assert 0 < max(errors.values()) < 1e-4

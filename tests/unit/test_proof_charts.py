@@ -1,0 +1,49 @@
+"""Proof charts tell the truth: relative errors are drawn against the (relative) tolerance, absolute errors on
+their own axis with no tolerance line, threshold labels sit on their lines (log axes), and raised float32
+tolerances are drawn per tensor."""
+
+import math
+
+from perm_core import figures
+
+ROWS = [{"layer": i, "kind": "hidden state", "abs": 10.0 ** (i - 2), "rel": 10.0 ** (-9 + i),
+         "tolerance": 1e-4 if i != 2 else 3e-4} for i in range(4)]
+
+
+def axis_of(trace) -> str:
+    return trace.yaxis or "y"
+
+
+def test_relative_errors_face_the_tolerance_and_absolute_errors_have_their_own_axis():
+    fig = figures.error_chart(ROWS, "un-scrambled vs original", tolerance=1e-4, broken_at=1e-3)
+    rel = next(t for t in fig.data if t.name == "hidden state (rel)")
+    absolute = next(t for t in fig.data if t.name == "hidden state (abs)")
+    assert axis_of(rel) == "y" and axis_of(absolute) == "y2"
+    assert list(absolute.y) == [r["abs"] for r in ROWS] and list(rel.y) == [r["rel"] for r in ROWS]
+    lines = [(shape.y0, shape.yref) for shape in fig.layout.shapes]
+    assert sorted(lines) == [(1e-4, "y"), (1e-3, "y")]  # both thresholds on the relative panel only
+    assert fig.layout.yaxis.type == "log" and fig.layout.yaxis2.type == "log"
+
+
+def test_threshold_labels_sit_on_their_lines():
+    fig = figures.error_chart(ROWS, "t", tolerance=1e-4, broken_at=1e-3)
+    labels = {a.text: a for a in fig.layout.annotations if a.yref == "y"}
+    assert math.isclose(labels["tolerance 1e-04"].y, -4) and math.isclose(labels["broken above 1e-03"].y, -3)
+
+
+def test_a_raised_float32_tolerance_is_drawn_for_its_tensor():
+    fig = figures.error_chart(ROWS, "t", tolerance=1e-4)
+    raised = next(t for t in fig.data if t.name == "raised own tolerance")
+    assert list(raised.x) == [2] and list(raised.y) == [3e-4]
+
+
+def test_the_per_tensor_chart_has_the_same_split_and_every_tensors_own_tolerance():
+    names = ["a", "b", "c"]
+    fig = figures.tensor_error_chart(names, [1.0, 2.0, 0.0], [1e-6, 2e-5, 0.0], "check", 1e-4,
+                                     tolerances=[1e-4, 4e-4, 1e-4])
+    bars = next(t for t in fig.data if t.name == "max rel error")
+    absolute = next(t for t in fig.data if t.name == "max abs error")
+    own = next(t for t in fig.data if t.name == "own tolerance")
+    assert axis_of(bars) == "y" and axis_of(absolute) == "y2" and axis_of(own) == "y"
+    assert list(own.y) == [1e-4, 4e-4, 1e-4] and list(absolute.y) == [1.0, 2.0, figures.FLOOR]
+    assert [(s.y0, s.yref) for s in fig.layout.shapes] == [(1e-4, "y")]
