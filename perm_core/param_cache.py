@@ -47,15 +47,47 @@ def roles_of(axes) -> set[str]:
     return found
 
 
+def tensor_bytes(value, seen: set | None = None) -> int:
+    """The bytes of every tensor reachable from value (dicts, sequences, dataclasses, objects), each storage
+    counted once: what keeping value alive costs. A model's parameters belong to the model (loaded once per
+    process by the zoo cache), so they are not counted."""
+    seen = set() if seen is None else seen
+    if id(value) in seen:
+        return 0
+    seen.add(id(value))
+    if isinstance(value, torch.nn.Parameter):
+        return 0
+    if isinstance(value, torch.Tensor):
+        storage = value.untyped_storage()
+        if storage.data_ptr() in seen:
+            return 0
+        seen.add(storage.data_ptr())
+        return storage.nbytes()
+    if isinstance(value, dict):
+        return sum(tensor_bytes(v, seen) for v in value.values())
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return sum(tensor_bytes(v, seen) for v in value)
+    if isinstance(value, torch.nn.Module):
+        return 0  # models are shared by the zoo cache, never owned by a cached result
+    if hasattr(value, "__dict__"):
+        return tensor_bytes(vars(value), seen)
+    return 0
+
+
 class TensorCache:
-    """A thread-safe LRU of tensors bounded by their total bytes."""
+    """A thread-safe LRU bounded by the total bytes of the tensors it holds (tensors, or any objects holding
+    tensors: their size is measured with tensor_bytes)."""
 
     def __init__(self, max_bytes: int = CACHE_BYTES):
         self.max_bytes = max_bytes
         self._items: OrderedDict = OrderedDict()
+        self._sizes: dict = {}
         self._lock = threading.Lock()
         self.bytes = 0
         self.hits = self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
 
     def get(self, key):
         with self._lock:
@@ -65,21 +97,30 @@ class TensorCache:
                 self.hits += 1
             return value
 
-    def put(self, key, tensor: torch.Tensor) -> None:
-        size = tensor.numel() * tensor.element_size()
+    def put(self, key, value) -> None:
+        size = value.numel() * value.element_size() if isinstance(value, torch.Tensor) else tensor_bytes(value)
         with self._lock:
             self.misses += 1
             if size > self.max_bytes or key in self._items:
                 return
-            self._items[key] = tensor
+            self._items[key] = value
+            self._sizes[key] = size
             self.bytes += size
             while self.bytes > self.max_bytes:
-                _, evicted = self._items.popitem(last=False)
-                self.bytes -= evicted.numel() * evicted.element_size()
+                evicted, _ = self._items.popitem(last=False)
+                self.bytes -= self._sizes.pop(evicted)
+
+    def get_or_compute(self, key, compute):
+        value = self.get(key)
+        if value is None:
+            value = compute()
+            self.put(key, value)
+        return value
 
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
+            self._sizes.clear()
             self.bytes = 0
 
 

@@ -1,18 +1,22 @@
-"""Process-wide caches for the Explore page's compute (shared by all sessions).
+"""Process-wide caches for the Explore page's compute (shared by all sessions), bounded by bytes.
 
 The original trace is cached per (model, dtype, device, input); a result per (that, keys, control),
-so moving a layer slider or switching pages re-runs no model. Parameter sets are cached inside
-perm_core.explore (bounded LRU).
+so moving a layer slider or switching pages re-runs no model. Both hold traces whose size grows with
+the model and the input, so each cache is bounded by the bytes of the tensors it keeps (least recently
+used first out): TSE_EXPLORATIONS_CACHE_MB (default 512) and TSE_RESULTS_CACHE_MB (default 512).
+Transformed parameters have their own bound (perm_core.param_cache, TSE_PARAMS_CACHE_MB).
 """
 
 from __future__ import annotations
 
 import copy
+import os
 
 import streamlit as st
 import torch
 
 from perm_core.explore import Exploration, ExploreResult
+from perm_core.param_cache import TensorCache
 
 
 @st.cache_resource(show_spinner=False, max_entries=2)
@@ -21,14 +25,26 @@ def model_on(model_name: str, dtype_name: str, device: str, _model):
     return _model if device == "cpu" else copy.deepcopy(_model).to(device)
 
 
-@st.cache_resource(show_spinner=False, max_entries=8)
+def _megabytes(variable: str, default: int) -> int:
+    return int(float(os.environ.get(variable, default)) * 2**20)
+
+
+@st.cache_resource(show_spinner=False)
+def _caches() -> dict[str, TensorCache]:
+    return {"explorations": TensorCache(_megabytes("TSE_EXPLORATIONS_CACHE_MB", 512)),
+            "results": TensorCache(_megabytes("TSE_RESULTS_CACHE_MB", 512))}
+
+
 def exploration(model_name: str, dtype_name: str, device: str, input_id: str, _model, _inputs) -> Exploration:
-    model = model_on(model_name, dtype_name, device, _model)
-    inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in _inputs.items()}
-    return Exploration(model, inputs, model_id=f"{model_name}/{device}")
+    def build():
+        model = model_on(model_name, dtype_name, device, _model)
+        inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in _inputs.items()}
+        return Exploration(model, inputs, model_id=f"{model_name}/{device}")
+
+    return _caches()["explorations"].get_or_compute((model_name, dtype_name, device, input_id), build)
 
 
-@st.cache_resource(show_spinner=False, max_entries=16)
 def explore_result(model_name: str, dtype_name: str, device: str, input_id: str, keys: tuple, control: str | None,
                    _exploration: Exploration) -> ExploreResult:
-    return _exploration.run(dict(keys), control)
+    return _caches()["results"].get_or_compute((model_name, dtype_name, device, input_id, keys, control),
+                                               lambda: _exploration.run(dict(keys), control))

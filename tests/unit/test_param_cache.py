@@ -58,3 +58,21 @@ def test_the_cache_is_bounded_by_bytes():
     assert cache.bytes <= 1000 and cache.get(9) is not None and cache.get(0) is None
     cache.put("huge", torch.zeros(1000))  # larger than the bound: computed, never kept
     assert cache.get("huge") is None and cache.bytes <= 1000
+
+
+def test_tensor_bytes_counts_each_storage_once_and_not_the_models_parameters():
+    model = torch.nn.Linear(10, 10)
+    shared = torch.zeros(100)
+    held = {"a": shared, "b": [shared, shared[:10]], "c": torch.ones(5, dtype=torch.float64),
+            "params": dict(model.named_parameters())}
+    assert param_cache.tensor_bytes(held) == 100 * 4 + 5 * 8
+
+
+def test_a_cache_of_results_is_bounded_by_the_bytes_they_hold():
+    cache = param_cache.TensorCache(max_bytes=1000)
+    for i in range(10):
+        cache.put(i, {"trace": torch.zeros(50), "note": "x"})  # 200 bytes each
+    assert len(cache) == 5 and cache.bytes == 1000
+    assert cache.get(0) is None and cache.get(9) is not None  # the least recently used went first
+    calls = []
+    assert cache.get_or_compute(9, lambda: calls.append(1)) is not None and not calls

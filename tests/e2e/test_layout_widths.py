@@ -1,0 +1,70 @@
+"""Real Chromium at 1024, 1440 and 1920 px on every page: nothing a lecturer points at is clipped (titles,
+metrics, captions, formulas, chart titles and labels), no chart is blank, no exception. Screenshots of every
+page at every width go to out/screenshots/ for a person to look at."""
+
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import wait_for_app
+
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "out" / "screenshots"
+WIDTHS = (1024, 1440, 1920)
+PAGES = {
+    "home": "",
+    "explore": "explore",
+    "check": "check?model=digits-vit",
+    "backward": "backward",
+    "authorization": "authorization?au_model=digits-vit",
+    "split_learning": "split_learning?sl_epochs=2&sl_attack_epochs=3&sl_victims=40",
+    "rotation": "rotation",
+    "fusion": "fusion",
+}
+
+# Every element whose content is wider than its box, and every chart text outside its chart.
+CLIPPED = """() => {
+  const main = document.querySelector('[data-testid="stMain"]');
+  const clipped = [];
+  const selectors = 'h1, h2, h3, [data-testid="stMetricValue"], [data-testid="stMetricLabel"], '
+    + '[data-testid="stCaptionContainer"], [data-testid="stMarkdownContainer"] p, .katex-display, '
+    + '[data-testid="stWidgetLabel"]';
+  for (const el of main.querySelectorAll(selectors)) {
+    if (el.offsetParent !== null && el.scrollWidth > el.clientWidth + 1) {
+      const what = el.getAttribute('data-testid') || el.className;
+      clipped.push(el.tagName + ' ' + what + ': ' + el.textContent.slice(0, 80));
+    }
+  }
+  for (const plot of main.querySelectorAll('.js-plotly-plot')) {
+    const box = plot.getBoundingClientRect();
+    for (const text of plot.querySelectorAll('.gtitle, .annotation-text, .legendtext')) {
+      const r = text.getBoundingClientRect();
+      if (r.width > 0 && (r.left < box.left - 2 || r.right > box.right + 2)) {
+        clipped.push('chart text: ' + text.textContent.slice(0, 80));
+      }
+    }
+  }
+  return clipped;
+}"""
+
+BLANK = """() => Array.from(document.querySelectorAll('[data-testid="stMain"] .js-plotly-plot')).filter(
+  plot => plot.querySelectorAll('.plot path, .plot image, .plot rect, .layer-above image, .imagelayer image, '
+                                + '.heatmaplayer image, .barlayer path, .scatterlayer path').length === 0
+).map(plot => (plot.querySelector('.gtitle') || {}).textContent || '(untitled)')"""
+
+
+@pytest.mark.parametrize("name", sorted(PAGES))
+def test_every_page_is_readable_at_every_width(app_url, page, name):
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    for width in WIDTHS:
+        page.set_viewport_size({"width": width, "height": 1000})
+        page.goto(f"{app_url}/{PAGES[name]}")
+        wait_for_app(page, timeout_ms=300_000)
+        if name == "check":
+            page.get_by_role("button", name="Run check").click()
+            page.get_by_text("PASSED").first.wait_for(timeout=180_000)
+            wait_for_app(page)
+        page.wait_for_timeout(1500)  # plotly draws after the script run ends
+        assert page.locator('[data-testid="stException"]').count() == 0, (name, width)
+        page.screenshot(path=str(SCREENSHOTS / f"{name}-{width}.png"), full_page=True)
+        assert page.evaluate(CLIPPED) == [], (name, width)
+        assert page.evaluate(BLANK) == [], (name, width)
