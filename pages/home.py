@@ -38,7 +38,7 @@ with right:
     st.markdown("Shuffle the **channels** inside every token, and permute every weight matrix, norm and "
                 "embedding to match. The scrambled model computes the scrambled function, and un-permuting "
                 "its output gives the original one.")
-    st.latex(r"W' = Q^\top W Q,\quad f_{\theta'}(X Q) = f_\theta(X)\, Q")
+    st.latex(r"\begin{gathered} W' = Q^\top W Q \\ f_{\theta'}(X Q) = f_\theta(X)\, Q \end{gathered}")  # fits 1024 px
     st.markdown("The same holds for **attention heads**, **channels inside a head**, **MLP neurons**, and "
                 "(Zhang et al., ICML 2025) for **per-head rotations** of queries/keys and values/outputs.")
 

@@ -38,6 +38,34 @@ def decimate(matrix: np.ndarray, max_cells: int = MAX_CELLS) -> tuple[np.ndarray
     return pooled, row_step, col_step
 
 
+CLIP_PERCENTILE = 99.0
+
+
+def robust_zmax(values, percentile: float = CLIP_PERCENTILE) -> tuple[float, float]:
+    """(colour bound, largest |value|): the bound is the given percentile of |values|, so a few outlier
+    channels (hidden states of BERT, Llama, DINOv2 reach 10-100x the rest) do not wash every other cell out."""
+    magnitudes = np.abs(to_numpy(values)).ravel()
+    largest = float(magnitudes.max()) if magnitudes.size else 0.0
+    bound = float(np.percentile(magnitudes, percentile)) if magnitudes.size else 0.0
+    return (bound or largest or 1.0), largest
+
+
+def wrap_title(text: str, chars: int) -> str:
+    """Break a title into lines of at most about `chars` characters at spaces (plotly never wraps; a title
+    wider than its chart is cut). A word longer than a line (a dotted parameter name) breaks after a dot."""
+    lines: list[str] = []
+    for word in text.split(" "):
+        while len(word) > chars and "." in word[:chars]:
+            cut = word[:chars].rindex(".") + 1
+            lines.append(word[:cut])
+            word = word[cut:]
+        if lines and len(lines[-1]) + 1 + len(word) <= chars and "<br>" not in lines[-1][-4:]:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return "<br>".join(line for line in lines if line)
+
+
 def titled(fig: go.Figure, text: str, height: int, size: int = 13) -> go.Figure:
     """Set a title whose lines are separated by <br> (plotly never wraps a title; a narrow column would cut
     it): the top margin and the height grow with the lines, so the plot area keeps its size."""
@@ -51,7 +79,8 @@ def titled(fig: go.Figure, text: str, height: int, size: int = 13) -> go.Figure:
 
 
 def heatmap(matrix, title: str, x_title: str = "", y_title: str = "", colorscale: str = "RdBu",
-            symmetric: bool = True, zmax: float | None = None, y_labels=None) -> go.Figure:
+            symmetric: bool = True, zmax: float | None = None, y_labels=None, wrap: int | None = None) -> go.Figure:
+    """wrap: the title's line length, for a chart in a narrow column (see wrap_title)."""
     values = to_numpy(matrix)
     values, row_step, col_step = decimate(values)
     if zmax is None:
@@ -64,7 +93,7 @@ def heatmap(matrix, title: str, x_title: str = "", y_title: str = "", colorscale
                        colorbar=dict(thickness=10))
     fig = go.Figure(trace)
     fig.update_layout(**LAYOUT)
-    titled(fig, title + note, LAYOUT["height"])
+    titled(fig, (wrap_title(title, wrap) if wrap else title) + note, LAYOUT["height"])
     fig.update_yaxes(autorange="reversed", title=y_title)
     fig.update_xaxes(title=x_title)
     if y_labels is not None and row_step == 1 and len(y_labels) <= 40:
@@ -81,10 +110,12 @@ def bars(labels, values, title: str, x_title: str = "", color: str = "#4c78a8") 
     return fig
 
 
-def _threshold(fig: go.Figure, value: float, text: str, color: str, row: int, position: str) -> None:
-    """A horizontal threshold with its label on the line. On a log axis an annotation's y is log10 of the
-    value (plotly's add_hline label is placed as if the axis were linear, decades away)."""
-    fig.add_hline(y=value, line=dict(color=color, dash="dash"), row=row, col=1)
+def threshold(fig: go.Figure, value: float, text: str, color: str = "gray", row: int | None = None,
+              position: str = "right") -> None:
+    """A horizontal threshold on a log axis with its label on the line. On a log axis an annotation's y is
+    log10 of the value (plotly's add_hline label is placed as if the axis were linear, decades away)."""
+    fig.add_hline(y=value, line=dict(color=color, dash="dash"), **({"row": row, "col": 1} if row else {}))
+    row = row or 1
     axis = "y" if row == 1 else f"y{row}"
     fig.add_annotation(x=1 if position == "right" else 0, xref="x domain", xanchor=position, y=math.log10(value),
                        yref=axis, yanchor="bottom", text=f"{text} {value:.0e}", showarrow=False,
@@ -125,9 +156,9 @@ def error_chart(rows: list[dict], title: str, tolerance: float | None = None,
                                  name="raised own tolerance", marker=dict(symbol="line-ew-open", size=12,
                                                                           color="gray")), row=1, col=1)
     if tolerance:
-        _threshold(fig, tolerance, "tolerance", "gray", 1, "right")
+        threshold(fig, tolerance, "tolerance", "gray", 1, "right")
     if broken_at:
-        _threshold(fig, broken_at, "broken above", "#e45756", 1, "left")
+        threshold(fig, broken_at, "broken above", "#e45756", 1, "left")
     fig.update_layout(legend=dict(orientation="h", y=-0.12))
     fig.update_xaxes(dtick=1)
     fig.update_xaxes(title="layer (-1 = embeddings, outputs after the last block)", row=2, col=1)
@@ -216,7 +247,7 @@ def tensor_error_chart(names, abs_errors, rel_errors, title: str, tolerance: flo
     fig.add_trace(go.Scatter(x=xs, y=[max(abs_errors[i], FLOOR) for i in order], mode="markers",
                              name="max abs error", marker=dict(color="#f58518", size=5)), row=2, col=1)
     if tolerance:
-        _threshold(fig, tolerance, "tolerance", "gray", 1, "right")
+        threshold(fig, tolerance, "tolerance", "gray", 1, "right")
     fig.update_layout(legend=dict(orientation="h", y=-0.12))
     fig.update_xaxes(showticklabels=False, row=1, col=1)
     fig.update_xaxes(showticklabels=len(order) <= 60, row=2, col=1)

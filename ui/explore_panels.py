@@ -13,15 +13,24 @@ TITLES = ("Original", "Scrambled", "Un-scrambled")
 
 
 def three_heatmaps(name: str, tensors, title: str, x_title: str, y_title: str, attention: bool = False) -> None:
-    """Same colour scale in all three columns, so equal pictures mean equal numbers."""
+    """Same colour scale in all three columns, so equal pictures mean equal numbers. Hidden states: the scale
+    clips at a percentile of the original's |values| (said under the charts), so outlier channels do not
+    wash the rest out; attention probabilities use their full range."""
     arrays = [figures.to_numpy(t)[0] for t in tensors]
-    zmax = float(abs(arrays[0]).max()) or 1.0
+    if attention:
+        zmax = largest = float(abs(arrays[0]).max()) or 1.0
+    else:
+        zmax, largest = figures.robust_zmax(arrays[0])
     cols = st.columns(3)
     for col, label, array in zip(cols, TITLES, arrays, strict=True):
         fig = figures.heatmap(array, f"{label}:<br>{title}", x_title, y_title,
                               colorscale="Viridis" if attention else "RdBu", symmetric=not attention,
                               zmax=zmax)
         col.plotly_chart(fig, width="stretch", key=f"{name}-{label}")
+    if zmax < largest:
+        st.caption(f"Colours clip at ±{zmax:.3g}, the {figures.CLIP_PERCENTILE:g}th percentile of the original's "
+                   f"|values| (the largest is {largest:.3g}): a few outlier channels would otherwise wash every "
+                   "other cell out. Hover a cell for its exact value.")
 
 
 def class_attention_overlays(pictures, explorer, result, layer: int) -> bool:

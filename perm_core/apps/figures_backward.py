@@ -7,7 +7,7 @@ import math
 import numpy as np
 import plotly.graph_objects as go
 
-from perm_core.figures import FLOOR, LAYOUT, heatmap, to_numpy
+from perm_core.figures import FLOOR, LAYOUT, heatmap, threshold, to_numpy
 
 NON_FINITE = 1e6  # where a non-finite SGD error is drawn on the log axis
 
@@ -26,11 +26,13 @@ def gradient_triptych(original, scrambled, unscrambled, what: str) -> list[go.Fi
     """Original | scrambled world | un-scrambled, one colour scale, plus |un-scrambled - original|."""
     a, b, c = (as_matrix(t) for t in (original, scrambled, unscrambled))
     zmax = float(np.nanmax(np.abs(a))) or 1.0
-    figures = [heatmap(a, f"{what}: original", zmax=zmax), heatmap(b, f"{what}: scrambled world", zmax=zmax),
-               heatmap(c, f"{what}: un-scrambled", zmax=zmax)]
+    narrow = 18  # four charts side by side: a title line fits about 18 characters at 1024 px
+    figures = [heatmap(a, f"{what}: original", zmax=zmax, wrap=narrow),
+               heatmap(b, f"{what}: scrambled world", zmax=zmax, wrap=narrow),
+               heatmap(c, f"{what}: un-scrambled", zmax=zmax, wrap=narrow)]
     error = np.abs(c - a)
     figures.append(heatmap(error, f"|error|, max {error.max():.1e}", colorscale="Greys",
-                           symmetric=False, zmax=max(float(error.max()), FLOOR)))
+                           symmetric=False, zmax=max(float(error.max()), FLOOR), wrap=narrow))
     return figures
 
 
@@ -39,7 +41,7 @@ def gradient_errors(errors, tolerance: float) -> go.Figure:
     names = [e.name.removeprefix("grad.param.").removeprefix("grad.") for e in errors]
     values = [max(e.max_rel_error, FLOOR) for e in errors]
     fig = go.Figure(go.Bar(x=names, y=values, marker_color="#4c78a8", name="max rel error"))
-    fig.add_hline(y=tolerance, line=dict(color="gray", dash="dash"), annotation_text="tolerance")
+    threshold(fig, tolerance, "tolerance")
     fig.update_layout(**{**LAYOUT, "height": 320}, title=dict(text="Gradient error after un-scrambling",
                                                                font=dict(size=13)))
     fig.update_yaxes(type="log", title="max relative error", exponentformat="e")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from perm_core.figures import titled, wrap_title
+
 COLORS = {"average": "#7f7f7f", "permutation": "#1f77b4", "rotation": "#ff7f0e", "permutation+rotation": "#2ca02c"}
 
 
@@ -24,8 +26,8 @@ def side_by_side(original, rotated, title: str, x_title: str = "channel", y_titl
                                  showscale=col == 2), 1, col)
         fig.update_yaxes(autorange="reversed", title_text=y_title if col == 1 else None, row=1, col=col)
         fig.update_xaxes(title_text=x_title, row=1, col=col)
-    fig.update_layout(title=title, height=300, margin=dict(t=60, b=40, l=40, r=20))
-    return fig
+    fig.update_layout(margin=dict(t=60, b=40, l=40, r=20))
+    return titled(fig, wrap_title(title, 36), 300)  # two charts side by side
 
 
 def change_bars(quantities) -> go.Figure:
@@ -63,14 +65,13 @@ def barrier_curves(result, metric: str = "loss") -> go.Figure:
         fig.add_trace(go.Scatter(x=m.path_alpha, y=y, mode="lines+markers", name=m.method,
                                  line=dict(color=COLORS.get(m.method))))
     label = "test loss (cross-entropy)" if metric == "loss" else "test accuracy (%)"
-    fig.update_layout(title=f"{label}: path A (0) to aligned B (1)",
-                      xaxis_title="alpha", yaxis_title=label, height=380, margin=dict(t=60, b=40))
-    return fig
+    fig.update_layout(xaxis_title="alpha", yaxis_title=label, margin=dict(t=60, b=40))
+    return titled(fig, wrap_title(f"{label}: path A (0) to aligned B (1)", 34), 380)  # two charts side by side
 
 
 def distance_bars(result) -> go.Figure:
     """||A - B|| before and after matching, per parameter group and in total."""
-    fig = make_subplots(1, 2, subplot_titles=("total ||A - B||", "by parameter group (after matching)"))
+    fig = make_subplots(1, 2, subplot_titles=("total ||A - B||", "by parameter group<br>(after matching)"))
     methods = [m.method for m in result.methods]
     fig.add_trace(go.Bar(name="before matching", x=methods, y=[m.distance_before for m in result.methods],
                          marker_color="#bbbbbb"), 1, 1)

@@ -47,3 +47,13 @@ def test_the_per_tensor_chart_has_the_same_split_and_every_tensors_own_tolerance
     assert axis_of(bars) == "y" and axis_of(absolute) == "y2" and axis_of(own) == "y"
     assert list(own.y) == [1e-4, 4e-4, 1e-4] and list(absolute.y) == [1.0, 2.0, figures.FLOOR]
     assert [(s.y0, s.yref) for s in fig.layout.shapes] == [(1e-4, "y")]
+
+
+def test_a_robust_colour_scale_ignores_a_few_outlier_channels():
+    import numpy as np
+
+    values = np.ones((10, 400))
+    values[:, 3] = 500.0  # one outlier channel
+    bound, largest = figures.robust_zmax(values)
+    assert largest == 500.0 and bound == 1.0  # a quarter of a percent of the cells: the 99th percentile skips them
+    assert figures.robust_zmax(np.zeros((2, 2))) == (1.0, 0.0)
