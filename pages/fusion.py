@@ -41,7 +41,10 @@ except (ModelLoadError, OSError, ValueError) as error:
     st.error(f"Cannot load the models: {str(error).splitlines()[0]}")
     st.stop()
 if name_a == name_b:
-    st.warning("A and B are the same model: every method trivially fuses it with itself.")
+    st.warning(f"A and B are the same model ({name_a}): matching finds the identity, every method returns A "
+               "itself, and a negative control built from the identity cannot break, so there is nothing to "
+               "show. Pick two different models.")
+    st.stop()
 
 
 @st.cache_resource(show_spinner=False)

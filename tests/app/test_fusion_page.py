@@ -34,3 +34,14 @@ def test_fusion_page_default_run():
     # No method picked: a clear message.
     at.multiselect(key="fusion_methods").set_value([]).run()
     assert not at.exception and at.error and "at least one method" in at.error[0].value
+
+
+def test_the_same_model_twice_is_a_message_not_red_boxes():
+    at = AppTest.from_file(APP, default_timeout=300)
+    at.query_params["fusion_a"] = "digits-vit"
+    at.query_params["fusion_b"] = "digits-vit"
+    at.run()
+    at.switch_page("pages/fusion.py").run()
+    assert not at.exception and not at.error and not at.success
+    assert any("same model (digits-vit)" in w.value and "two different models" in w.value for w in at.warning)
+    assert not at.get("plotly_chart")

@@ -52,6 +52,17 @@ def test_split_learning_page_renders_measurements():
     assert "64-bit integer" in key_text and "at most 2⁶⁴ guesses" in key_text
     assert f"64! ≈ 2^{keys.permutation_bits(64):.1f}" in key_text
     assert f"16! ≈ 2^{keys.permutation_bits(16):.1f}" in key_text
+    # The attack claim lists exactly the protections whose SSIM is within the stated margin of the best
+    # baseline, with that margin written in the sentence.
+    claims = next(m.value for m in at.markdown if "push the reconstructions' SSIM" in m.value)
+    best = table[table["attacker"] == "—"]["SSIM"].max()
+    decoder = table[(table["attacker"] == "decoder") & (table.index > table.index[0])]
+    margin = float(re.search(r"to within ([\d.]+) of the best baseline \(([\d.]+)\)", claims).group(1))
+    assert re.search(r"best baseline \(([\d.]+)\)", claims).group(1) == f"{best:.3f}"
+    listed = claims.split("or below: ")[1].split(".")[0]
+    for _, row in decoder.iterrows():
+        if abs(row["SSIM"] - (best + margin)) > 1e-3:  # clear of the rounding of the table's SSIM
+            assert (row["protection"] in listed) == (row["SSIM"] <= best + margin), (row["protection"], claims)
 
 
 def test_accuracy_gap_is_the_largest_difference_over_epochs():
