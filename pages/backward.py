@@ -92,18 +92,19 @@ weight = st.selectbox("Weight matrix to show", weights, key="bw_weight")
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
-def gradient_comparison(model_name, dtype_name, settings, _inputs, _reference, weight):
+def gradient_comparison(model_name, dtype_name, settings, _inputs, _reference):
+    """The gradient of the input and of every parameter, in both worlds (backprop computes them all anyway)."""
     loaded = shared_model(model_name, dtype_name)
     subject = Subject(loaded.model, _inputs)
     loss = bw.make_loss(settings["loss"], subject, settings["class"], _reference)
-    return bw.compare_gradients(loaded.model, _inputs, loss, dict(settings["keys"]), [weight])
+    return bw.compare_gradients(loaded.model, _inputs, loss, dict(settings["keys"]))
 
 
 settings = {"loss": loss_kind, "class": int(target_class), "keys": tuple(sorted(keys_by_symmetry.items())),
             "input": repr({k: v.tolist() for k, v in inputs.items()}),
             "reference": repr({k: v.tolist() for k, v in (reference or {}).items()})}
 with st.spinner("Computing gradients in both worlds ..."):
-    comparison = gradient_comparison(model_name, dtype_name, settings, inputs, reference, weight)
+    comparison = gradient_comparison(model_name, dtype_name, settings, inputs, reference)
 
 cols = st.columns(4)
 cols[0].metric("Loss, original world", f"{comparison.loss_original:.6g}")
@@ -111,10 +112,12 @@ cols[1].metric("Loss, scrambled world", f"{comparison.loss_scrambled:.6g}")
 cols[2].metric("Max relative gradient error", f"{comparison.max_rel_error:.2e}")
 cols[3].metric("Tolerance", f"{comparison.tolerance:.0e}")
 if comparison.passed:
-    st.success(f"Every gradient un-scrambles to the original within {comparison.tolerance:.0e} "
-               f"(worst {comparison.max_rel_error:.2e}).")
+    st.success(f"All {len(comparison.errors)} gradients (the input's and every parameter's) un-scramble to the "
+               f"original within {comparison.tolerance:.0e} (worst {comparison.max_rel_error:.2e}, "
+               f"{comparison.worst_name}).")
 else:
-    st.error(f"Gradients do not un-scramble: worst relative error {comparison.max_rel_error:.2e}.")
+    st.error(f"Gradients do not un-scramble: worst relative error {comparison.max_rel_error:.2e} "
+             f"({comparison.worst_name}, of {len(comparison.errors)} gradients compared).")
 
 input_label = "d loss / d pixels" if "pixel_values" in inputs else "d loss / d input embeddings (tokens x channels)"
 for name, label in (("grad.input", input_label), (f"grad.param.{weight}", f"d loss / d {weight}")):

@@ -132,6 +132,12 @@ class GradientComparison:
     tolerance: float
 
     @property
+    def worst_name(self) -> str:
+        """The gradient with the largest relative error (a non-finite one counts as the largest)."""
+        return max(self.errors, key=lambda e: math.inf if not e.finite or math.isnan(e.max_rel_error)
+                   else e.max_rel_error).name.removeprefix("grad.param.").removeprefix("grad.")
+
+    @property
     def max_rel_error(self) -> float:
         return worst_rel(self.errors)
 

@@ -29,7 +29,14 @@ def test_default_run_shows_exact_gradients_and_sgd_lockstep():
     assert float(shown["Weight error"]) < 1e-9
     assert float(shown["Loss after 5 steps"]) < float(shown["Loss at step 0"])  # training really moved it
     assert len(at.success) == 2 and not at.error
+    # "All N gradients": the input's and every parameter's, each compared and each on the error chart.
+    from perm_core.zoo import load_model
+
+    n_params = len(list(load_model("digits-vit").model.parameters()))
+    assert at.success[0].value.startswith(f"All {n_params + 1} gradients (the input's and every parameter's)")
     specs = [json.loads(chart.proto.spec) for chart in at.get("plotly_chart")]
+    errors_chart = next(s for s in specs if s["layout"]["title"]["text"] == "Gradient error after un-scrambling")
+    assert len(errors_chart["data"][0]["x"]) == n_params + 1
     sgd = next(s for s in specs if "per SGD step" in s["layout"]["title"]["text"])
     assert [t["name"] for t in sgd["data"]] == ["correct scramble"]
     assert sgd["data"][0]["x"] == [1, 2, 3, 4, 5]  # step 0 trained nothing: never plotted

@@ -6,7 +6,8 @@ from tests.e2e.conftest import wait_for_app
 def test_backward_page_in_chromium(app_url, page, shot):
     page.goto(f"{app_url}/backward")
     wait_for_app(page, timeout_ms=240_000)
-    page.get_by_text("Every gradient un-scrambles to the original").wait_for(timeout=120_000)
+    page.get_by_text("gradients (the input's and every parameter's) un-scramble to the original").wait_for(
+        timeout=120_000)
     page.get_by_text("the scrambled world's update equals the scrambled original update").wait_for(timeout=120_000)
     page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= 11",
                            timeout=60_000)
