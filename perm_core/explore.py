@@ -252,3 +252,46 @@ def output_summary(tensors: dict, task_labels, tokenizer, attention_mask, row: i
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return torch.nn.functional.cosine_similarity(a.double(), b.double(), dim=0).item()
+
+
+@dataclass
+class HeadGrid:
+    """Every head's attention map in (up to) a dozen layers, original and scrambled, for the layer x head grid.
+
+    The scrambled maps are drawn in the original token order (only the token permutation is undone), so what
+    differs between the two grids is where each head sits: scrambled head h of layer l holds original head
+    holds[l][h]. Maps are average-pooled to cells x cells so the grid stays light."""
+
+    layers: list[int]
+    original: torch.Tensor  # [L, H, cells, cells]
+    scrambled: torch.Tensor  # [L, H, cells, cells], tokens back in their original order, heads not
+    holds: list[list[int]]
+
+
+def head_grid(explorer: Exploration, result: ExploreResult, max_layers: int = 12, cells: int = 12) -> HeadGrid:
+    from perm_core.spec import apply_axes
+    from perm_core.transforms import Permutation
+
+    n_layers = explorer.geometry.n_layers
+    layers = sorted({round(i * (n_layers - 1) / max(min(max_layers, n_layers) - 1, 1))
+                     for i in range(min(max_layers, n_layers))})
+    only_tokens = Scramble(tokens=result.scramble.tokens).inverse()
+
+    def pooled(maps: torch.Tensor) -> torch.Tensor:
+        maps = maps[0].double()
+        return torch.nn.functional.adaptive_avg_pool2d(maps, min(cells, maps.shape[-1]))
+
+    original, scrambled, holds = [], [], []
+    for layer in layers:
+        name = f"blocks.{layer}.attn"
+        record = result.scrambled[name]
+        in_order = apply_axes(record.tensor, record.axes, only_tokens, record.layer, explorer.geometry.patch_size)
+        original.append(pooled(explorer.original[name].tensor))
+        scrambled.append(pooled(in_order))
+        chain = result.scramble.chain("heads", layer)
+        n_heads = record.tensor.shape[1]
+        if len(chain) == 1 and isinstance(chain[0], Permutation):
+            holds.append(chain[0].index.tolist())  # new position h holds old position index[h]
+        else:
+            holds.append(list(range(n_heads)))
+    return HeadGrid(layers, torch.stack(original), torch.stack(scrambled), holds)

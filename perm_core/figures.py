@@ -306,3 +306,31 @@ def attention_overlay(rgb, grid, patch_size: int, title: str, zmax: float | None
     fig.update_xaxes(visible=False, range=[-0.5, rgb.shape[1] - 0.5], constrain="domain")
     fig.update_yaxes(visible=False, range=[rgb.shape[0] - 0.5, -0.5], scaleanchor="x", constrain="domain")
     return fig
+
+
+def head_grid_figure(maps, layers, title: str, holds=None, zmax: float | None = None) -> go.Figure:
+    """A layer x head grid of small attention maps tiled into one heatmap (one trace keeps it light).
+    holds: per layer, which original head each position holds; a moved head is labelled with it."""
+    maps = to_numpy(maps)
+    n_layers, n_heads, cells, _ = maps.shape
+    step = cells + 1  # one blank (NaN) row and column between tiles
+    tiled = np.full((n_layers * step - 1, n_heads * step - 1), np.nan, dtype=np.float32)
+    for i in range(n_layers):
+        for h in range(n_heads):
+            tiled[i * step:i * step + cells, h * step:h * step + cells] = maps[i, h]
+    zmax = zmax if zmax is not None else float(np.nanmax(maps)) or 1.0
+    fig = go.Figure(go.Heatmap(z=tiled, colorscale="Viridis", zmin=0.0, zmax=zmax, colorbar=dict(thickness=10),
+                               hoverongaps=False))
+    if holds is not None:
+        for i in range(n_layers):
+            for h in range(n_heads):
+                if holds[i][h] != h:
+                    fig.add_annotation(x=h * step + cells / 2 - 0.5, y=i * step + cells / 2 - 0.5, showarrow=False,
+                                       text=f"<b>{holds[i][h]}</b>", font=dict(color="white", size=11))
+    fig.update_layout(**{**LAYOUT, "height": max(260, 24 * n_layers + 90)})
+    titled(fig, title, max(260, 24 * n_layers + 90))
+    fig.update_xaxes(tickmode="array", tickvals=[h * step + cells / 2 - 0.5 for h in range(n_heads)],
+                     ticktext=[str(h) for h in range(n_heads)], title="head", showgrid=False)
+    fig.update_yaxes(tickmode="array", tickvals=[i * step + cells / 2 - 0.5 for i in range(n_layers)],
+                     ticktext=[str(layer) for layer in layers], title="layer", autorange="reversed", showgrid=False)
+    return fig

@@ -135,3 +135,25 @@ def keys(view, explorer, symmetries) -> None:
         st.caption("Rotations are continuous (infinitely many); the 64-bit key picks one of at most 2^64.")
     st.latex(r"P_\pi = \big[e_{\pi(1)} \cdots e_{\pi(n)}\big]^\top,\qquad P_\pi^{-1} = P_\pi^\top,"
              r"\qquad |S_n| = n! \;\Rightarrow\; \log_2 n! \text{ bits}")
+
+
+def head_grids(explorer, result) -> None:
+    """Original and scrambled layer x head grids of attention maps, the scrambled one in the original token
+    order: a head permutation shows as heads changing places (each moved head labelled with the original
+    head it holds)."""
+    grid = compute.head_grid(explorer, result)
+    zmax = float(max(grid.original.max(), grid.scrambled.max())) or 1.0
+    moved = sum(h != g for row in grid.holds for h, g in enumerate(row))
+    shown = f"layers {', '.join(map(str, grid.layers))}" if len(grid.layers) < explorer.geometry.n_layers \
+        else "every layer"
+    left, right = st.columns(2)
+    left.plotly_chart(figures.head_grid_figure(grid.original, grid.layers, "Original: every head"),
+                      width="stretch", key="head-grid-original")
+    right.plotly_chart(figures.head_grid_figure(grid.scrambled, grid.layers, "Scrambled (token order undone):<br>"
+                                                "heads change places", grid.holds, zmax=zmax),
+                       width="stretch", key="head-grid-scrambled")
+    st.caption(f"Each tile is one head's attention map ({shown}; pooled to {grid.original.shape[-1]}x"
+               f"{grid.original.shape[-1]}). On the right the token permutation is undone and nothing else, so a "
+               f"tile differs from its left twin only where the head permutation moved a head: a white number is "
+               f"the original head that tile holds ({moved} of {len(grid.layers) * grid.original.shape[1]} "
+               f"moved). Channel, head-channel, MLP and rotation keys do not change any map.")

