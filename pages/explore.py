@@ -114,9 +114,12 @@ panels.three_heatmaps(f"blocks.{layer}.hidden", (original[f"blocks.{layer}.hidde
     f"blocks.{layer}.hidden"].tensor, restored[f"blocks.{layer}.hidden"]), "hidden state after block "
     f"{layer}", "channel", "token")
 attn = f"blocks.{layer}.attn"
+# Text: each map's axes name its tokens, in the order that map sees them (the scrambled map in the scrambled order).
+token_axes = None if geometry.input_kind == "image" else (words, [words[i] for i in order], words)
 panels.three_heatmaps(attn, tuple(t[0, head][None] for t in (original[attn].tensor, scrambled[attn].tensor,
                                                              restored[attn])),
-                      f"attention, block {layer}, head {head}", "key token", "query token", attention=True)
+                      f"attention, block {layer}, head {head}", "key token", "query token", attention=True,
+                      token_labels=token_axes)
 st.latex(r"A' = \mathrm{softmax}\!\Big(\tfrac{(PXQ)(Q^\top W_Q)(W_K^\top Q)(PXQ)^\top}{\sqrt{d}}\Big) "
          r"= P\,A\,P^\top \quad\text{since } QQ^\top = I")
 

@@ -39,6 +39,7 @@ def decimate(matrix: np.ndarray, max_cells: int = MAX_CELLS) -> tuple[np.ndarray
 
 
 CLIP_PERCENTILE = 99.0
+MAX_LABELS = 16
 
 
 def robust_zmax(values, percentile: float = CLIP_PERCENTILE) -> tuple[float, float]:
@@ -79,8 +80,11 @@ def titled(fig: go.Figure, text: str, height: int, size: int = 13) -> go.Figure:
 
 
 def heatmap(matrix, title: str, x_title: str = "", y_title: str = "", colorscale: str = "RdBu",
-            symmetric: bool = True, zmax: float | None = None, y_labels=None, wrap: int | None = None) -> go.Figure:
-    """wrap: the title's line length, for a chart in a narrow column (see wrap_title)."""
+            symmetric: bool = True, zmax: float | None = None, y_labels=None, wrap: int | None = None,
+            x_labels=None) -> go.Figure:
+    """wrap: the title's line length, for a chart in a narrow column (see wrap_title). y_labels / x_labels:
+    a name per row / column (tokens), drawn when every row / column is shown and there are at most
+    MAX_LABELS (more do not fit a third of a 1024-pixel window; positions are numbered then)."""
     values = to_numpy(matrix)
     values, row_step, col_step = decimate(values)
     if zmax is None:
@@ -96,8 +100,11 @@ def heatmap(matrix, title: str, x_title: str = "", y_title: str = "", colorscale
     titled(fig, (wrap_title(title, wrap) if wrap else title) + note, LAYOUT["height"])
     fig.update_yaxes(autorange="reversed", title=y_title)
     fig.update_xaxes(title=x_title)
-    if y_labels is not None and row_step == 1 and len(y_labels) <= 40:
-        fig.update_yaxes(tickmode="array", tickvals=list(y), ticktext=list(y_labels))
+    if y_labels is not None and row_step == 1 and len(y_labels) <= MAX_LABELS:
+        fig.update_yaxes(tickmode="array", tickvals=list(y), ticktext=list(y_labels), tickfont=dict(size=9))
+    if x_labels is not None and col_step == 1 and len(x_labels) <= MAX_LABELS:
+        fig.update_xaxes(tickmode="array", tickvals=list(x), ticktext=list(x_labels), tickangle=-60,
+                         tickfont=dict(size=9))
     return fig
 
 

@@ -12,7 +12,8 @@ from ui.sidebar import SYMMETRY_LABELS
 TITLES = ("Original", "Scrambled", "Un-scrambled")
 
 
-def three_heatmaps(name: str, tensors, title: str, x_title: str, y_title: str, attention: bool = False) -> None:
+def three_heatmaps(name: str, tensors, title: str, x_title: str, y_title: str, attention: bool = False,
+                   token_labels=None) -> None:
     """Same colour scale in all three columns, so equal pictures mean equal numbers. Hidden states: the scale
     clips at a percentile of the original's |values| (said under the charts), so outlier channels do not
     wash the rest out; attention probabilities use their full range."""
@@ -22,10 +23,11 @@ def three_heatmaps(name: str, tensors, title: str, x_title: str, y_title: str, a
     else:
         zmax, largest = figures.robust_zmax(arrays[0])
     cols = st.columns(3)
-    for col, label, array in zip(cols, TITLES, arrays, strict=True):
+    for i, (col, label, array) in enumerate(zip(cols, TITLES, arrays, strict=True)):
+        labels = token_labels[i] if token_labels else None
         fig = figures.heatmap(array, f"{label}:<br>{title}", x_title, y_title,
                               colorscale="Viridis" if attention else "RdBu", symmetric=not attention,
-                              zmax=zmax)
+                              zmax=zmax, y_labels=labels, x_labels=labels)
         col.plotly_chart(fig, width="stretch", key=f"{name}-{label}")
     if zmax < largest:
         st.caption(f"Colours clip at ±{zmax:.3g}, the {figures.CLIP_PERCENTILE:g}th percentile of the original's "

@@ -153,8 +153,15 @@ def test_text_model_minilm_and_bad_texts():
     embeddings = [title(c) for c in charts(at) if "sentence embedding" in title(c)]
     assert len(embeddings) == 3 and "cos to original 1.000000" in embeddings[2]
     assert payload(at) < MAX_PAYLOAD
-
+    # Attention maps of a short text name their tokens, each in the order that map sees them.
     at.radio(key="txt_src").set_value("text").run()
+    at.text_area(key="text").set_value("A man plays the guitar on a small stage.").run()
+    original, scrambled, restored = chips_of(at)
+    maps = [c for c in charts(at) if "attention, block" in title(c)]
+    axes = [(list(c["layout"]["xaxis"]["ticktext"]), list(c["layout"]["yaxis"]["ticktext"])) for c in maps]
+    assert axes[0] == (original, original) and axes[1] == (scrambled, scrambled) and axes[2] == (restored, restored)
+    assert scrambled != original and len(original) <= 16
+
     at.text_area(key="text").set_value("   ").run()
     assert not at.exception and any("empty" in e.value for e in at.error)
     at.text_area(key="text").set_value(" ".join(["word"] * 5000)).run()
