@@ -6,6 +6,7 @@ block its own permutation, and different symmetries of the same key are independ
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -142,6 +143,7 @@ def rotation(key: int, g: Geometry, general_qk: bool | None = None, k_key: int |
 
 
 def build(name: str, key: int, g: Geometry, n_tokens: int | None = None) -> Scramble:
+    """The group element of one symmetry with its key."""
     key = keys.validate_key(key)
     if name == "tokens":
         if not n_tokens:
@@ -151,7 +153,15 @@ def build(name: str, key: int, g: Geometry, n_tokens: int | None = None) -> Scra
                 "rotation": rotation}
     if name not in builders:
         raise ValueError(f"unknown symmetry {name!r}; choose from {', '.join(SYMMETRIES)}")
-    return builders[name](key, g)
+    return _drawn(builders[name], key, g)
+
+
+@functools.lru_cache(maxsize=16)  # a rotation element of a 30-layer model holds ~9 MB of matrices
+def _drawn(builder: Callable[[int, Geometry], Scramble], key: int, g: Geometry) -> Scramble:
+    """Elements are immutable and cost up to tens of ms to draw (a QR per head for rotations), so the last
+    few are kept: a key change redraws only the symmetry whose key changed. Keyed by the builder itself, so a
+    substituted builder (the tests' deliberate bugs) is never answered from the cache."""
+    return builder(key, g)
 
 
 def build_many(key_by_symmetry: dict[str, int], g: Geometry, n_tokens: int | None = None) -> Scramble:
