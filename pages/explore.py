@@ -123,6 +123,9 @@ panels.three_heatmaps(attn, tuple(t[0, head][None] for t in (original[attn].tens
 st.latex(r"A' = \mathrm{softmax}\!\Big(\tfrac{(PXQ)(Q^\top W_Q)(W_K^\top Q)(PXQ)^\top}{\sqrt{d}}\Big) "
          r"= P\,A\,P^\top \quad\text{since } QQ^\top = I")
 
+st.subheader(f"Weights of block {layer}")
+panels.weights(explorer, result, view.keys, control, layer)
+
 if geometry.n_heads > 1:
     st.subheader("Every head of every layer")
     panels.head_grids(explorer, result)

@@ -295,3 +295,23 @@ def head_grid(explorer: Exploration, result: ExploreResult, max_layers: int = 12
         else:
             holds.append(list(range(n_heads)))
     return HeadGrid(layers, torch.stack(original), torch.stack(scrambled), holds)
+
+
+def weight_names(explorer: Exploration, layer: int) -> list[str]:
+    """The matrices of one block (2-D parameters claimed for that layer), the weights a viewer can compare."""
+    return [name for name, claim in explorer.subject.claims.items()
+            if claim.layer == layer and explorer.subject.params[name].dim() == 2]
+
+
+def weight_view(explorer: Exploration, result: ExploreResult, keys_by_symmetry: dict[str, int],
+                control: str | None, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(W, W' as the scrambled model holds it, W' with the inverse applied): the weights really change, and the
+    inverse gives them back."""
+    from perm_core.spec import apply_axes
+
+    params, _ = explorer.params_for(result.scramble, keys_by_symmetry, control)
+    claim = explorer.subject.claims[name]
+    scrambled = params[name]
+    back = apply_axes(scrambled, claim.rule.axes, result.scramble.inverse(), claim.layer,
+                      explorer.geometry.patch_size)
+    return explorer.subject.params[name], scrambled, back

@@ -159,3 +159,29 @@ def head_grids(explorer, result) -> None:
                f"tile differs from its left twin only where the head permutation moved a head: a white number is "
                f"the original head that tile holds ({moved} of {len(grid.layers) * grid.original.shape[1]} "
                f"moved). Channel, head-channel, MLP and rotation keys do not change any map.")
+
+
+def weights(explorer, result, keys_by_symmetry, control, layer: int) -> None:
+    """One weight matrix of the chosen block: as trained, as the scrambled model holds it, and given back by
+    the inverse, on one colour scale."""
+    from ui.state import seed_choice
+
+    names = compute.weight_names(explorer, layer)
+    if not names:
+        return
+    seed_choice("weight", names, names[0])
+    name = st.selectbox("Weight matrix", names, key="weight",
+                        help="The matrices of the block chosen with the layer slider above.")
+    original, scrambled, back = compute.weight_view(explorer, result, keys_by_symmetry, control, name)
+    zmax, largest = figures.robust_zmax(original)
+    cols = st.columns(3)
+    titles = ("W: as trained", "W′: what the scrambled model holds", "W′ with the inverse applied")
+    for col, title, matrix in zip(cols, titles, (original, scrambled, back), strict=True):
+        col.plotly_chart(figures.heatmap(matrix, title, "input axis", "output axis", zmax=zmax, wrap=30),
+                         width="stretch", key=f"weight-{title}")
+    changed = figures.to_numpy((scrambled - original).abs().max()).item()
+    restored = figures.to_numpy((back - original).abs().max()).item()
+    st.caption(f"{name} {tuple(original.shape)}: the scrambled model's copy differs from the trained one by up to "
+               f"{changed:.3g}, and the inverse gives it back to {restored:.1e}"
+               f"{' (exactly)' if restored == 0 else ''}. Colours clip at ±{zmax:.3g} (largest |value| "
+               f"{largest:.3g}).")

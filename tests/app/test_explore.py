@@ -276,3 +276,23 @@ def test_the_head_grid_shows_permuted_heads_in_their_new_places():
             if holds != head:  # and the head really differs from the one that sat there
                 assert np.abs(tile(scrambled, layer, head) - tile(original, layer, head)).max() > 1e-6
     assert moved == len(labels) > 0
+
+
+def test_the_weight_view_shows_w_beside_w_prime_and_the_inverse_gives_it_back():
+    at = explore(model="digits-vit", dtype="float64", on_heads=1, layer=1)
+    assert at.selectbox(key="weight").value == "vit.layers.1.attention.q_proj.weight"
+    at.selectbox(key="weight").set_value("vit.layers.1.mlp.fc1.weight").run()
+    maps = {title(c).split(":")[0].replace("<br>", " "): decode(c["data"][0]["z"]) for c in charts(at)
+            if title(c).startswith(("W:", "W′"))}
+    assert len(maps) == 3, list(maps)
+    original, scrambled, back = (maps[k] for k in ("W", "W′", "W′ with the inverse applied"))
+    assert original.shape == scrambled.shape == back.shape
+    assert np.abs(back - original).max() == 0  # a permutation moves numbers, it does not change them
+    assert np.abs(scrambled - original).max() > 0.1
+    from perm_core.zoo import load_model
+
+    trained = load_model("digits-vit").model.state_dict()["vit.layers.1.mlp.fc1.weight"].numpy()
+    assert original.shape == trained.shape and np.allclose(original, trained, atol=1e-6)  # W itself, not a copy
+    caption = next(c.value for c in at.caption if c.value.startswith("vit.layers.1.mlp.fc1.weight"))
+    assert "gives it back to 0.0e+00 (exactly)" in caption
+    assert at.query_params["weight"] in ("vit.layers.1.mlp.fc1.weight", ["vit.layers.1.mlp.fc1.weight"])
