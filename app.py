@@ -24,9 +24,9 @@ PAGES = (
 
 st.set_page_config(page_title="Transformer Symmetry Explorer", page_icon=":material/shuffle:", layout="wide")
 st.html(f"<style>{(ROOT / 'assets' / 'app.css').read_text()}</style>")
-pages = {title: st.Page(path, title=title, icon=icon, default=path == "pages/home.py")
-         for path, title, icon, _ in PAGES if (ROOT / path).exists()}
-navigation = st.navigation(list(pages.values()))
+pages = [st.Page(path, title=title, icon=icon, default=path == "pages/home.py")
+         for path, title, icon, _ in PAGES if (ROOT / path).exists()]
+navigation = st.navigation(pages)
 st.session_state.pop("_nav_rerun", None)
 render_sidebar(next(scope for _, title, _, scope in PAGES if title == navigation.title))
 try:

@@ -117,16 +117,14 @@ def bars(labels, values, title: str, x_title: str = "", color: str = "#4c78a8") 
     return fig
 
 
-def threshold(fig: go.Figure, value: float, text: str, color: str = "gray", row: int | None = None,
-              position: str = "right") -> None:
+def threshold(fig: go.Figure, value: float, label: str, color: str = "gray", row: int | None = None,
+              position: str = "right", dash: str = "dash", yanchor: str = "bottom") -> None:
     """A horizontal threshold on a log axis with its label on the line. On a log axis an annotation's y is
     log10 of the value (plotly's add_hline label is placed as if the axis were linear, decades away)."""
-    fig.add_hline(y=value, line=dict(color=color, dash="dash"), **({"row": row, "col": 1} if row else {}))
-    row = row or 1
-    axis = "y" if row == 1 else f"y{row}"
+    fig.add_hline(y=value, line=dict(color=color, dash=dash), **({"row": row, "col": 1} if row else {}))
+    axis = "y" if (row or 1) == 1 else f"y{row}"
     fig.add_annotation(x=1 if position == "right" else 0, xref="x domain", xanchor=position, y=math.log10(value),
-                       yref=axis, yanchor="bottom", text=f"{text} {value:.0e}", showarrow=False,
-                       font=dict(color=color, size=11))
+                       yref=axis, yanchor=yanchor, text=label, showarrow=False, font=dict(color=color, size=11))
 
 
 def _two_panels(title: str, height: int) -> go.Figure:
@@ -163,9 +161,9 @@ def error_chart(rows: list[dict], title: str, tolerance: float | None = None,
                                  name="raised own tolerance", marker=dict(symbol="line-ew-open", size=12,
                                                                           color="gray")), row=1, col=1)
     if tolerance:
-        threshold(fig, tolerance, "tolerance", "gray", 1, "right")
+        threshold(fig, tolerance, f"tolerance {tolerance:.0e}", "gray", 1, "right")
     if broken_at:
-        threshold(fig, broken_at, "broken above", "#e45756", 1, "left")
+        threshold(fig, broken_at, f"broken above {broken_at:.0e}", "#e45756", 1, "left")
     fig.update_layout(legend=dict(orientation="h", y=-0.12))
     fig.update_xaxes(dtick=1)
     fig.update_xaxes(title="layer (-1 = embeddings, outputs after the last block)", row=2, col=1)
@@ -254,7 +252,7 @@ def tensor_error_chart(names, abs_errors, rel_errors, title: str, tolerance: flo
     fig.add_trace(go.Scatter(x=xs, y=[max(abs_errors[i], FLOOR) for i in order], mode="markers",
                              name="max abs error", marker=dict(color="#f58518", size=5)), row=2, col=1)
     if tolerance:
-        threshold(fig, tolerance, "tolerance", "gray", 1, "right")
+        threshold(fig, tolerance, f"tolerance {tolerance:.0e}", "gray", 1, "right")
     fig.update_layout(legend=dict(orientation="h", y=-0.12))
     fig.update_xaxes(showticklabels=False, row=1, col=1)
     fig.update_xaxes(showticklabels=len(order) <= 60, row=2, col=1)

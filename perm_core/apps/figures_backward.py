@@ -41,7 +41,7 @@ def gradient_errors(errors, tolerance: float) -> go.Figure:
     names = [e.name.removeprefix("grad.param.").removeprefix("grad.") for e in errors]
     values = [max(e.max_rel_error, FLOOR) for e in errors]
     fig = go.Figure(go.Bar(x=names, y=values, marker_color="#4c78a8", name="max rel error"))
-    threshold(fig, tolerance, "tolerance")
+    threshold(fig, tolerance, f"tolerance {tolerance:.0e}")
     fig.update_layout(**{**LAYOUT, "height": 320}, title=dict(text="Gradient error after un-scrambling",
                                                                font=dict(size=13)))
     fig.update_yaxes(type="log", title="max relative error", exponentformat="e")
@@ -64,10 +64,7 @@ def sgd_errors(results: dict, tolerance: float, broken_at: float) -> go.Figure:
                                  line=dict(color=color)))
     for value, text, color, dash, anchor in ((tolerance, "tolerance (symmetry)", "gray", "dash", "top"),
                                              (broken_at, "control broken above", "#d62728", "dot", "bottom")):
-        fig.add_hline(y=value, line=dict(color=color, dash=dash))
-        # On a log axis an annotation's y is log10 of the value (add_hline's own label lands elsewhere).
-        fig.add_annotation(x=1, xref="paper", y=math.log10(value), yref="y", text=text, showarrow=False,
-                           xanchor="right", yanchor=anchor, font=dict(color=color, size=11))
+        threshold(fig, value, text, color, dash=dash, yanchor=anchor)
     fig.update_layout(**{**LAYOUT, "height": 340}, legend=dict(orientation="h", y=-0.3),
                       title=dict(text="Update error per SGD step", font=dict(size=13)))
     fig.update_yaxes(type="log", title="max relative update error", exponentformat="e")
