@@ -5,7 +5,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from perm_core.figures import titled, wrap_title
+from perm_core.figures import threshold, titled, wrap_title
 
 COLORS = {"average": "#7f7f7f", "permutation": "#1f77b4", "rotation": "#ff7f0e", "permutation+rotation": "#2ca02c"}
 
@@ -51,7 +51,7 @@ def error_comparison(comparison, tolerance: float) -> go.Figure:
     pairs = ((comparison.symmetry_label, comparison.symmetry), (comparison.broken_label, comparison.broken))
     for label, errors in pairs:
         fig.add_trace(go.Bar(name=label, x=[e.name for e in errors], y=[max(e.max_rel_error, 1e-17) for e in errors]))
-    fig.add_hline(y=tolerance, line_dash="dash", annotation_text=f"tolerance {tolerance:g}")
+    threshold(fig, tolerance, f"tolerance {tolerance:g}")
     fig.update_layout(barmode="group", title=comparison.title, yaxis=dict(type="log", title="max relative error"),
                       height=380, margin=dict(t=60, b=40))
     return fig

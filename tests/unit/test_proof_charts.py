@@ -57,3 +57,16 @@ def test_a_robust_colour_scale_ignores_a_few_outlier_channels():
     bound, largest = figures.robust_zmax(values)
     assert largest == 500.0 and bound == 1.0  # a quarter of a percent of the cells: the 99th percentile skips them
     assert figures.robust_zmax(np.zeros((2, 2))) == (1.0, 0.0)
+
+
+def test_the_rotation_near_miss_chart_puts_its_tolerance_label_on_the_line():
+    from types import SimpleNamespace
+
+    from perm_core.apps import figures_fusion
+    from perm_core.compare import TensorError
+
+    comparison = SimpleNamespace(symmetry_label="plane", broken_label="general", title="t",
+                                 symmetry=[TensorError("a", 1e-9, 1e-9)], broken=[TensorError("a", 0.5, 0.5)])
+    fig = figures_fusion.error_comparison(comparison, 1e-4)
+    label = next(a for a in fig.layout.annotations if a.text == "tolerance 0.0001")
+    assert math.isclose(label.y, -4) and [s.y0 for s in fig.layout.shapes] == [1e-4]
