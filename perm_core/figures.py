@@ -111,7 +111,8 @@ def heatmap(matrix, title: str, x_title: str = "", y_title: str = "", colorscale
 def bars(labels, values, title: str, x_title: str = "", color: str = "#4c78a8") -> go.Figure:
     fig = go.Figure(go.Bar(x=list(values), y=list(labels), orientation="h", marker_color=color,
                            text=[f"{v:.3f}" for v in values], textposition="auto"))
-    fig.update_layout(**{**LAYOUT, "height": 260}, title=dict(text=title, font=dict(size=13)))
+    fig.update_layout(**LAYOUT)
+    titled(fig, title, 260)  # a title with <br> lines keeps its plot area
     fig.update_yaxes(autorange="reversed", type="category")
     fig.update_xaxes(title=x_title)
     return fig

@@ -80,10 +80,10 @@ def outputs(view, explorer, result) -> None:
     reference = summaries[0][2]
     for index, (col, label, (_, names, values)) in enumerate(zip(cols, TITLES, summaries, strict=True)):
         if kind == "classes":
-            fig = figures.bars(names, values, f"{label}: top classes", "probability")
+            fig = figures.bars(names, values, f"{label}:<br>top classes", "probability")
         elif kind == "next-token":
             where = f"row {moved_last}" if index == 1 else f"row {last}"
-            fig = figures.bars(names, values, f"{label}: next-token candidates ({where})", "probability")
+            fig = figures.bars(names, values, f"{label}:<br>next-token candidates<br>({where})", "probability")
         else:
             similarity = cosine(values, reference)
             what = "class-token embedding" if kind == "image-embedding" else "sentence embedding"
@@ -95,7 +95,8 @@ def outputs(view, explorer, result) -> None:
     if kind == "classes":
         st.latex(r"\text{the class token stays first and the head reads it: } y' = y")
     elif kind == "next-token":
-        st.latex(r"\text{logits are per token: } Y' = P\,Y \;(\text{the vocabulary axis is not permuted})")
+        st.latex(r"\begin{gathered}\text{logits are per token: } Y' = P\,Y \\ "
+                 r"\text{(the vocabulary axis is not permuted)}\end{gathered}")  # two lines: fits 1024 px
     elif kind == "image-embedding":
         st.caption("No classifier: the backbone's output is the class token's final embedding (after the last "
                    "norm). The scrambled model returns it with its channels permuted, so its cosine to the "

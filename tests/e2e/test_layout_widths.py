@@ -13,6 +13,7 @@ WIDTHS = (1024, 1440, 1920)
 PAGES = {
     "home": "",
     "explore": "explore",
+    "explore_text": "explore?model=random:gpt2",  # next-token outputs and their formula
     "check": "check?model=digits-vit",
     "backward": "backward",
     "authorization": "authorization?au_model=digits-vit",
