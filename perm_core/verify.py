@@ -76,6 +76,19 @@ class ControlResult:
 
 
 @dataclass
+class NotSymmetry:
+    """A symmetry the architecture does not have, with the measured break of its standard element."""
+
+    symmetry: str
+    reason: str
+    max_rel_error: float
+
+    @property
+    def broken(self) -> bool:  # the evidence: without a break the claim "does not hold" is unproven
+        return self.max_rel_error > BROKEN_AT
+
+
+@dataclass
 class Report:
     model: str
     family: str
@@ -83,11 +96,13 @@ class Report:
     keys: dict[str, int] = field(default_factory=dict)  # the key of each symmetry checked
     checks: list[CheckResult] = field(default_factory=list)
     controls: list[ControlResult] = field(default_factory=list)
+    not_symmetries: list[NotSymmetry] = field(default_factory=list)
+    restricted: dict[str, str] = field(default_factory=dict)  # symmetry -> the restricted form checked, and why
 
     @property
     def passed(self) -> bool:
-        return (bool(self.checks) and all(c.passed for c in self.checks)
-                and all(c.broken for c in self.controls))
+        return ((bool(self.checks) or bool(self.not_symmetries)) and all(c.passed for c in self.checks)
+                and all(c.broken for c in self.controls) and all(n.broken for n in self.not_symmetries))
 
     def to_json(self) -> dict:
         """Strict JSON: non-finite numbers are written as the strings "nan", "inf", "-inf"."""
@@ -99,8 +114,10 @@ class Report:
             entry["tensors"] = [{k: v for k, v in asdict(t).items() if k != "floor_reason" or v} for t in c.tensors]
             checks.append(entry)
         controls = [{k: v for k, v in asdict(c).items() if k != "description"} for c in self.controls]
+        not_symmetries = [{**asdict(n), "broken": n.broken} for n in self.not_symmetries]
         return json_safe({"model": self.model, "family": self.family, "dtype": self.dtype, "keys": self.keys,
-                          "passed": self.passed, "checks": checks, "controls": controls})
+                          "passed": self.passed, "checks": checks, "controls": controls,
+                          "not_symmetries": not_symmetries, "restricted": self.restricted})
 
 
 class Subject:
@@ -248,6 +265,16 @@ def run_control(subject: Subject, control: symmetries.Control, original: dict[st
     return ControlResult(control.symmetry, control.name, control.description, amount > BROKEN_AT, amount)
 
 
+def measure_break(subject: Subject, scramble: Scramble, original: dict[str, Record]) -> float:
+    """Worst relative error of the un-scrambled forward run: how far the element changes the function."""
+    restored = subject.unscramble(subject.trace(scramble), scramble)
+    errors = tensor_errors({n: r for n, r in original.items() if not n.startswith("grad.")}, restored,
+                           subject.floor_reasons)
+    if not errors:
+        raise VacuousCheckError("measuring a break compared no tensors")
+    return worst_rel(errors)
+
+
 def _cannot_move(subject: Subject, name: str, backward: bool) -> list[CheckResult]:
     note = (f"the input has {subject.movable_tokens} movable token(s): the tokens symmetry cannot move "
             "anything, so there is nothing to check")
@@ -270,16 +297,21 @@ def check(model, inputs: dict, symmetry_names=symmetries.SYMMETRIES, key: int | 
     if progress:
         progress(0.0, "original run" + (" and its gradients" if backward else ""))
     original = subject.trace(backward=backward)
+    not_holding = subject.geometry.not_holding()
+    missing = [name for name in names if name in not_holding]
+    names = [name for name in names if name not in not_holding]
     if "tokens" in names and subject.movable_tokens < 2:
         report.checks.extend(_cannot_move(subject, "tokens", backward))
         names.remove("tokens")
+    restrictions = subject.geometry.restrictions()
+    report.restricted = {name: restrictions[name] for name in names if name in restrictions}
     steps = names + (["all"] if include_combined and len(names) > 1 else [])
     controls = {name: symmetries.controls(name, key_of[name], subject.geometry, subject.n_tokens) for name in names}
     for name, found in controls.items():
         if not found:
             raise VacuousCheckError(f"the {name} symmetry has no negative control on {subject.family.name}")
     # One unit per scrambled run: each check, each control (runs are about equally long).
-    total, done = len(steps) + sum(len(c) for c in controls.values()), 0
+    total, done = len(steps) + len(missing) + sum(len(c) for c in controls.values()), 0
 
     def advance(message: str) -> None:
         nonlocal done
@@ -294,6 +326,10 @@ def check(model, inputs: dict, symmetry_names=symmetries.SYMMETRIES, key: int | 
         for control in controls.get(name, []):
             advance(f"{name}: control {control.name}")
             report.controls.append(run_control(subject, control, original))
+    for name in missing:
+        advance(f"{name}: measuring why it does not hold")
+        scramble = subject.build({name: key_of[name]})
+        report.not_symmetries.append(NotSymmetry(name, not_holding[name], measure_break(subject, scramble, original)))
     if progress:
         progress(1.0, "done")
     return report

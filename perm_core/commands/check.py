@@ -55,6 +55,13 @@ def format_report(report) -> str:
         reasons = sorted(set(floored.values()))
         lines += ["", f"judged against the floor (zero in exact arithmetic): {len(floored)} tensor(s)"]
         lines += [f"    {reason}" for reason in reasons]
+    for symmetry, reason in report.restricted.items():
+        lines += ["", f"{symmetry} is checked in a restricted form: {reason}"]
+    if report.not_symmetries:
+        lines += ["", f"{'does not hold':<14} {'measured break':>14}  evidence  reason"]
+        for n in report.not_symmetries:
+            lines.append(f"{n.symmetry:<14} {n.max_rel_error:>14.2e}  {'broken' if n.broken else 'NOT BROKEN':<8}  "
+                         f"{n.reason}")
     lines += ["", f"{'negative control':<40} {'max rel err':>12}  result"]
     for c in report.controls:
         lines.append(f"{c.symmetry + ': ' + c.name:<40} {c.max_rel_error:>12.2e}  "

@@ -26,6 +26,7 @@ class Geometry:
     patch_size: int | None = None
     qk_norm: bool = False  # an RMSNorm on each query/key head, one gain per head channel shared by all heads
     sliding_window: int | None = None  # some layers attend only to the last `sliding_window` positions
+    relative_position_bias: bool = False  # attention scores get a bias read from sequence order (T5)
 
     @property
     def heads_per_group(self) -> int:
@@ -46,6 +47,15 @@ class Geometry:
                 "while V/O rotate freely." if self.rope else
                 "The Q/K norm gain differs from channel to channel and does not move, so Q/K channels may only "
                 "flip sign, while V/O rotate freely.")
+        return found
+
+    def not_holding(self) -> dict[str, str]:
+        """symmetry -> why it does not hold at all on this geometry (one sentence). A check reports each such
+        symmetry in `not_symmetries` with the measured break of its standard element as evidence."""
+        found = {}
+        if self.relative_position_bias:
+            found["tokens"] = ("The relative position bias is computed from the order of the tokens in the "
+                               "sequence and takes no position ids, so moved tokens see different biases.")
         return found
 
 

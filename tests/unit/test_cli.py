@@ -34,7 +34,9 @@ def test_check_json_shape_and_exit_zero():
                  "--json")
     assert result.returncode == 0, result.stderr
     report = strict_json(result.stdout)
-    assert set(report) == {"model", "family", "dtype", "keys", "passed", "checks", "controls"}
+    assert set(report) == {"model", "family", "dtype", "keys", "passed", "checks", "controls", "not_symmetries",
+                           "restricted"}
+    assert report["not_symmetries"] == [] and isinstance(report["restricted"], dict)
     assert report["keys"] == {"channels": 99, "tokens": 99}
     assert (report["model"], report["family"], report["dtype"], report["passed"]) == (
         "random:gpt2", "gpt2", "float64", True)
