@@ -1,0 +1,69 @@
+"""The symmetry matrix: one cell per family x symmetry, each from a measured float64 check."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from perm_core import matrix
+from perm_core.__main__ import main
+from perm_core.families import llama as llama_family
+from perm_core.spec import Rule
+from perm_core.symmetries import SYMMETRIES
+
+
+def run_cli(capsys, *argv) -> tuple[int, str]:
+    code = main(["matrix", *argv])
+    return code, capsys.readouterr().out
+
+
+def test_matrix_json_shape_and_cells(capsys):
+    code, out = run_cli(capsys, "--family", "gpt2", "--family", "gemma3", "--json")
+    document = json.loads(out)
+    assert code == 0 and document["passed"] is True
+    assert document["symmetries"] == list(SYMMETRIES) and document["dtype"] == "float64"
+    rows = {row["family"]: row for row in document["families"]}
+    assert set(rows) == {"gpt2", "gemma3"}
+    for row in rows.values():
+        assert set(row["cells"]) == set(SYMMETRIES)
+        for symmetry, cell in row["cells"].items():
+            assert cell["status"] in (matrix.HOLDS, matrix.RESTRICTED), (row["family"], symmetry)
+            assert 0 < cell["max_rel_error"] <= 1e-9
+            assert cell["controls"] >= 1 and cell["controls_broken"] == cell["controls"]
+    assert {s for s, c in rows["gpt2"]["cells"].items() if c["status"] == matrix.RESTRICTED} == set()
+    gemma = rows["gemma3"]["cells"]
+    assert {s for s, c in gemma.items() if c["status"] == matrix.RESTRICTED} == {"head_channels", "rotation"}
+    assert "Q/K norm" in gemma["rotation"]["reason"] and "RoPE" in gemma["head_channels"]["reason"]
+
+
+def test_every_registered_family_has_a_random_model_for_the_matrix():
+    from perm_core.random_models import random_config
+
+    for family in matrix.families():
+        assert random_config(family) is not None
+
+
+def test_a_spec_bug_shows_as_a_failed_cell_and_exit_one(capsys, monkeypatch):
+    def forgets_mlp_down(g):
+        return tuple(Rule(r.pattern, (None,) * len(r.axes), r.tag) if r.tag == "mlp.out" else r
+                     for r in llama_family.rules(g))
+
+    monkeypatch.setattr(llama_family, "FAMILY", dataclasses.replace(llama_family.FAMILY, rules=forgets_mlp_down))
+    code, out = run_cli(capsys, "--family", "llama")
+    assert code == 1
+    assert "FAILED" in out.splitlines()[1]
+    row = matrix.family_row("llama")
+    assert row.cells["mlp"].status == matrix.FAILED and row.cells["channels"].status == matrix.FAILED
+    assert row.cells["heads"].status == matrix.HOLDS and not row.passed
+
+
+def test_unknown_family_is_a_usage_error(capsys):
+    assert main(["matrix", "--family", "nope"]) == 2
+    assert "supported" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad_key", ["-1", "abc"])
+def test_bad_key_is_a_usage_error(capsys, bad_key):
+    assert main(["matrix", "--key", bad_key, "--family", "gpt2"]) == 2
