@@ -4,6 +4,7 @@ from pathlib import Path
 
 import streamlit as st
 
+from ui.errors import show_unexpected
 from ui.sidebar import end_run, render_sidebar
 from ui.state import publish
 
@@ -20,6 +21,7 @@ PAGES = (
     ("pages/split_learning.py", "Split learning", ":material/call_split:", "own"),
     ("pages/rotation.py", "Rotation", ":material/rotate_right:", "own"),
     ("pages/fusion.py", "Fusion", ":material/merge:", "own"),
+    ("pages/matrix.py", "Symmetry matrix", ":material/grid_on:", "none"),
 )
 
 st.set_page_config(page_title="Transformer Symmetry Explorer", page_icon=":material/shuffle:", layout="wide")
@@ -28,9 +30,11 @@ pages = [st.Page(path, title=title, icon=icon, default=path == "pages/home.py")
          for path, title, icon, _ in PAGES if (ROOT / path).exists()]
 navigation = st.navigation(pages)
 st.session_state.pop("_nav_rerun", None)
-render_sidebar(next(scope for _, title, _, scope in PAGES if title == navigation.title))
 try:
+    render_sidebar(next(scope for _, title, _, scope in PAGES if title == navigation.title))
     navigation.run()
+except Exception as error:  # noqa: BLE001 - st.stop/st.rerun are BaseExceptions and pass; a bug is logged
+    show_unexpected(error)
 finally:  # also when a page calls st.stop(): the next run renders the sidebar afresh, the URL keeps the view
     end_run()
     publish()

@@ -1,0 +1,42 @@
+"""The symmetry matrix as an HTML table: one coloured cell per family x symmetry, each a link to Explore."""
+
+from __future__ import annotations
+
+import html
+from urllib.parse import urlencode
+
+from perm_core.matrix import FAILED, HOLDS, NOT_HOLDING, RESTRICTED, Row
+from perm_core.symmetries import SYMMETRIES
+
+# The app's one colour convention: green = exact, amber = exact in a restricted form, grey = the architecture
+# does not have it (measured), red = something is wrong.
+COLOURS = {HOLDS: "#d8f0dc", RESTRICTED: "#fcefc7", NOT_HOLDING: "#e4e4e7", FAILED: "#f8d0d0"}
+LABELS = {HOLDS: "holds", RESTRICTED: "restricted", NOT_HOLDING: "does not hold", FAILED: "FAILED"}
+LEGEND = {HOLDS: "exact: worst float64 relative error of the check, forward and backward",
+          RESTRICTED: "exact in a restricted form (hover, or see the reasons below)",
+          NOT_HOLDING: "the architecture does not have it: the number is the measured break of its standard element",
+          FAILED: "the check failed: a bug"}
+
+
+def explore_link(row: Row, symmetry: str) -> str:
+    """Explore with this family's random model and only this symmetry switched on (its URL state)."""
+    params = {"model": row.model, **{f"on_{name}": "1" if name == symmetry else "0" for name in SYMMETRIES}}
+    return f"explore?{urlencode(params)}"
+
+
+def matrix_html(rows: list[Row], labels: dict[str, str]) -> str:
+    head = "".join(f"<th>{html.escape(labels[s])}</th>" for s in SYMMETRIES)
+    body = []
+    for row in rows:
+        cells = []
+        for symmetry in SYMMETRIES:
+            cell = row.cells[symmetry]
+            tip = html.escape(cell.reason or LEGEND[cell.status], quote=True)
+            cells.append(
+                f'<td style="background:{COLOURS[cell.status]}" title="{tip}">'
+                f'<a href="{html.escape(explore_link(row, symmetry), quote=True)}" target="_self">'
+                f"{LABELS[cell.status]}<br><code>{cell.max_rel_error:.1e}</code></a></td>")
+        body.append(f"<tr><th>{html.escape(row.family)}<br><small>{html.escape(row.model_class)}</small></th>"
+                    f"{''.join(cells)}</tr>")
+    return ('<table class="symmetry-matrix"><thead><tr><th>family</th>' + head + "</tr></thead><tbody>"
+            + "".join(body) + "</tbody></table>")
