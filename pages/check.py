@@ -77,6 +77,16 @@ st.subheader("Negative controls")
 st.dataframe(pd.DataFrame([{"control": f"{c.symmetry}: {c.description}", "max rel error": c.max_rel_error,
                             "result": "broken (as it must be)" if c.broken else "NOT BROKEN"}
                            for c in report.controls]), hide_index=True, width="stretch", column_config=SCIENTIFIC)
+if report.restricted:
+    st.subheader("Checked in a restricted form")
+    st.markdown("\n".join(f"- **{SYMMETRY_LABELS[name]}**: {reason}" for name, reason in report.restricted.items()))
+if report.not_symmetries:
+    st.subheader("Symmetries this architecture does not have")
+    st.markdown("\n".join(
+        f"- **{SYMMETRY_LABELS[n.symmetry]}**: {n.reason} Measured: the standard element changes the output by "
+        f"{n.max_rel_error:.1e} (relative), " + ("broken as claimed." if n.broken else
+                                                "which is NOT a break: the claim is wrong.")
+        for n in report.not_symmetries))
 
 st.subheader("Per-tensor errors")
 labels = [f"{c.symmetry} / {c.direction}" for c in report.checks]

@@ -86,3 +86,16 @@ def test_a_stopped_check_says_so_and_runs_again_on_request():
     at.button[0].click().run()
     assert not at.exception and not at.warning
     assert at.success[0].value.startswith("PASSED") and "random:gpt2 (gpt2, float64)" in at.success[0].value
+
+
+def test_restricted_forms_are_listed_with_the_geometrys_own_reasons():
+    from perm_core.families import geometry_of
+    from perm_core.random_models import build_random_model
+
+    at = check_page(model="random:gemma3", dtype="float64", on_head_channels="1", on_rotation="1")
+    run_button(at).click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    reasons = geometry_of(build_random_model("gemma3")[0]).restrictions()
+    shown = next(m.value for m in at.markdown if "**Rotations**" in m.value)
+    assert reasons["rotation"] in shown and reasons["head_channels"] in shown
+    assert not any("does not have" in h.value for h in at.subheader)
