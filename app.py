@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parent
 # controls (the sidebar then says where they are).
 PAGES = (
     ("pages/home.py", "Home", ":material/home:", "none"),
+    ("pages/walk.py", "Guided walk", ":material/school:", "none"),
     ("pages/explore.py", "Explore", ":material/shuffle:", "full"),
     ("pages/check.py", "Check", ":material/fact_check:", "full"),
     ("pages/backward.py", "Backward", ":material/undo:", "own"),

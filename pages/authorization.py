@@ -4,6 +4,7 @@ import streamlit as st
 
 from perm_core.apps import authorization as auth
 from perm_core.apps import figures_backward as fb
+from ui.errors import show_failure
 from ui.long_run import long_run
 from ui.resources import key_or_stop, shared_model
 from ui.sidebar import ensure_view
@@ -38,7 +39,7 @@ key = key_or_stop(key_text)
 try:
     loaded = shared_model(model_name, "float32")
 except Exception as error:  # noqa: BLE001 - a one-line message, never a traceback
-    st.error(f"Could not load {model_name}: {str(error).splitlines()[0]}")
+    show_failure(error, f"Could not load {model_name}")
     st.stop()
 
 

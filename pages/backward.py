@@ -10,6 +10,7 @@ from perm_core.digits import digits_split
 from perm_core.families import geometry_of
 from perm_core.inputs import InputError, prepare_text
 from perm_core.verify import BROKEN_AT, Subject
+from ui.errors import show_failure
 from ui.long_run import long_run
 from ui.resources import key_or_stop, shared_model
 from ui.sidebar import ensure_view
@@ -44,7 +45,7 @@ keys_by_symmetry = {name: key for name in chosen}
 try:
     loaded = shared_model(model_name, dtype_name)
 except Exception as error:  # noqa: BLE001 - a one-line message, never a traceback
-    st.error(f"Could not load {model_name}: {str(error).splitlines()[0]}")
+    show_failure(error, f"Could not load {model_name}")
     st.stop()
 
 # --- the loss and the input ---

@@ -7,6 +7,7 @@ from perm_core.apps import figures_fusion as figs
 from perm_core.apps.fusion import fuse
 from perm_core.apps.matching import METHODS
 from perm_core.zoo import ModelLoadError
+from ui.errors import show_failure
 from ui.long_run import long_run
 from ui.resources import shared_model
 from ui.sidebar import ensure_view
@@ -38,7 +39,7 @@ if not methods:
 try:
     loaded_a, loaded_b = shared_model(name_a), shared_model(name_b)
 except (ModelLoadError, OSError, ValueError) as error:
-    st.error(f"Cannot load the models: {str(error).splitlines()[0]}")
+    show_failure(error, "Cannot load the models")
     st.stop()
 if name_a == name_b:
     st.warning(f"A and B are the same model ({name_a}): matching finds the identity, every method returns A "

@@ -8,6 +8,7 @@ from perm_core.apps.rotation import residual_rotation, rope_rotations, rotation_
 from perm_core.defaults import default_inputs
 from perm_core.verify import worst_rel
 from perm_core.zoo import ModelLoadError
+from ui.errors import show_failure
 from ui.resources import key_or_stop, shared_model
 from ui.sidebar import ensure_view
 from ui.state import seed, seed_choice
@@ -33,7 +34,7 @@ key = key_or_stop(key_text)
 try:
     loaded = shared_model(model_name)
 except (ModelLoadError, OSError, ValueError) as error:
-    st.error(f"Cannot load {model_name}: {str(error).splitlines()[0]}")
+    show_failure(error, f"Could not load {model_name}")
     st.stop()
 config = loaded.model.config
 n_layers = config.num_hidden_layers
@@ -106,7 +107,7 @@ rope_name = st.selectbox("RoPE model", ROPE_MODELS, key="rotation_rope_model",
 try:
     rope_loaded = shared_model(rope_name)
 except (ModelLoadError, OSError, ValueError) as error:
-    st.error(f"Cannot load {rope_name}: {str(error).splitlines()[0]}")
+    show_failure(error, f"Could not load {rope_name}")
     st.stop()
 rope = rope_rotations(rope_loaded.model, default_inputs(rope_loaded), key)
 progress.progress(1.0, text="done")

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import threading
+
 import streamlit as st
 
 from perm_core.zoo import DTYPES, LoadedModel, load_model
+from ui import weights_audit
+
+# One load at a time in the process: transformers resolves its lazy imports without a lock, and two sessions
+# loading different models at once failed with "cannot import name 'Dinov2Model' from 'transformers'" (found
+# by benchmarks/classroom.py). Loads are CPU-bound, so serializing them costs the classroom nothing.
+_LOADING = threading.Lock()
 
 
 @st.cache_resource(show_spinner=False, max_entries=6)
@@ -12,10 +20,12 @@ def shared_model(name: str, dtype_name: str = "float32") -> LoadedModel:
     """Raises perm_core.zoo.ModelLoadError with a one-line message; callers show it with st.error."""
     with st.spinner(f"Loading {name} ({dtype_name}) ..."):
         progress = st.progress(0.0, text=f"Loading {name}")
-        loaded = load_model(name, dtype=DTYPES[dtype_name],
-                            progress=lambda fraction, message: progress.progress(min(max(fraction, 0.0), 1.0),
-                                                                                 text=message))
+        with _LOADING:
+            loaded = load_model(name, dtype=DTYPES[dtype_name],
+                                progress=lambda fraction, message: progress.progress(min(max(fraction, 0.0), 1.0),
+                                                                                     text=message))
         progress.empty()
+    weights_audit.track(name, dtype_name, loaded.model)  # only with TSE_WEIGHTS_HASH_FILE set
     return loaded
 
 

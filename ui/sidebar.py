@@ -18,6 +18,7 @@ from perm_core import inputs as model_inputs
 from perm_core.keys import InvalidKeyError, validate_key
 from perm_core.symmetries import SYMMETRIES
 from perm_core.zoo import DEFAULT_IMAGE_MODEL, LoadedModel, ModelLoadError
+from ui.errors import logged
 from ui.resources import shared_model, use_navigation_registry
 from ui.state import parse_bool, seed
 
@@ -179,7 +180,7 @@ def _load(view: View) -> None:
         else:
             view.loaded = shared_model(view.model_name, view.dtype_name)
     except ModelLoadError as error:
-        view.problems.append(str(error))
+        view.problems.append(logged(error))
 
 
 def _image_input(view: View) -> None:
