@@ -340,3 +340,16 @@ def head_grid_figure(maps, layers, title: str, holds=None, zmax: float | None = 
     fig.update_yaxes(tickmode="array", tickvals=[i * step + cells / 2 - 0.5 for i in range(n_layers)],
                      ticktext=[str(layer) for layer in layers], title="layer", autorange="reversed", showgrid=False)
     return fig
+
+
+def paired_bars(labels, first, second, names: tuple[str, str], title: str, log: bool = False,
+                height: int = 300) -> go.Figure:
+    """Two values per label side by side (original beside scrambled, float64 beside float32)."""
+    fig = go.Figure([go.Bar(x=list(labels), y=list(first), name=names[0], marker_color="#4c78a8"),
+                     go.Bar(x=list(labels), y=list(second), name=names[1], marker_color="#f58518")])
+    fig.update_layout(**{**LAYOUT, "height": height}, barmode="group", legend=dict(orientation="h", y=-0.25))
+    titled(fig, title, height)
+    fig.update_xaxes(type="category")
+    if log:
+        fig.update_yaxes(type="log", exponentformat="e")
+    return fig

@@ -52,9 +52,24 @@ CONFIGS = {
                                                 mlp_ratio=2, image_size=16, patch_size=4, num_channels=3,
                                                 layerscale_value=0.5),  # lambda1 re-drawn per channel below
     ("dinov2", "base"): lambda: hf.Dinov2Config(hidden_size=384, num_attention_heads=6),  # dinov2-s's shape, 224
+    # GPT-NeoX (Pythia): head_dim 12 with rotary_pct 0.5 (3 rotary planes, 6 channels RoPE leaves alone),
+    # parallel residual, biases everywhere, untied output head. Phi-3: two key/value groups of two query
+    # heads, partial_rotary_factor 0.5 on head_dim 12 (no base size: Phi-3-mini's 3.8B is too big to build here).
+    ("gpt_neox", "tiny"): lambda: hf.GPTNeoXConfig(
+        vocab_size=TINY_VOCAB, hidden_size=48, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=64, rotary_pct=0.5, use_parallel_residual=True, attention_bias=True,
+        tie_word_embeddings=False, bos_token_id=0, eos_token_id=0),
+    ("gpt_neox", "base"): lambda: hf.GPTNeoXConfig(  # pythia-160m's shape
+        vocab_size=50304, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+        max_position_embeddings=2048, rotary_pct=0.25),
+    ("phi3", "tiny"): lambda: hf.Phi3Config(
+        vocab_size=TINY_VOCAB, hidden_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=64, max_position_embeddings=64, original_max_position_embeddings=64,
+        partial_rotary_factor=0.5, tie_word_embeddings=False, bos_token_id=0, eos_token_id=0, pad_token_id=None),
 }
 DEFAULT_CLASSES = {"vit": "ViTForImageClassification", "bert": "BertForMaskedLM", "gpt2": "GPT2LMHeadModel",
-                   "llama": "LlamaForCausalLM", "gemma3": "Gemma3ForCausalLM", "dinov2": "Dinov2Model"}
+                   "llama": "LlamaForCausalLM", "gemma3": "Gemma3ForCausalLM", "dinov2": "Dinov2Model",
+                   "gpt_neox": "GPTNeoXForCausalLM", "phi3": "Phi3ForCausalLM"}
 
 
 def random_config(family: str, size: str = "tiny"):

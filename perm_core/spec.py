@@ -29,9 +29,28 @@ class UnclaimedParameterError(ValueError):
 
 @dataclass(frozen=True)
 class Concat:
-    """An axis that is several spaces laid end to end (GPT-2's fused q|k|v projection)."""
+    """An axis that is several spaces laid end to end (GPT-2's fused q|k|v projection, Phi-3's gate|up).
 
-    parts: tuple[tuple[str, int], ...]  # (role, size)
+    With `groups` > 1 the axis is `groups` such runs one after another, each holding the next slice of
+    every space: GPT-NeoX's query_key_value is [head, (q | k | v), head_dim], i.e. groups = heads and
+    parts of head_dim each. A part's space is its slices taken in group order (size groups * part size).
+    """
+
+    parts: tuple[tuple[str, int], ...]  # (role, size within one group)
+    groups: int = 1
+
+    def split(self, tensor: torch.Tensor, axis: int) -> list[torch.Tensor]:
+        """Each part's whole space along `axis`, in the order of `parts`."""
+        sizes = [size for _, size in self.parts]
+        if self.groups * sum(sizes) != tensor.shape[axis]:
+            raise ValueError(f"fused axis of size {tensor.shape[axis]} does not split into {self.groups} x {sizes}")
+        runs = tensor.movedim(axis, -1).unflatten(-1, (self.groups, sum(sizes)))
+        return [piece.flatten(-2).movedim(-1, axis) for piece in runs.split(sizes, dim=-1)]
+
+    def join(self, pieces: list[torch.Tensor], axis: int) -> torch.Tensor:
+        """The inverse of `split`."""
+        runs = [piece.movedim(axis, -1).unflatten(-1, (self.groups, -1)) for piece in pieces]
+        return torch.cat(runs, dim=-1).flatten(-2).movedim(-1, axis)
 
 
 @dataclass(frozen=True)
@@ -143,14 +162,14 @@ def apply_axes(tensor: torch.Tensor, axes, scramble: Scramble, layer: int | None
 
 
 def _apply_concat(tensor, axis, concat: Concat, scramble, layer):
-    sizes = [size for _, size in concat.parts]
-    if sum(sizes) != tensor.shape[axis]:
-        raise ValueError(f"fused axis of size {tensor.shape[axis]} does not split into {sizes}")
     pieces = []
-    for piece, (role, _) in zip(tensor.split(sizes, dim=axis), concat.parts, strict=True):
+    for piece, (role, _) in zip(concat.split(tensor, axis), concat.parts, strict=True):
         chain = scramble.chain(role, layer)
-        pieces.append(apply_chain(chain, piece, axis) if chain else piece)
-    return torch.cat(pieces, dim=axis)
+        if chain:
+            _check_size(chain, piece.shape[axis], role)
+            piece = apply_chain(chain, piece, axis)
+        pieces.append(piece)
+    return concat.join(pieces, axis)
 
 
 def _check_size(chain, size, role):

@@ -70,18 +70,34 @@ def heads(key: int, g: Geometry) -> Scramble:
     return Scramble(_per_layer(g, build))
 
 
+def movable_qk_channels(g: Geometry) -> int:
+    """Q/K channels per head that the default head_channels element permutes (the last ones of each head).
+
+    RoPE gives each rotary plane its own frequency, so rotary channels stay put; the channels a partial
+    RoPE leaves alone only meet their own partner in q.k, so they may move, the same way in Q and K. A Q/K
+    norm's per-channel gain, shared by all heads, does not move with them: then nothing moves."""
+    if g.qk_norm:
+        return 0
+    return g.head_dim - g.rotary_channels if g.rope else g.head_dim
+
+
 def head_channels(key: int, g: Geometry, permute_qk: bool | None = None) -> Scramble:
-    """On RoPE models Q/K channels cannot move (each rotary plane has its own frequency): V/O only.
-    Nor with a Q/K norm: its per-channel gain, shared by all heads, does not move with them."""
-    permute_qk = not (g.rope or g.qk_norm) if permute_qk is None else permute_qk
+    """V/O channels, and Q/K channels: all of them when permute_qk, none when False, and by default the
+    ones `movable_qk_channels` allows (all without RoPE, the non-rotary ones under a partial RoPE)."""
+    moving = (g.head_dim if permute_qk else 0) if permute_qk is not None else movable_qk_channels(g)
     rep = g.heads_per_group
     q_heads, kv_heads = torch.arange(g.n_heads), torch.arange(g.n_kv_heads)
 
     def build(layer):
         spaces = {}
-        pairs = (("qk", "q", "k"), ("vo", "o", "v")) if permute_qk else (("vo", "o", "v"),)
+        pairs = (("qk", "q", "k"), ("vo", "o", "v")) if moving else (("vo", "o", "v"),)
         for purpose, query_side, kv_side in pairs:
-            perms = keys.permutations(key, g.n_kv_heads, g.head_dim, f"head_channels/{layer}/{purpose}")
+            if purpose == "qk" and moving < g.head_dim:  # the leading (rotary) channels stay in place
+                fixed = g.head_dim - moving
+                tail = keys.permutations(key, g.n_kv_heads, moving, f"head_channels/{layer}/qk_pass") + fixed
+                perms = torch.cat([torch.arange(fixed).expand(g.n_kv_heads, fixed), tail], dim=1)
+            else:
+                perms = keys.permutations(key, g.n_kv_heads, g.head_dim, f"head_channels/{layer}/{purpose}")
             spaces[query_side] = (Permutation(_channel_index(q_heads, perms.repeat_interleave(rep, 0),
                                                              g.head_dim)),)
             spaces[kv_side] = (Permutation(_channel_index(kv_heads, perms, g.head_dim)),)
@@ -106,13 +122,16 @@ def default_qk_rotation(g: Geometry) -> str:
 
 
 def rotation(key: int, g: Geometry, general_qk: bool | None = None, k_key: int | None = None,
-             qk: str | None = None) -> Scramble:
+             qk: str | None = None, whole_head_rotary: bool = False) -> Scramble:
     """Q and K by R, V by S and O by S^T, one (R, S) per key/value group.
 
     R's form (`qk`): "general" (any rotation), "planes" (a 2-D rotation inside each rotary plane, i and
     i + head_dim/2: commutes with RoPE), "half_turns" (each rotary plane turned by 0 or pi, i.e. both its
     channels' signs flipped together: commutes with RoPE and with a per-channel Q/K norm gain), "signs"
     (each channel's sign flipped or not). Default: `default_qk_rotation`; general_qk=True means "general".
+    Under a partial RoPE "planes" and "half_turns" act so on the rotary channels only (planes i and
+    i + rotary_channels/2), block-diagonal with a general rotation (planes) or sign flips (half_turns) of
+    the channels RoPE leaves alone; `whole_head_rotary=True` ignores that split (a deliberate bug).
     """
     if qk is None:
         qk = "general" if general_qk else "planes" if general_qk is False else default_qk_rotation(g)
@@ -125,13 +144,20 @@ def rotation(key: int, g: Geometry, general_qk: bool | None = None, k_key: int |
             purpose = f"rotation/{layer}/qk"
             if qk == "general":
                 return keys.orthogonal(k, g.n_kv_heads, g.head_dim, purpose)
+            if qk == "signs":
+                return torch.diag_embed(_random_signs(k, g.n_kv_heads, g.head_dim, purpose))
+            rotary = g.rotary_channels if g.rope and not whole_head_rotary else g.head_dim
             if qk == "planes":
-                return keys.plane_rotations(k, g.n_kv_heads, g.head_dim, purpose)
-            half = g.head_dim // 2 if qk == "half_turns" else g.head_dim
-            flips = torch.from_numpy(keys.rng_for(k, purpose).integers(0, 2, (g.n_kv_heads, half)))
-            signs = 1.0 - 2.0 * flips.to(torch.float64)
-            signs = torch.cat([signs, signs], dim=-1) if qk == "half_turns" else signs
-            return torch.diag_embed(signs)
+                blocks = keys.plane_rotations(k, g.n_kv_heads, rotary, purpose)
+            else:  # half-turns
+                signs = _random_signs(k, g.n_kv_heads, rotary // 2, purpose)
+                blocks = torch.diag_embed(torch.cat([signs, signs], dim=-1))
+            if rotary == g.head_dim:
+                return blocks
+            unrotated = g.head_dim - rotary  # channels RoPE leaves alone: any rotation (planes), or sign flips
+            rest = (keys.orthogonal(k, g.n_kv_heads, unrotated, f"{purpose}/pass") if qk == "planes"
+                    else torch.diag_embed(_random_signs(k, g.n_kv_heads, unrotated, f"{purpose}/pass")))
+            return torch.stack([torch.block_diag(a, b) for a, b in zip(blocks, rest, strict=True)])
 
         r = qk_blocks(key)
         r_k = r if k_key is None else qk_blocks(k_key)
@@ -140,6 +166,11 @@ def rotation(key: int, g: Geometry, general_qk: bool | None = None, k_key: int |
                 "v": (BlockOrthogonal(s),), "o": (BlockOrthogonal(s.repeat_interleave(rep, 0)),)}
 
     return Scramble(_per_layer(g, build))
+
+
+def _random_signs(key: int, count: int, n: int, purpose: str) -> torch.Tensor:
+    flips = torch.from_numpy(keys.rng_for(key, purpose).integers(0, 2, (count, n)))
+    return 1.0 - 2.0 * flips.to(torch.float64)
 
 
 def build(name: str, key: int, g: Geometry, n_tokens: int | None = None) -> Scramble:
@@ -242,6 +273,10 @@ def controls(name: str, key: int, g: Geometry, n_tokens: int | None = None) -> l
                              _mismatched_qk(qk)))
         if g.rope:
             found.append(Control(name, "qk_channels_with_rope", "Q/K channel permutation on a RoPE model", qk))
+        if g.partial_rotary:
+            found.append(Control(name, "rotary_channels_moved",
+                                 "the rotary Q/K channels permuted (the same way in Q and K)",
+                                 _rotary_channels_moved(key, g)))
     elif name == "mlp":
         found.append(Control(name, "output_not_permuted", "MLP input side permuted, output projection not",
                              element.with_controls(skip_tags=frozenset({"mlp.out"}))))
@@ -251,11 +286,27 @@ def controls(name: str, key: int, g: Geometry, n_tokens: int | None = None) -> l
         if g.rope:
             found.append(Control(name, "general_rotation_with_rope",
                                  "a general Q/K rotation on a RoPE model", rotation(key, g, general_qk=True)))
+        if g.partial_rotary and not g.qk_norm:
+            found.append(Control(name, "planes_across_the_whole_head",
+                                 "Q/K rotated in planes (i, i + head_dim/2) as if RoPE rotated the whole head",
+                                 rotation(key, g, whole_head_rotary=True)))
         if g.qk_norm:
             found.append(Control(name, "plane_rotation_with_qk_norm" if g.rope else "general_rotation_with_qk_norm",
                                  "a Q/K rotation that mixes channels with different Q/K norm gains",
                                  rotation(key, g, qk="planes" if g.rope else "general")))
     return found
+
+
+def _rotary_channels_moved(key: int, g: Geometry) -> Scramble:
+    """Q and K channels permuted alike inside the rotary slice of each head: q.k keeps its terms, but each
+    channel now meets RoPE's rotation of another plane (another frequency) or the other side of its own."""
+    rotary = g.rotary_channels
+    moved = keys.permutations(key, g.n_kv_heads, rotary, "head_channels/rotary_moved")
+    perms = torch.cat([moved, torch.arange(rotary, g.head_dim).expand(g.n_kv_heads, -1)], dim=1)
+    q_index = Permutation(_channel_index(torch.arange(g.n_heads), perms.repeat_interleave(g.heads_per_group, 0),
+                                         g.head_dim))
+    kv_index = Permutation(_channel_index(torch.arange(g.n_kv_heads), perms, g.head_dim))
+    return Scramble(_per_layer(g, lambda layer: {"q": (q_index,), "k": (kv_index,)}))
 
 
 def key_space_bits(name: str, g: Geometry, n_tokens: int | None = None) -> float:
@@ -269,8 +320,7 @@ def key_space_bits(name: str, g: Geometry, n_tokens: int | None = None) -> float
         rep = g.heads_per_group
         return g.n_layers * (perm_bits(g.n_kv_heads) + g.n_kv_heads * perm_bits(rep))
     if name == "head_channels":
-        sides = 1 if g.rope else 2
-        return g.n_layers * sides * g.n_kv_heads * perm_bits(g.head_dim)
+        return g.n_layers * g.n_kv_heads * (perm_bits(g.head_dim) + perm_bits(movable_qk_channels(g)))
     if name == "mlp":
         return g.n_layers * perm_bits(g.d_mlp)
     if name == "rotation":

@@ -25,7 +25,7 @@ import torch
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_IMAGE_MODEL = "digits-vit"
 DEFAULT_TEXT_MODEL = "minilm"
-FAMILIES = ("vit", "bert", "gpt2", "llama", "gemma3", "dinov2")
+FAMILIES = ("vit", "bert", "gpt2", "llama", "gemma3", "dinov2", "gpt_neox", "phi3")
 DTYPES = {"float32": torch.float32, "float64": torch.float64}  # the precisions every loader and page offers
 OWN_LICENSE = "project's own (weights trained here on scikit-learn digits, data BSD-3-Clause)"
 
@@ -211,6 +211,8 @@ _RANDOM_TASKS = {
     "llama": "causal-lm",
     "gemma3": "causal-lm",
     "dinov2": "feature-extraction",
+    "gpt_neox": "causal-lm",
+    "phi3": "causal-lm",
 }
 
 

@@ -27,15 +27,37 @@ class Geometry:
     qk_norm: bool = False  # an RMSNorm on each query/key head, one gain per head channel shared by all heads
     sliding_window: int | None = None  # some layers attend only to the last `sliding_window` positions
     relative_position_bias: bool = False  # attention scores get a bias read from sequence order (T5)
+    # RoPE rotates only the first `rotary_dim` channels of each query/key head (GPT-NeoX's rotary_pct,
+    # Phi-3's partial_rotary_factor); None means all of them. See rotary_channels.
+    rotary_dim: int | None = None
 
     @property
     def heads_per_group(self) -> int:
         return self.n_heads // self.n_kv_heads
 
+    @property
+    def rotary_channels(self) -> int:
+        """Channels of each query/key head that RoPE rotates, the first ones; the rest pass unrotated."""
+        return self.head_dim if self.rotary_dim is None else self.rotary_dim
+
+    @property
+    def partial_rotary(self) -> bool:
+        return self.rope and self.rotary_channels < self.head_dim
+
     def restrictions(self) -> dict[str, str]:
         """symmetry -> why only a restricted form of it is generated for this geometry (one sentence)."""
         found = {}
-        if self.rope:
+        if self.partial_rotary:
+            rotary, rest = self.rotary_channels, self.head_dim - self.rotary_channels
+            found["head_channels"] = (
+                f"RoPE rotates each query/key plane by its own frequency, so the {rotary} rotary channels of each "
+                f"Q/K head cannot move: V/O channels are permuted, and the {rest} Q/K channels RoPE leaves alone "
+                "only among themselves, the same way in Q and K (each query-key product keeps its terms).")
+            found["rotation"] = (
+                f"RoPE rotates only the first {rotary} of the {self.head_dim} channels of each Q/K head: Q/K are "
+                f"rotated inside each rotary plane (channels i and i + {rotary // 2}) and by a general rotation "
+                f"of the other {rest} channels.")
+        elif self.rope:
             found["head_channels"] = ("RoPE rotates each query/key plane by its own frequency, so Q/K channels "
                                       "cannot move: only V/O channels are permuted.")
             found["rotation"] = ("Only rotations inside each rotary plane (channels i and i + head_dim/2) "
@@ -72,9 +94,10 @@ class Family:
 
 
 def _registry() -> dict[str, Family]:
-    from perm_core.families import bert, dinov2, gemma3, gpt2, llama, vit
+    from perm_core.families import bert, dinov2, gemma3, gpt2, gpt_neox, llama, phi3, vit
 
-    return {fam.FAMILY.name: fam.FAMILY for fam in (vit, bert, gpt2, llama, gemma3, dinov2)}
+    return {fam.FAMILY.name: fam.FAMILY for fam in (vit, bert, gpt2, llama, gemma3, dinov2, gpt_neox,
+                                                     phi3)}
 
 
 def supported_summary() -> str:

@@ -20,6 +20,10 @@ PAGES = {
     "split_learning": "split_learning?sl_epochs=2&sl_attack_epochs=3&sl_victims=40",
     "rotation": "rotation",
     "fusion": "fusion",
+    "matrix": "matrix",
+    "walk_tokens": "walk?walk_step=1",
+    "walk_heads": "walk?walk_step=3&walk_projector=1",
+    "walk_exact": "walk?walk_step=5",
 }
 
 # Every element whose content is wider than its box, and every chart text outside its chart.
@@ -64,6 +68,9 @@ def test_every_page_is_readable_at_every_width(app_url, page, name):
         if name == "check":
             page.get_by_role("button", name="Run check").click()
             page.get_by_text("PASSED").first.wait_for(timeout=180_000)
+            wait_for_app(page)
+        if name == "matrix":  # measured row by row on the first visit
+            page.locator("table.symmetry-matrix").wait_for(timeout=300_000)
             wait_for_app(page)
         page.wait_for_timeout(1500)  # plotly draws after the script run ends
         assert page.locator('[data-testid="stException"]').count() == 0, (name, width)

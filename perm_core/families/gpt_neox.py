@@ -1,0 +1,50 @@
+"""GPT-NeoX (Pythia): a fused query_key_value laid out per head, partial RoPE, a parallel residual.
+
+query_key_value's output is viewed as [head, 3 * head_dim] and chunked into q | k | v inside each head
+(transformers 5.23, GPTNeoXAttention.forward), so its output axis is a Concat with one group per head.
+RoPE rotates only the first rotary_pct * head_dim channels of each q/k head (Geometry.rotary_dim).
+The parallel residual (attention and MLP both read the block's input) needs nothing of the spec: every
+symmetry here acts on the residual stream and inside each branch alike. Old checkpoints name the
+untied output head embed_out; transformers renames it lm_head on load.
+"""
+
+from perm_core.families import Family, Geometry, UnsupportedModelError
+from perm_core.spec import Concat, Rule
+
+P = r"(?:gpt_neox\.)?"
+L = P + r"layers\.(?P<layer>\d+)\."
+
+
+def geometry(config) -> Geometry:
+    d, heads = config.hidden_size, config.num_attention_heads
+    head_dim = d // heads
+    rotary = int(head_dim * config.rope_parameters.get("partial_rotary_factor", 1.0))
+    if rotary % 2:
+        raise UnsupportedModelError(f"GPT-NeoX with an odd rotary width ({rotary} of {head_dim}) is not supported")
+    return Geometry(d, config.num_hidden_layers, heads, heads, head_dim, config.intermediate_size,
+                    rope=rotary > 0, first_token_fixed=False, input_kind="causal-text", rotary_dim=rotary)
+
+
+def rules(g: Geometry) -> tuple[Rule, ...]:
+    qkv = Concat((("q", g.head_dim), ("k", g.head_dim), ("v", g.head_dim)), groups=g.n_heads)
+    return (
+        Rule(P + r"embed_in\.weight", (None, "resid"), "embedding"),
+        Rule(L + r"(?:input|post_attention)_layernorm\.(?:weight|bias)", ("resid",), "norm"),
+        Rule(L + r"attention\.query_key_value\.weight", (qkv, "resid"), "attn.qkv"),
+        Rule(L + r"attention\.query_key_value\.bias", (qkv,), "attn.qkv"),
+        Rule(L + r"attention\.dense\.weight", ("resid", "o"), "attn.o"),
+        Rule(L + r"attention\.dense\.bias", ("resid",), "attn.o"),
+        Rule(L + r"mlp\.dense_h_to_4h\.weight", ("mlp", "resid"), "mlp.in"),
+        Rule(L + r"mlp\.dense_h_to_4h\.bias", ("mlp",), "mlp.in"),
+        Rule(L + r"mlp\.dense_4h_to_h\.weight", ("resid", "mlp"), "mlp.out"),
+        Rule(L + r"mlp\.dense_4h_to_h\.bias", ("resid",), "mlp.out"),
+        Rule(P + r"final_layer_norm\.(?:weight|bias)", ("resid",), "norm"),
+        Rule(r"(?:lm_head|embed_out)\.weight", (None, "resid"), "head"),
+        Rule(r"classifier\.weight", (None, "resid"), "head"),  # GPTNeoXForTokenClassification: logits per token
+        Rule(r"classifier\.bias", (None,), "head"),
+    )
+
+
+# GPTNeoXForSequenceClassification is not listed: it pools the last token in array order (see gpt2.py).
+FAMILY = Family("gpt_neox", ("gpt_neox",), ("GPTNeoXModel", "GPTNeoXForCausalLM", "GPTNeoXForTokenClassification"),
+                geometry, rules)

@@ -1,0 +1,94 @@
+"""AppTest: the guided walk's five steps, each sentence's numbers equal to the computation it describes."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from streamlit.testing.v1 import AppTest
+
+from perm_core.defaults import default_inputs
+from perm_core.explore import Exploration
+from perm_core.walk import STEPS, run_step
+from perm_core.zoo import load_model
+
+APP = str(Path(__file__).resolve().parents[2] / "app.py")
+
+
+def walk(**query) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=300)
+    for name, value in query.items():
+        at.query_params[name] = str(value)
+    at.run()
+    at.switch_page("pages/walk.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+@pytest.fixture(scope="module")
+def explorers():
+    return {dtype: Exploration(loaded.model, default_inputs(loaded))
+            for dtype, loaded in ((d, load_model("digits-vit", dtype=d)) for d in (torch.float64, torch.float32))}
+
+
+def numbers(text: str) -> list[float]:
+    return [float(x) for x in re.findall(r"\*\*(-?[0-9.]+(?:e[+-]\d+)?)\*\*", text)]
+
+
+def test_next_and_previous_walk_every_step_and_the_url_follows():
+    at = walk()
+    titles = []
+    for index in range(len(STEPS)):
+        titles.append(at.title[0].value)
+        assert at.query_params["walk_step"] in (str(index + 1), [str(index + 1)])
+        assert at.get("plotly_chart"), titles[-1]
+        if index < len(STEPS) - 1:
+            next(b for b in at.button if b.label == "Next").click().run()
+            assert not at.exception, [e.value for e in at.exception]
+    assert titles[0].startswith("1.") and titles[-1].startswith("5.") and len(set(titles)) == len(STEPS)
+    assert next(b for b in at.button if b.label == "Next").disabled
+    next(b for b in at.button if b.label == "Previous").click().run()
+    assert at.title[0].value == titles[-2]
+
+
+@pytest.mark.parametrize("index", range(1, len(STEPS) + 1))
+def test_each_sentence_reports_its_own_run(explorers, index):
+    at = walk(walk_step=index, walk_key=99)
+    text = next(m.value for m in at.markdown if "Key 99" in m.value or "float64 the worst" in m.value)
+    expected = run_step(explorers[torch.float64], STEPS[index - 1], 99, explorers[torch.float32])
+    shown = numbers(text)
+    if STEPS[index - 1] == "tokens":
+        assert shown == [expected.extra["predicted_scrambled"], float(f"{expected.extra['probability_gap']:.1e}")]
+    elif STEPS[index - 1] == "exact":
+        assert shown == [float(f"{expected.restored_error:.1e}"),
+                         float(f"{expected.extra['float32'].worst_rel:.1e}")]
+    elif STEPS[index - 1] == "channels":
+        assert shown == [float(f"{expected.moved:.2f}"), float(f"{expected.restored_error:.1e}")]
+    elif STEPS[index - 1] == "heads":
+        assert shown == [float(f"{expected.restored_error:.1e}")]
+    else:
+        assert shown == [float(f"{expected.extra['weight_change']:.2f}"),
+                         float(f"{expected.extra['attention_error']:.1e}")]
+    assert expected.restored_error < 1e-12
+
+
+def test_the_head_step_shows_moved_heads_in_their_new_places(explorers):
+    at = walk(walk_step=3, walk_key=5)
+    expected = run_step(explorers[torch.float64], "heads", 5)
+
+    scrambled = json.loads(at.get("plotly_chart")[1].proto.spec)
+    labels = [a["text"] for a in scrambled["layout"].get("annotations", []) if a["text"].startswith("<b>")]
+    moved = [f"<b>{held}</b>" for holds in expected.extra["grid"].holds for h, held in enumerate(holds) if held != h]
+    assert labels == moved and moved
+
+
+def test_a_bad_key_is_a_message_and_the_walk_goes_on():
+    at = walk(walk_key="abc")
+    assert at.error and "whole number" in at.error[0].value
+    assert at.get("plotly_chart")
+
+
+def test_projector_mode_enlarges_the_text():
+    at = walk(walk_projector=1)
+    assert any("font-size: 1.45rem" in h.proto.body for h in at.get("html"))
