@@ -3,7 +3,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 PORT ?= 8501
 
-.PHONY: run test install install-dev chromium lint bench clean
+.PHONY: run test install install-dev chromium lint bench classroom clean
 
 $(VENV)/.installed: requirements.txt
 	python3 -m venv $(VENV)
@@ -41,6 +41,10 @@ lint: install-dev
 
 bench: install
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/run_benchmarks.py
+
+# 30 browser sessions on one server for 2 minutes; CLASSROOM_ARGS="--sessions 3 --seconds 20 --json out/c.json"
+classroom: install-dev chromium
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/classroom.py $(CLASSROOM_ARGS)
 
 clean:
 	rm -rf $(VENV)
