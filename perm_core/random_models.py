@@ -66,15 +66,55 @@ CONFIGS = {
         vocab_size=TINY_VOCAB, hidden_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         intermediate_size=64, max_position_embeddings=64, original_max_position_embeddings=64,
         partial_rotary_factor=0.5, tie_word_embeddings=False, bos_token_id=0, eos_token_id=0, pad_token_id=None),
+    # Mistral, Qwen2, Qwen3: three key/value groups of two query heads like random:llama. Mistral's window of 4
+    # covers every layer; Qwen2's (switched on here, off in most checkpoints) only the layers from
+    # max_window_layers on. Qwen3's heads are 12 wide, so the heads do not add up to the residual width.
+    ("mistral", "tiny"): lambda: hf.MistralConfig(
+        vocab_size=TINY_VOCAB, hidden_size=48, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=3,
+        intermediate_size=64, max_position_embeddings=64, sliding_window=4, tie_word_embeddings=False,
+        bos_token_id=0, eos_token_id=0, pad_token_id=None),
+    ("qwen2", "tiny"): lambda: hf.Qwen2Config(
+        vocab_size=TINY_VOCAB, hidden_size=48, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=3,
+        intermediate_size=64, max_position_embeddings=64, use_sliding_window=True, sliding_window=4,
+        max_window_layers=1, tie_word_embeddings=False, bos_token_id=0, eos_token_id=0, pad_token_id=None),
+    ("qwen2", "base"): lambda: hf.Qwen2Config(  # Qwen2.5-0.5B's shape
+        vocab_size=151936, hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+        intermediate_size=4864, max_position_embeddings=32768, tie_word_embeddings=True, rope_theta=1000000.0),
+    ("qwen3", "tiny"): lambda: hf.Qwen3Config(
+        vocab_size=TINY_VOCAB, hidden_size=48, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=3,
+        head_dim=12, intermediate_size=64, max_position_embeddings=64, attention_bias=True,
+        tie_word_embeddings=False, bos_token_id=0, eos_token_id=0, pad_token_id=None),
+    ("qwen3", "base"): lambda: hf.Qwen3Config(  # Qwen3-0.6B's shape
+        vocab_size=151936, hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+        head_dim=128, intermediate_size=3072, max_position_embeddings=40960, tie_word_embeddings=True,
+        rope_theta=1000000.0),
+    ("distilbert", "tiny"): lambda: hf.DistilBertConfig(vocab_size=TINY_VOCAB, dim=32, n_layers=2, n_heads=4,
+                                                        hidden_dim=64, max_position_embeddings=64),
+    ("distilbert", "base"): lambda: hf.DistilBertConfig(),  # distilbert-base-uncased
+    # One token type, position ids from padding_idx + 1 = 2 on, like roberta-base.
+    ("roberta", "tiny"): lambda: hf.RobertaConfig(vocab_size=TINY_VOCAB, hidden_size=32, num_hidden_layers=2,
+                                                  num_attention_heads=4, intermediate_size=64,
+                                                  max_position_embeddings=66, type_vocab_size=1, pad_token_id=1),
+    ("roberta", "base"): lambda: hf.RobertaConfig(vocab_size=50265, max_position_embeddings=514,
+                                                  type_vocab_size=1, pad_token_id=1),  # roberta-base
+    ("deit", "tiny"): lambda: hf.DeiTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                            intermediate_size=64, image_size=16, patch_size=4, num_channels=3,
+                                            num_labels=5),
+    ("deit", "base"): lambda: hf.DeiTConfig(hidden_size=384, num_attention_heads=6, intermediate_size=1536,
+                                            num_labels=1000),  # deit-small-distilled-patch16-224's shape
 }
 DEFAULT_CLASSES = {"vit": "ViTForImageClassification", "bert": "BertForMaskedLM", "gpt2": "GPT2LMHeadModel",
                    "llama": "LlamaForCausalLM", "gemma3": "Gemma3ForCausalLM", "dinov2": "Dinov2Model",
-                   "gpt_neox": "GPTNeoXForCausalLM", "phi3": "Phi3ForCausalLM"}
+                   "gpt_neox": "GPTNeoXForCausalLM", "phi3": "Phi3ForCausalLM",
+                   "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                   "distilbert": "DistilBertForMaskedLM", "roberta": "RobertaForMaskedLM",
+                   "deit": "DeiTForImageClassificationWithTeacher"}
+IMAGE_FAMILIES = ("vit", "dinov2", "deit")
 
 
 def random_config(family: str, size: str = "tiny"):
     if (family, size) not in CONFIGS:
-        raise ValueError(f"no random model {family}-{size}; families: vit, bert, gpt2, llama, gemma3, dinov2; "
+        raise ValueError(f"no random model {family}-{size}; families: {', '.join(DEFAULT_CLASSES)}; "
                          f"sizes: {', '.join(RANDOM_SIZES)}")
     config = CONFIGS[family, size]()
     config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
@@ -90,7 +130,7 @@ def randomize_(model: torch.nn.Module, seed: int) -> torch.nn.Module:
             if param.dim() == 1:
                 is_scale = name.endswith("weight")  # LayerNorm / RMSNorm gains
                 value = 1.0 + 0.4 * noise if is_scale else 0.3 * noise
-            elif "embed" in name or "wte" in name or "wpe" in name or "cls_token" in name:
+            elif any(part in name for part in ("embed", "wte", "wpe", "cls_token", "distillation_token")):
                 value = noise
             else:
                 value = noise * 1.5 / d_model**0.5
@@ -114,7 +154,7 @@ def random_inputs(family: str, model, seed: int = 0, n_tokens: int = 12) -> dict
     """Inputs for a random model: an image batch, or ids with a padded last position."""
     generator = torch.Generator().manual_seed(seed)
     config = model.config
-    if family in ("vit", "dinov2"):
+    if family in IMAGE_FAMILIES:
         shape = (1, config.num_channels, config.image_size, config.image_size)
         return {"pixel_values": torch.randn(shape, generator=generator)}
     ids = torch.randint(0, config.vocab_size, (1, n_tokens), generator=generator)
@@ -123,4 +163,8 @@ def random_inputs(family: str, model, seed: int = 0, n_tokens: int = 12) -> dict
     inputs = {"input_ids": ids, "attention_mask": mask}
     if family == "bert":
         inputs["token_type_ids"] = torch.randint(0, 2, (1, n_tokens), generator=generator)
+    if family == "roberta":  # as a tokenizer pads: the pad id only where the mask is 0
+        pad = config.pad_token_id
+        ids[ids == pad] = pad + 1
+        ids[:, -1] = pad
     return inputs

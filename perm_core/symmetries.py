@@ -29,11 +29,13 @@ DESCRIPTIONS = {
 }
 
 
-def token_permutation(key: int, n_tokens: int, first_token_fixed: bool) -> Permutation:
-    if not first_token_fixed:
+def token_permutation(key: int, n_tokens: int, fixed_tokens: int | bool) -> Permutation:
+    """The first `fixed_tokens` tokens stay in place (True means one: a [CLS]); the rest are shuffled."""
+    fixed = int(fixed_tokens)
+    if not fixed:
         return Permutation(keys.permutation(key, n_tokens, "tokens"))
-    rest = keys.permutation(key, n_tokens - 1, "tokens") + 1
-    return Permutation(torch.cat([torch.zeros(1, dtype=torch.long), rest]))
+    rest = keys.permutation(key, n_tokens - fixed, "tokens") + fixed
+    return Permutation(torch.cat([torch.arange(fixed), rest]))
 
 
 def _channel_index(head_index: torch.Tensor, channel_perms: torch.Tensor | None, head_dim: int) -> torch.Tensor:
@@ -179,7 +181,7 @@ def build(name: str, key: int, g: Geometry, n_tokens: int | None = None) -> Scra
     if name == "tokens":
         if not n_tokens:
             raise ValueError("the tokens symmetry needs the number of input tokens")
-        return Scramble(tokens=token_permutation(key, n_tokens, g.first_token_fixed))
+        return Scramble(tokens=token_permutation(key, n_tokens, g.fixed_tokens))
     builders = {"channels": channels, "heads": heads, "head_channels": head_channels, "mlp": mlp,
                 "rotation": rotation}
     if name not in builders:
@@ -226,12 +228,11 @@ def _heads_out_of_step(element: Scramble, g: Geometry) -> Scramble:
     return Scramble(spaces)
 
 
-def _nontrivial_tokens(element: Scramble) -> Scramble:
-    """A control needs tokens that really move: an identity draw becomes a cyclic shift."""
+def _nontrivial_tokens(element: Scramble, fixed_tokens: int) -> Scramble:
+    """A control needs tokens that really move: an identity draw becomes a cyclic shift of the movable ones."""
     index = element.tokens.index
     if torch.equal(index, torch.arange(len(index))):
-        start = 1 if index[0] == 0 and len(index) > 2 else 0
-        index = torch.cat([index[:start], index[start:].roll(1)])
+        index = torch.cat([index[:fixed_tokens], index[fixed_tokens:].roll(1)])
     return Scramble(tokens=Permutation(index))
 
 
@@ -240,8 +241,8 @@ def controls(name: str, key: int, g: Geometry, n_tokens: int | None = None) -> l
     element = build(name, key, g, n_tokens)
     found = []
     if name == "tokens":
-        if n_tokens - (1 if g.first_token_fixed else 0) >= 2:
-            moving = _nontrivial_tokens(element)
+        if n_tokens - g.fixed_tokens >= 2:
+            moving = _nontrivial_tokens(element, g.fixed_tokens)
             found.append(Control(name, "positions_not_moved", "tokens shuffled but their positions not",
                                  moving.with_controls(positions_follow_tokens=False)))
             if g.sliding_window and n_tokens > g.sliding_window:  # shorter inputs never reach the window
@@ -313,7 +314,7 @@ def key_space_bits(name: str, g: Geometry, n_tokens: int | None = None) -> float
     """log2 of the number of distinct elements; rotations are continuous (inf)."""
     perm_bits = keys.permutation_bits
     if name == "tokens":
-        return perm_bits((n_tokens or 1) - (1 if g.first_token_fixed else 0))
+        return perm_bits((n_tokens or 1) - g.fixed_tokens)
     if name == "channels":
         return perm_bits(g.d_model)
     if name == "heads":

@@ -1,12 +1,14 @@
 """Inter-token permutation of model inputs: ids, position ids, token types, masks, image patches.
 
-Positions travel with their tokens (position ids for text; for ViT the learned position table is
-permuted by the spec's "positions" role), so the model sees the same set of (token, position) pairs.
+Positions travel with their tokens (position ids for text, counted from Geometry.position_offset as
+the model itself counts them; for ViT the learned position table is permuted by the spec's "positions"
+role), so the model sees the same set of (token, position) pairs.
 Causal models get the causal mask as an additive float 4D mask built from the permuted positions:
 query i may attend key j iff position[j] <= position[i]. (A bool 4D mask is silently wrong in eager.)
 Models with sliding-window layers (Gemma 3) get a dict of two such masks, one per layer type, the window
 also measured in positions: key j is in query i's window iff position[i] - window < position[j].
-(A single 4D mask would be used as-is by every layer, silently dropping the window.)
+(A single 4D mask would be used as-is by every layer, silently dropping the window.) Mistral builds one
+mask for all its layers, all sliding: it gets a single mask with the window built in.
 """
 
 from __future__ import annotations
@@ -24,9 +26,14 @@ WINDOW_NOT_MOVED = "sliding_window_mask"
 
 
 def shuffle_patches(pixels: torch.Tensor, tokens: Permutation, patch_size: int) -> torch.Tensor:
-    """Rearrange an image batch [B, C, H, W] as a mosaic; token 0 is ViT's class token, not a patch."""
-    patch_order = tokens.index[1:] - 1
-    height = pixels.shape[-2] // patch_size
+    """Rearrange an image batch [B, C, H, W] as a mosaic. The tokens beyond the patches lead the sequence
+    (ViT's class token; DeiT's class and distillation tokens): they are no pixels, so they must stay put."""
+    height, width = pixels.shape[-2] // patch_size, pixels.shape[-1] // patch_size
+    leading = len(tokens.index) - height * width
+    if leading < 0 or not torch.equal(tokens.index[:leading], torch.arange(leading)):
+        raise ValueError(f"a permutation of {len(tokens.index)} tokens cannot shuffle {height * width} patches "
+                         "while keeping the leading non-patch tokens in place")
+    patch_order = tokens.index[leading:] - leading
     patches = rearrange(pixels, "b c (h p1) (w p2) -> b (h w) c p1 p2", p1=patch_size, p2=patch_size)
     patches = patches[:, patch_order.to(pixels.device)]
     return rearrange(patches, "b (h w) c p1 p2 -> b c (h p1) (w p2)", h=height)
@@ -35,7 +42,7 @@ def shuffle_patches(pixels: torch.Tensor, tokens: Permutation, patch_size: int) 
 def n_tokens(inputs: dict, g: Geometry) -> int:
     if g.input_kind == "image":
         pixels = inputs["pixel_values"]
-        return (pixels.shape[-2] // g.patch_size) * (pixels.shape[-1] // g.patch_size) + 1
+        return (pixels.shape[-2] // g.patch_size) * (pixels.shape[-1] // g.patch_size) + g.fixed_tokens
     return inputs["input_ids"].shape[1]
 
 
@@ -49,7 +56,7 @@ def model_inputs(inputs: dict, g: Geometry, scramble: Scramble, dtype: torch.dty
     batch, length = ids.shape
     mask = inputs.get("attention_mask")
     mask = torch.ones_like(ids) if mask is None else mask
-    positions = torch.arange(length, device=ids.device).expand(batch, length)
+    positions = (torch.arange(length, device=ids.device) + g.position_offset).expand(batch, length)
     token_types = inputs.get("token_type_ids")
     if tokens is not None:
         order = tokens.index.to(ids.device)
@@ -66,10 +73,9 @@ def model_inputs(inputs: dict, g: Geometry, scramble: Scramble, dtype: torch.dty
         window_positions = positions
         if WINDOW_NOT_MOVED in scramble.skip_tags:
             window_positions = torch.arange(length, device=ids.device).expand(batch, length)
-        kwargs["attention_mask"] = {
-            "full_attention": causal_float_mask(positions, mask, dtype),
-            "sliding_attention": causal_float_mask(positions, mask, dtype, g.sliding_window, window_positions),
-        }
+        sliding = causal_float_mask(positions, mask, dtype, g.sliding_window, window_positions)
+        kwargs["attention_mask"] = sliding if g.window_in_every_layer else {
+            "full_attention": causal_float_mask(positions, mask, dtype), "sliding_attention": sliding}
     else:
         kwargs["attention_mask"] = causal_float_mask(positions, mask, dtype)
     return kwargs

@@ -140,7 +140,7 @@ class Subject:
 
     @property
     def movable_tokens(self) -> int:
-        return (self.n_tokens or 0) - (1 if self.geometry.first_token_fixed else 0)
+        return (self.n_tokens or 0) - self.geometry.fixed_tokens
 
     def build(self, keys_by_symmetry: dict[str, int]) -> Scramble:
         return symmetries.build_many(keys_by_symmetry, self.geometry, self.n_tokens)

@@ -25,7 +25,8 @@ import torch
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_IMAGE_MODEL = "digits-vit"
 DEFAULT_TEXT_MODEL = "minilm"
-FAMILIES = ("vit", "bert", "gpt2", "llama", "gemma3", "dinov2", "gpt_neox", "phi3")
+FAMILIES = ("vit", "bert", "gpt2", "llama", "gemma3", "dinov2", "gpt_neox", "phi3", "mistral", "qwen2", "qwen3",
+            "distilbert", "roberta", "deit")
 DTYPES = {"float32": torch.float32, "float64": torch.float64}  # the precisions every loader and page offers
 OWN_LICENSE = "project's own (weights trained here on scikit-learn digits, data BSD-3-Clause)"
 
@@ -213,12 +214,18 @@ _RANDOM_TASKS = {
     "dinov2": "feature-extraction",
     "gpt_neox": "causal-lm",
     "phi3": "causal-lm",
+    "mistral": "causal-lm",
+    "qwen2": "causal-lm",
+    "qwen3": "causal-lm",
+    "distilbert": "masked-lm",
+    "roberta": "masked-lm",
+    "deit": "image-classification",
 }
 
 
 def _task_of(model: torch.nn.Module) -> str:
     cls = type(model).__name__
-    if cls.endswith("ForImageClassification"):
+    if cls.endswith(("ForImageClassification", "ForImageClassificationWithTeacher")):
         return "image-classification"
     if cls.endswith("ForCausalLM") or cls.endswith("LMHeadModel"):
         return "causal-lm"

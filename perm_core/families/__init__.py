@@ -27,6 +27,17 @@ class Geometry:
     qk_norm: bool = False  # an RMSNorm on each query/key head, one gain per head channel shared by all heads
     sliding_window: int | None = None  # some layers attend only to the last `sliding_window` positions
     relative_position_bias: bool = False  # attention scores get a bias read from sequence order (T5)
+    # Leading tokens that stay in place under token permutation: 1 for a [CLS] (the default when
+    # first_token_fixed), 2 for DeiT's class and distillation tokens, which its heads read by index.
+    fixed_tokens: int | None = None
+    position_offset: int = 0  # the first token's position id (RoBERTa counts from padding_idx + 1)
+    window_in_every_layer: bool = False  # Mistral: one mask for all layers, so the window is built into it
+
+    def __post_init__(self):
+        if self.fixed_tokens is None:
+            object.__setattr__(self, "fixed_tokens", int(self.first_token_fixed))
+        elif self.first_token_fixed != (self.fixed_tokens > 0):
+            raise ValueError(f"first_token_fixed={self.first_token_fixed} contradicts fixed_tokens={self.fixed_tokens}")
     # RoPE rotates only the first `rotary_dim` channels of each query/key head (GPT-NeoX's rotary_pct,
     # Phi-3's partial_rotary_factor); None means all of them. See rotary_channels.
     rotary_dim: int | None = None
@@ -94,10 +105,25 @@ class Family:
 
 
 def _registry() -> dict[str, Family]:
-    from perm_core.families import bert, dinov2, gemma3, gpt2, gpt_neox, llama, phi3, vit
+    from perm_core.families import (
+        bert,
+        deit,
+        dinov2,
+        distilbert,
+        gemma3,
+        gpt2,
+        gpt_neox,
+        llama,
+        mistral,
+        phi3,
+        qwen2,
+        qwen3,
+        roberta,
+        vit,
+    )
 
-    return {fam.FAMILY.name: fam.FAMILY for fam in (vit, bert, gpt2, llama, gemma3, dinov2, gpt_neox,
-                                                     phi3)}
+    return {fam.FAMILY.name: fam.FAMILY for fam in (vit, bert, gpt2, llama, gemma3, dinov2, gpt_neox, phi3, mistral,
+                                                    qwen2, qwen3, distilbert, roberta, deit)}
 
 
 def supported_summary() -> str:

@@ -236,7 +236,7 @@ def test_random_models_when_available():
         # Whatever the family: an image model (by its geometry) gets an image size, a text model does not.
         assert (loaded.image_size is not None) == (geometry_of(loaded.model).input_kind == "image"), family
         image_families |= {family} if loaded.image_size is not None else set()
-    assert image_families == {"vit", "dinov2"}
+    assert image_families == {"vit", "dinov2", "deit"}
     assert "tiny" in random_models.RANDOM_SIZES
     with pytest.raises(ModelLoadError, match="Unknown random family"):
         zoo.load_model("random:resnet")

@@ -1,0 +1,48 @@
+"""DeiT (transformers 5.x names: deit.layers.N.attention.{q,k,v,o}_proj, mlp.fc1/fc2): ViT plus a distillation
+token. The sequence is [class, distillation, patches...]; the heads read tokens 0 and 1 by index, so both stay
+in place under token permutation (Geometry.fixed_tokens = 2) and only the patches are shuffled."""
+
+from perm_core.families import Family, Geometry, UnsupportedModelError
+from perm_core.spec import Rule
+
+P = r"(?:deit\.)?"
+L = P + r"layers\.(?P<layer>\d+)\."
+
+
+def geometry(config) -> Geometry:
+    d, heads = config.hidden_size, config.num_attention_heads
+    if (getattr(config, "pooler_output_size", None) or d) != d:
+        raise UnsupportedModelError("a DeiT pooler whose output is not the width of the residual stream")
+    return Geometry(d, config.num_hidden_layers, heads, heads, d // heads, config.intermediate_size,
+                    rope=False, first_token_fixed=True, input_kind="image", patch_size=config.patch_size,
+                    fixed_tokens=2)
+
+
+def rules(g: Geometry) -> tuple[Rule, ...]:
+    return (
+        Rule(P + r"embeddings\.(?:cls|distillation)_token", (None, None, "resid"), "embedding"),
+        Rule(P + r"embeddings\.mask_token", (None, None, "resid"), "embedding"),
+        Rule(P + r"embeddings\.position_embeddings", (None, "positions", "resid"), "position"),
+        Rule(P + r"embeddings\.patch_embeddings\.projection\.weight", ("resid", None, None, None), "embedding"),
+        Rule(P + r"embeddings\.patch_embeddings\.projection\.bias", ("resid",), "embedding"),
+        *(Rule(L + rf"attention\.{x}_proj\.weight", (x, "resid"), f"attn.{x}") for x in "qkv"),
+        *(Rule(L + rf"attention\.{x}_proj\.bias", (x,), f"attn.{x}") for x in "qkv"),
+        Rule(L + r"attention\.o_proj\.weight", ("resid", "o"), "attn.o"),
+        Rule(L + r"attention\.o_proj\.bias", ("resid",), "attn.o"),
+        Rule(L + r"layernorm_(?:before|after)\.(?:weight|bias)", ("resid",), "norm"),
+        Rule(L + r"mlp\.fc1\.weight", ("mlp", "resid"), "mlp.in"),
+        Rule(L + r"mlp\.fc1\.bias", ("mlp",), "mlp.in"),
+        Rule(L + r"mlp\.fc2\.weight", ("resid", "mlp"), "mlp.out"),
+        Rule(L + r"mlp\.fc2\.bias", ("resid",), "mlp.out"),
+        Rule(P + r"layernorm\.(?:weight|bias)", ("resid",), "norm"),
+        Rule(P + r"pooler\.dense\.weight", ("resid", "resid"), "head"),  # DeiTModel: token 0, dense, tanh
+        Rule(P + r"pooler\.dense\.bias", ("resid",), "head"),
+        # DeiTForImageClassification reads token 0; ...WithTeacher averages cls_classifier(token 0) and
+        # distillation_classifier(token 1).
+        Rule(r"(?:cls_|distillation_)?classifier\.weight", (None, "resid"), "head"),
+        Rule(r"(?:cls_|distillation_)?classifier\.bias", (None,), "head"),
+    )
+
+
+FAMILY = Family("deit", ("deit",), ("DeiTModel", "DeiTForImageClassification",
+                                    "DeiTForImageClassificationWithTeacher"), geometry, rules)

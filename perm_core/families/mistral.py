@@ -1,0 +1,19 @@
+"""Mistral: Llama's layout (no biases in the stock model) with a sliding window on every layer.
+
+transformers 5.23 builds one mask for all layers, windowed when config.sliding_window is set, and uses a
+4D mask it is given as-is: tokens.py builds that mask with the window measured in the moved positions.
+"""
+
+from dataclasses import replace
+
+from perm_core.families import Family, Geometry, llama
+
+
+def geometry(config) -> Geometry:
+    window = getattr(config, "sliding_window", None)
+    return replace(llama.geometry(config), sliding_window=window, window_in_every_layer=window is not None)
+
+
+# MistralForSequenceClassification is not listed: like Llama's, it pools the last token in array order.
+FAMILY = Family("mistral", ("mistral",), ("MistralModel", "MistralForCausalLM", "MistralForTokenClassification"),
+                geometry, llama.rules)

@@ -1,0 +1,17 @@
+"""Qwen2: Llama's layout with q/k/v biases (o has none). Its sliding window is off unless use_sliding_window;
+then the layers from max_window_layers on slide, and the model takes one mask per layer type (tokens.py)."""
+
+from dataclasses import replace
+
+from perm_core.families import Family, Geometry, llama
+
+
+def geometry(config) -> Geometry:
+    layer_types = getattr(config, "layer_types", None) or ()
+    window = config.sliding_window if "sliding_attention" in layer_types else None
+    return replace(llama.geometry(config), sliding_window=window)
+
+
+# Qwen2ForSequenceClassification is not listed: like Llama's, it pools the last token in array order.
+FAMILY = Family("qwen2", ("qwen2",), ("Qwen2Model", "Qwen2ForCausalLM", "Qwen2ForTokenClassification"),
+                geometry, llama.rules)

@@ -1,0 +1,25 @@
+"""Qwen3: Llama's layout plus an RMSNorm on each query/key head (gain used as-is, not 1 + w like Gemma's).
+
+`q_norm`/`k_norm` hold one gain per head channel shared by all heads: head permutations leave them alone,
+V/O transforms never see them, and a Q/K transform must commute with that diagonal gain
+(Geometry.qk_norm, see Geometry.restrictions). A sliding window, when switched on, works as in Qwen2.
+"""
+
+from dataclasses import replace
+
+from perm_core.families import Family, Geometry, llama, qwen2
+from perm_core.spec import Rule
+
+
+def geometry(config) -> Geometry:
+    return replace(qwen2.geometry(config), qk_norm=True)
+
+
+def rules(g: Geometry) -> tuple[Rule, ...]:
+    # One gain per head channel, shared by every head: no transform generated for Qwen3 moves it.
+    return (Rule(llama.L + r"self_attn\.[qk]_norm\.weight", (None,), "qk_norm"), *llama.rules(g))
+
+
+# Qwen3ForSequenceClassification is not listed: like Llama's, it pools the last token in array order.
+FAMILY = Family("qwen3", ("qwen3",), ("Qwen3Model", "Qwen3ForCausalLM", "Qwen3ForTokenClassification"),
+                geometry, rules)

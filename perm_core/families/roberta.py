@@ -1,0 +1,51 @@
+"""RoBERTa: BERT's layout under roberta.*, an MLM head lm_head.{dense,layer_norm,decoder}, and position ids
+counted from padding_idx + 1 (Geometry.position_offset): tokens.py passes them so, moved with their tokens."""
+
+from perm_core.families import Family, Geometry
+from perm_core.spec import Rule
+
+P = r"(?:roberta\.)?"
+L = P + r"encoder\.layer\.(?P<layer>\d+)\."
+QKV = {"query": "q", "key": "k", "value": "v"}
+
+
+def geometry(config) -> Geometry:
+    d, heads = config.hidden_size, config.num_attention_heads
+    return Geometry(d, config.num_hidden_layers, heads, heads, d // heads, config.intermediate_size,
+                    rope=False, first_token_fixed=True, input_kind="bidirectional-text",
+                    position_offset=config.pad_token_id + 1)
+
+
+def rules(g: Geometry) -> tuple[Rule, ...]:
+    return (
+        Rule(P + r"embeddings\.(?:word|position|token_type)_embeddings\.weight", (None, "resid"), "embedding"),
+        Rule(P + r"embeddings\.LayerNorm\.(?:weight|bias)", ("resid",), "norm"),
+        *(Rule(L + rf"attention\.self\.{n}\.weight", (r, "resid"), f"attn.{r}") for n, r in QKV.items()),
+        *(Rule(L + rf"attention\.self\.{n}\.bias", (r,), f"attn.{r}") for n, r in QKV.items()),
+        Rule(L + r"attention\.output\.dense\.weight", ("resid", "o"), "attn.o"),
+        Rule(L + r"attention\.output\.dense\.bias", ("resid",), "attn.o"),
+        Rule(L + r"(?:attention\.output|output)\.LayerNorm\.(?:weight|bias)", ("resid",), "norm"),
+        Rule(L + r"intermediate\.dense\.weight", ("mlp", "resid"), "mlp.in"),
+        Rule(L + r"intermediate\.dense\.bias", ("mlp",), "mlp.in"),
+        Rule(L + r"output\.dense\.weight", ("resid", "mlp"), "mlp.out"),
+        Rule(L + r"output\.dense\.bias", ("resid",), "mlp.out"),
+        Rule(P + r"pooler\.dense\.weight", ("resid", "resid"), "head"),
+        Rule(P + r"pooler\.dense\.bias", ("resid",), "head"),
+        Rule(r"lm_head\.dense\.weight", ("resid", "resid"), "head"),
+        Rule(r"lm_head\.dense\.bias", ("resid",), "head"),
+        Rule(r"lm_head\.layer_norm\.(?:weight|bias)", ("resid",), "norm"),
+        Rule(r"lm_head\.decoder\.weight", (None, "resid"), "head"),
+        Rule(r"lm_head\.(?:decoder\.)?bias", (None,), "head"),
+        # Sequence classification: token 0 (<s>, which never moves) through dense, tanh (per channel), out_proj.
+        Rule(r"classifier\.dense\.weight", ("resid", "resid"), "head"),
+        Rule(r"classifier\.dense\.bias", ("resid",), "head"),
+        Rule(r"classifier\.out_proj\.weight", (None, "resid"), "head"),
+        Rule(r"classifier\.out_proj\.bias", (None,), "head"),
+        Rule(r"classifier\.weight", (None, "resid"), "head"),  # token classification: logits per token
+        Rule(r"classifier\.bias", (None,), "head"),
+    )
+
+
+# RobertaForCausalLM is not listed: it is a decoder (is_decoder) whose causal mask this family does not build.
+FAMILY = Family("roberta", ("roberta",), ("RobertaModel", "RobertaForMaskedLM", "RobertaForSequenceClassification",
+                                          "RobertaForTokenClassification"), geometry, rules)
