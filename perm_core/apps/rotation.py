@@ -56,10 +56,10 @@ def projection_modules(subject: Subject) -> dict[int, dict[str, tuple[str, objec
             continue
         module = name[: -len(".weight")]
         role = tag.split(".")[1]
-        if role == "qkv":  # GPT-2's fused projection: one output split into q | k | v
+        if role == "qkv":  # a fused projection (GPT-2, Phi-3; per head in GPT-NeoX): its output splits as its spec says
             concat = next(a for a in claim.rule.axes if isinstance(a, Concat))
             for i, (part, _) in enumerate(concat.parts):
-                found.setdefault(claim.layer, {})[part] = (module, (i, [s for _, s in concat.parts]))
+                found.setdefault(claim.layer, {})[part] = (module, (i, concat))
         else:
             found.setdefault(claim.layer, {})[role] = (module, None)
     return found
@@ -73,7 +73,7 @@ def capture(subject: Subject, scramble: Scramble | None = None) -> tuple[dict, d
     def keep(layer, role, split):
         def hook(module, args, output):
             if split is not None:
-                output = output.split(split[1], dim=-1)[split[0]]
+                output = split[1].split(output, output.dim() - 1)[split[0]]
             captured[(layer, role)] = output.detach()
         return hook
 
@@ -194,7 +194,8 @@ def norm_commutation(subject: Subject, key: int) -> dict[str, dict[str, float]]:
     weight = subject.params[next(n for n in norm_names if n.endswith("weight"))].detach().to(torch.float64)
     bias_name = next((n for n in norm_names if n.endswith("bias")), None)
     bias = subject.params[bias_name].detach().to(torch.float64) if bias_name else torch.zeros_like(weight)
-    layer_norm = g.rope is False and bias_name is not None  # ViT/BERT/GPT-2: LayerNorm; Llama: RMSNorm
+    norm_module = dict(subject.model.named_modules())[norm_names[0].rsplit(".", 1)[0]]
+    layer_norm = isinstance(norm_module, torch.nn.LayerNorm)  # ViT/BERT/GPT-2/GPT-NeoX; Llama/Phi-3: RMSNorm
 
     def norm(v, w, b):
         if layer_norm:

@@ -16,6 +16,7 @@ import transformers as hf
 
 from perm_core import keys, symmetries
 from perm_core.__main__ import main
+from perm_core.apps import rotation
 from perm_core.families import UnsupportedModelError, family_of, gpt_neox, phi3
 from perm_core.numerics import use_exact_numerics
 from perm_core.random_models import build_random_model, random_config, random_inputs, randomize_
@@ -272,3 +273,15 @@ def test_phi3_with_a_sliding_window_is_refused():
     config.sliding_window = 4
     with pytest.raises(UnsupportedModelError, match="sliding window"):
         phi3.geometry(config)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_rotation_app_reads_the_fused_projections_as_the_spec_splits_them(family):
+    subject = subject_of(family)
+    demo = rotation.rotation_demo(subject.model, subject.inputs, 7)
+    assert demo.passed and demo.control_broken
+    moving = [q for q in demo.quantities if not q.invariant]
+    assert {q.name for q in moving} >= {"queries", "keys", "values"}
+    assert min(q.changed for q in moving) > 0.1 and max(q.restored for q in demo.quantities) <= EXACT
+    kind = rotation.norm_commutation(subject, 7)["kind"]
+    assert kind == ({"LayerNorm": 1.0} if family == "gpt_neox" else {"RMSNorm": 1.0})
