@@ -54,7 +54,8 @@ CONFIGS = {
     ("dinov2", "base"): lambda: hf.Dinov2Config(hidden_size=384, num_attention_heads=6),  # dinov2-s's shape, 224
     # GPT-NeoX (Pythia): head_dim 12 with rotary_pct 0.5 (3 rotary planes, 6 channels RoPE leaves alone),
     # parallel residual, biases everywhere, untied output head. Phi-3: two key/value groups of two query
-    # heads, partial_rotary_factor 0.5 on head_dim 12 (no base size: Phi-3-mini's 3.8B is too big to build here).
+    # heads, partial_rotary_factor 0.5 on head_dim 12, a window of 4 on every layer that a 12-token input exceeds
+    # (no base size: Phi-3-mini's 3.8B is too big to build here).
     ("gpt_neox", "tiny"): lambda: hf.GPTNeoXConfig(
         vocab_size=TINY_VOCAB, hidden_size=48, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
         max_position_embeddings=64, rotary_pct=0.5, use_parallel_residual=True, attention_bias=True,
@@ -65,7 +66,8 @@ CONFIGS = {
     ("phi3", "tiny"): lambda: hf.Phi3Config(
         vocab_size=TINY_VOCAB, hidden_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         intermediate_size=64, max_position_embeddings=64, original_max_position_embeddings=64,
-        partial_rotary_factor=0.5, tie_word_embeddings=False, bos_token_id=0, eos_token_id=0, pad_token_id=None),
+        partial_rotary_factor=0.5, sliding_window=4, tie_word_embeddings=False, bos_token_id=0, eos_token_id=0,
+        pad_token_id=None),
     # Mistral, Qwen2, Qwen3: three key/value groups of two query heads like random:llama. Mistral's window of 4
     # covers every layer; Qwen2's (switched on here, off in most checkpoints) only the layers from
     # max_window_layers on. Qwen3's heads are 12 wide, so the heads do not add up to the residual width.

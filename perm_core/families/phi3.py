@@ -2,7 +2,8 @@
 
 gate_up_proj's output is [gate | up], chunked in two and multiplied neuron by neuron, so both halves
 live in the one MLP space and move with the same permutation. RMSNorm, no biases. RoPE may rotate only
-the first partial_rotary_factor * head_dim channels of each q/k head (Geometry.rotary_dim).
+the first partial_rotary_factor * head_dim channels of each q/k head (Geometry.rotary_dim). A sliding
+window (Phi-3-mini's 2047) acts on every layer through one mask, as in Mistral (see tokens.py).
 """
 
 from perm_core.families import Family, Geometry, UnsupportedModelError
@@ -18,12 +19,10 @@ def geometry(config) -> Geometry:
     rotary = int(head_dim * config.rope_parameters.get("partial_rotary_factor", 1.0))
     if rotary % 2:
         raise UnsupportedModelError(f"Phi-3 with an odd rotary width ({rotary} of {head_dim}) is not supported")
-    if getattr(config, "sliding_window", None) is not None:
-        # Every layer would slide, from one mask built for all of them; the 4D masks built here carry no window.
-        raise UnsupportedModelError("Phi-3 with a sliding window is not supported yet")
+    window = getattr(config, "sliding_window", None)
     return Geometry(d, config.num_hidden_layers, heads, config.num_key_value_heads or heads, head_dim,
                     config.intermediate_size, rope=rotary > 0, first_token_fixed=False, input_kind="causal-text",
-                    rotary_dim=rotary)
+                    rotary_dim=rotary, sliding_window=window, window_in_every_layer=window is not None)
 
 
 def rules(g: Geometry) -> tuple[Rule, ...]:

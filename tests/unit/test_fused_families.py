@@ -2,7 +2,8 @@
 
 random:gpt_neox: head_dim 12, rotary_pct 0.5 (3 rotary planes, 6 channels RoPE leaves alone), a parallel
 residual, biases in every layer, an untied output head. random:phi3: two key/value groups of two query heads,
-head_dim 12, partial_rotary_factor 0.5, fused qkv_proj and gate_up_proj. Both far from Hugging Face's init.
+head_dim 12, partial_rotary_factor 0.5, a sliding window of 4 on every layer, fused qkv_proj and gate_up_proj.
+Both far from Hugging Face's init.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import transformers as hf
 from perm_core import keys, symmetries
 from perm_core.__main__ import main
 from perm_core.apps import rotation
-from perm_core.families import UnsupportedModelError, family_of, gpt_neox, phi3
+from perm_core.families import family_of, gpt_neox, phi3
 from perm_core.numerics import use_exact_numerics
 from perm_core.random_models import build_random_model, random_config, random_inputs, randomize_
 from perm_core.spec import Concat, FamilySpec, Rule, Scramble
+from perm_core.tokens import causal_float_mask, model_inputs
 from perm_core.transforms import BlockOrthogonal
 from perm_core.verify import Subject, check
 
@@ -117,6 +119,7 @@ def test_every_symmetry_holds_forward_and_backward_and_every_control_breaks(fami
     names = {c.name for c in report.controls}
     assert {"rotary_channels_moved", "planes_across_the_whole_head", "general_rotation_with_rope",
             "qk_channels_with_rope", "keys_moved_wrongly", "norms_not_permuted"} <= names
+    assert ("window_not_moved" in names) == (family == "phi3")
     assert set(report.restricted) == {"head_channels", "rotation"}
     assert report.passed
 
@@ -266,13 +269,21 @@ def test_cli_check_of_the_random_model_exits_0(family, capsys):
     assert report["family"] == family and report["passed"]
 
 
-def test_phi3_with_a_sliding_window_is_refused():
-    """Phi-3 slides in every layer from one mask; the masks built here carry no window yet, so a checkpoint
-    with one (Phi-3-mini's 2047) is refused rather than checked against the wrong attention."""
-    config = random_config("phi3")
-    config.sliding_window = 4
-    with pytest.raises(UnsupportedModelError, match="sliding window"):
-        phi3.geometry(config)
+def test_phi3_window_masks_match_the_stock_model_and_the_window_matters():
+    """Phi-3 slides in every layer from one mask: the one built here from the positions, window included."""
+    subject = subject_of("phi3")
+    g = subject.geometry
+    assert (g.sliding_window, g.window_in_every_layer) == (4, True) and subject.n_tokens > g.sliding_window
+    kwargs = model_inputs(subject.inputs, g, Scramble(), torch.float64)
+    valid = subject.inputs["attention_mask"][0].bool()
+    no_window = causal_float_mask(kwargs["position_ids"], subject.inputs["attention_mask"], torch.float64)
+    with torch.no_grad():
+        ours = subject.model(**kwargs).logits
+        stock = subject.model(input_ids=subject.inputs["input_ids"],
+                              attention_mask=subject.inputs["attention_mask"]).logits
+        windowless = subject.model(**{**kwargs, "attention_mask": no_window}).logits
+    assert torch.equal(ours[:, valid], stock[:, valid])
+    assert (windowless - stock)[:, valid].abs().max() > BROKEN
 
 
 @pytest.mark.parametrize("family", FAMILIES)
