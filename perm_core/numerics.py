@@ -2,7 +2,9 @@
 
 What downcasts in the stock code (transformers 5.23, the version pinned here):
 * eager attention of ViT, Llama and Gemma 3: softmax(..., dtype=torch.float32), then cast back;
-* Llama's RMSNorm (the variance and the normalization) and Gemma 3's RMSNorm (all of it) in float32.
+* Llama's RMSNorm (the variance and the normalization) and Gemma 3's RMSNorm (all of it) in float32;
+  T5's T5LayerNorm (an RMSNorm) its variance. T5's relative position bias reaches the attention as
+  `position_bias`, added to the scores before the mask.
 Each caps a float64 comparison at ~1e-7. BERT's and GPT-2's eager attention compute the softmax in the
 model's dtype (GPT-2's optional reorder_and_upcast_attn path, off by default, would compute its scores in
 float32 but is never taken with the attention installed here); BERT, ViT and GPT-2 use torch's LayerNorm,
@@ -23,7 +25,7 @@ EXACT_EAGER = "perm_core_eager"
 
 
 def exact_eager_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None,
-                          **kwargs):
+                          position_bias=None, **kwargs):
     groups = query.shape[1] // key.shape[1]
     if groups > 1:  # grouped-query attention: each key/value head serves `groups` query heads
         key = key.repeat_interleave(groups, dim=1)
@@ -32,6 +34,8 @@ def exact_eager_attention(module, query, key, value, attention_mask, scaling=Non
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
     if softcap is not None:  # Gemma 2's logit soft-capping
         scores = torch.tanh(scores / softcap) * softcap
+    if position_bias is not None:  # T5's relative position bias, [1 | B, H, query, key]
+        scores = scores + position_bias
     if attention_mask is not None:
         scores = scores + attention_mask[:, :, :, : key.shape[-2]]
     probs = torch.softmax(scores, dim=-1)
@@ -65,5 +69,5 @@ def use_exact_numerics(model) -> None:
     for module in model.modules():
         if type(module).__name__ == "Gemma3RMSNorm" and hasattr(module, "eps"):
             module.forward = types.MethodType(_gemma_rms_norm_forward, module)
-        elif type(module).__name__.endswith("RMSNorm") and hasattr(module, "variance_epsilon"):
+        elif type(module).__name__.endswith(("RMSNorm", "T5LayerNorm")) and hasattr(module, "variance_epsilon"):
             module.forward = types.MethodType(_rms_norm_forward, module)

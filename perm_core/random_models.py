@@ -13,6 +13,7 @@ from perm_core.numerics import use_exact_numerics
 
 RANDOM_SIZES = ("tiny", "base")
 TINY_VOCAB = 120
+DECODER_TOKENS = 7  # encoder-decoders (T5): the decoder input's length, unlike the encoder's 12
 
 CONFIGS = {
     ("vit", "tiny"): lambda: hf.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -52,6 +53,14 @@ CONFIGS = {
                                                 mlp_ratio=2, image_size=16, patch_size=4, num_channels=3,
                                                 layerscale_value=0.5),  # lambda1 re-drawn per channel below
     ("dinov2", "base"): lambda: hf.Dinov2Config(hidden_size=384, num_attention_heads=6),  # dinov2-s's shape, 224
+    # Two encoder and two decoder blocks, gated GELU and no d_model^-0.5 before the LM head, as T5 v1.1 (whose
+    # tie_word_embeddings=False transformers reads as just that: it ties the head all the same); 8 buckets over
+    # 12 encoder tokens, so near tokens each get their own bias and far ones share logarithmic buckets.
+    ("t5", "tiny"): lambda: hf.T5Config(
+        vocab_size=TINY_VOCAB, d_model=32, d_kv=8, num_heads=4, num_layers=2, num_decoder_layers=2, d_ff=64,
+        feed_forward_proj="gated-gelu", relative_attention_num_buckets=8, relative_attention_max_distance=16,
+        dropout_rate=0.0, tie_word_embeddings=False, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1),
+    ("t5", "base"): lambda: hf.T5Config(dropout_rate=0.0),  # t5-small's shape (relu, tied embeddings)
     # GPT-NeoX (Pythia): head_dim 12 with rotary_pct 0.5 (3 rotary planes, 6 channels RoPE leaves alone),
     # parallel residual, biases everywhere, untied output head. Phi-3: two key/value groups of two query
     # heads, partial_rotary_factor 0.5 on head_dim 12, a window of 4 on every layer that a 12-token input exceeds
@@ -110,7 +119,8 @@ DEFAULT_CLASSES = {"vit": "ViTForImageClassification", "bert": "BertForMaskedLM"
                    "gpt_neox": "GPTNeoXForCausalLM", "phi3": "Phi3ForCausalLM",
                    "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                    "distilbert": "DistilBertForMaskedLM", "roberta": "RobertaForMaskedLM",
-                   "deit": "DeiTForImageClassificationWithTeacher"}
+                   "deit": "DeiTForImageClassificationWithTeacher",
+                   "t5": "T5ForConditionalGeneration"}
 IMAGE_FAMILIES = ("vit", "dinov2", "deit")
 
 
@@ -132,6 +142,8 @@ def randomize_(model: torch.nn.Module, seed: int) -> torch.nn.Module:
             if param.dim() == 1:
                 is_scale = name.endswith("weight")  # LayerNorm / RMSNorm gains
                 value = 1.0 + 0.4 * noise if is_scale else 0.3 * noise
+            elif name == "shared.weight" or "relative_attention_bias" in name:  # T5's embedding; a position
+                value = noise * (3.0 if "bias" in name else 1.0)  # bias that moved tokens visibly feel
             elif any(part in name for part in ("embed", "wte", "wpe", "cls_token", "distillation_token")):
                 value = noise
             else:
@@ -165,6 +177,8 @@ def random_inputs(family: str, model, seed: int = 0, n_tokens: int = 12) -> dict
     inputs = {"input_ids": ids, "attention_mask": mask}
     if family == "bert":
         inputs["token_type_ids"] = torch.randint(0, 2, (1, n_tokens), generator=generator)
+    if family == "t5":  # the decoder's own sequence, of another length than the encoder's
+        inputs["decoder_input_ids"] = torch.randint(0, config.vocab_size, (1, DECODER_TOKENS), generator=generator)
     if family == "roberta":  # as a tokenizer pads: the pad id only where the mask is 0
         pad = config.pad_token_id
         ids[ids == pad] = pad + 1

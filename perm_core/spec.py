@@ -58,6 +58,9 @@ class Rule:
     pattern: str
     axes: tuple  # per axis: None (untouched) | role | Concat
     tag: str  # what the parameter is, e.g. "norm", "attn.k", "mlp.out": negative controls skip by tag
+    # Added to the `layer` group: an encoder-decoder numbers its decoder blocks after the encoder's, so that
+    # decoder block i and encoder block i are different spaces.
+    layer_offset: int = 0
 
     def match(self, name: str) -> re.Match | None:
         return re.fullmatch(self.pattern, name)
@@ -79,7 +82,7 @@ class FamilySpec:
             found = rule.match(name)
             if found:
                 layer = found.groupdict().get("layer")
-                return Claim(rule, int(layer) if layer is not None else None)
+                return Claim(rule, int(layer) + rule.layer_offset if layer is not None else None)
         raise UnclaimedParameterError(
             f"parameter {name!r} is not claimed by the {self.family} symmetry spec; "
             "refusing to guess how it transforms"

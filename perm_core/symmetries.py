@@ -58,11 +58,13 @@ def channels(key: int, g: Geometry) -> Scramble:
 
 
 def heads(key: int, g: Geometry) -> Scramble:
+    """One head permutation per layer; with a position bias shared by a stack's layers (T5), one per stack."""
     rep = g.heads_per_group
 
     def build(layer):
-        groups = keys.permutation(key, g.n_kv_heads, f"heads/{layer}/groups")
-        within = keys.permutations(key, g.n_kv_heads, rep, f"heads/{layer}/within")
+        drawn_at = _stack_start(g, layer) if g.shared_head_bias else layer
+        groups = keys.permutation(key, g.n_kv_heads, f"heads/{drawn_at}/groups")
+        within = keys.permutations(key, g.n_kv_heads, rep, f"heads/{drawn_at}/within")
         q_heads = (groups[:, None] * rep + within).flatten()
         q_index = Permutation(_channel_index(q_heads, None, g.head_dim))
         kv_index = Permutation(_channel_index(groups, None, g.head_dim))
@@ -70,6 +72,25 @@ def heads(key: int, g: Geometry) -> Scramble:
                 "heads": (Permutation(q_heads),)}
 
     return Scramble(_per_layer(g, build))
+
+
+def _stack_start(g: Geometry, layer: int) -> int:
+    return next(stack.start for stack in g.stacks() if layer in stack)
+
+
+def _heads_differ_per_layer(element: Scramble, g: Geometry) -> Scramble:
+    """The shared head order, shifted by one more group in each later layer of a stack, for any key: every
+    layer then reads the shared position bias in another head order than the one it was permuted with."""
+    spaces = dict(element.spaces)
+    rep = g.heads_per_group
+    for layer in range(g.n_layers):
+        shift = layer - _stack_start(g, layer)
+        q_heads = spaces[("heads", layer)][0].index.roll(shift * rep)
+        q_index = Permutation(_channel_index(q_heads, None, g.head_dim))
+        kv_index = Permutation(_channel_index(q_heads[::rep] // rep, None, g.head_dim))
+        spaces.update({("q", layer): (q_index,), ("o", layer): (q_index,), ("k", layer): (kv_index,),
+                       ("v", layer): (kv_index,), ("heads", layer): (Permutation(q_heads),)})
+    return Scramble(spaces)
 
 
 def movable_qk_channels(g: Geometry) -> int:
@@ -268,6 +289,10 @@ def controls(name: str, key: int, g: Geometry, n_tokens: int | None = None) -> l
         if g.n_kv_heads == 1 and g.n_heads > 1:  # one key/value head: nothing to move out of step
             found.append(Control(name, "output_not_permuted", "query heads permuted, output projection not",
                                  element.with_controls(skip_tags=frozenset({"attn.o"}))))
+        if g.shared_head_bias and max(len(stack) for stack in g.stacks()) > 1:
+            found.append(Control(name, "heads_differ_per_layer",
+                                 "each layer its own head order, with one position bias shared by the stack",
+                                 _heads_differ_per_layer(element, g)))
     elif name == "head_channels":
         qk = head_channels(key, g, permute_qk=True)
         found.append(Control(name, "keys_not_permuted", "query channels permuted, key channels not",
@@ -319,7 +344,8 @@ def key_space_bits(name: str, g: Geometry, n_tokens: int | None = None) -> float
         return perm_bits(g.d_model)
     if name == "heads":
         rep = g.heads_per_group
-        return g.n_layers * (perm_bits(g.n_kv_heads) + g.n_kv_heads * perm_bits(rep))
+        draws = len(g.stacks()) if g.shared_head_bias else g.n_layers
+        return draws * (perm_bits(g.n_kv_heads) + g.n_kv_heads * perm_bits(rep))
     if name == "head_channels":
         return g.n_layers * g.n_kv_heads * (perm_bits(g.head_dim) + perm_bits(movable_qk_channels(g)))
     if name == "mlp":

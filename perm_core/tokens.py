@@ -9,6 +9,11 @@ Models with sliding-window layers (Gemma 3) get a dict of two such masks, one pe
 also measured in positions: key j is in query i's window iff position[i] - window < position[j].
 (A single 4D mask would be used as-is by every layer, silently dropping the window.) Mistral builds one
 mask for all its layers, all sliding: it gets a single mask with the window built in.
+Encoder-decoders (T5, input_kind "seq2seq-text") move only the encoder's tokens (ids and mask); the decoder's
+stay in order. T5 has no position ids to move along: its relative position bias reads sequence order, so
+tokens is no symmetry there (Geometry.not_holding). Moving the encoder input alone isolates that cause:
+cross-attention has no position bias and sums over encoder tokens in any order, so without the encoder's
+bias the decoder would not notice, and every change measured comes from that bias.
 """
 
 from __future__ import annotations
@@ -64,6 +69,8 @@ def model_inputs(inputs: dict, g: Geometry, scramble: Scramble, dtype: torch.dty
         token_types = token_types[:, order] if token_types is not None else None
         if scramble.positions_follow_tokens:
             positions = positions[:, order]
+    if g.input_kind == "seq2seq-text":  # T5 takes no position ids: its positions are the sequence order
+        return {"input_ids": ids, "attention_mask": mask, **_decoder_inputs(inputs, g)}
     kwargs = {"input_ids": ids, "position_ids": positions}
     if g.input_kind == "bidirectional-text":
         kwargs["attention_mask"] = mask
@@ -79,6 +86,16 @@ def model_inputs(inputs: dict, g: Geometry, scramble: Scramble, dtype: torch.dty
     else:
         kwargs["attention_mask"] = causal_float_mask(positions, mask, dtype)
     return kwargs
+
+
+def _decoder_inputs(inputs: dict, g: Geometry) -> dict:
+    """An encoder-decoder's decoder tokens, never moved (see the module docstring)."""
+    if not g.n_decoder_layers:
+        return {}
+    found = {"decoder_input_ids": inputs["decoder_input_ids"]}
+    if inputs.get("decoder_attention_mask") is not None:
+        found["decoder_attention_mask"] = inputs["decoder_attention_mask"]
+    return found
 
 
 def causal_float_mask(positions: torch.Tensor, padding_mask: torch.Tensor, dtype: torch.dtype,

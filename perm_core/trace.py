@@ -4,11 +4,15 @@ Names, the same for every family:
   embed                      the embedding output fed to block 0           [B, T, d]
   blocks.{i}.hidden          the residual stream after block i             [B, T, d]
   blocks.{i}.attn            attention probabilities of block i            [B, H, T, T]
+  blocks.{i}.cross_attn      an encoder-decoder's cross-attention          [B, H, decoder T, encoder T]
+  decoder.embed              an encoder-decoder's decoder embedding output [B, decoder T, d]
   output.logits / output.pooler / output.last_hidden
   grad.input                 d loss / d pixels (ViT) or d loss / d embed (text)
   grad.blocks.{i}.hidden     d loss / d hidden state
   grad.param.{name}          d loss / d parameter
 Every record carries its axis roles, so the spec engine can un-scramble it like a weight.
+Encoder-decoders (T5) number their blocks encoder first, then decoder (as Rule.layer_offset does), and
+"tokens" are the encoder's: the decoder's token axes never move (see tokens.py).
 """
 
 from __future__ import annotations
@@ -56,6 +60,8 @@ def run(model, params: dict, kwargs: dict, g: Geometry, claims: dict[str, Claim]
 
 
 def _forward_records(out, model, g: Geometry) -> dict[str, Record]:
+    if getattr(out, "encoder_hidden_states", None) is not None:
+        return _seq2seq_records(out)
     hidden = out.hidden_states
     records = {"embed": Record(hidden[0], TOKEN_RESID)}
     for i, state in enumerate(hidden[1:]):
@@ -73,6 +79,28 @@ def _forward_records(out, model, g: Geometry) -> dict[str, Record]:
     return records
 
 
+def _seq2seq_records(out) -> dict[str, Record]:
+    encoder_layers = len(out.encoder_hidden_states) - 1
+    decoder_resid = (None, None, "resid")
+    records = {"embed": Record(out.encoder_hidden_states[0], TOKEN_RESID),
+               "decoder.embed": Record(out.decoder_hidden_states[0], decoder_resid)}
+    for i, state in enumerate(out.encoder_hidden_states[1:]):
+        records[f"blocks.{i}.hidden"] = Record(state, TOKEN_RESID)
+    for i, state in enumerate(out.decoder_hidden_states[1:], start=encoder_layers):
+        records[f"blocks.{i}.hidden"] = Record(state, decoder_resid)
+    for i, probs in enumerate(out.encoder_attentions):
+        records[f"blocks.{i}.attn"] = Record(probs, (None, ("heads", i), "tokens", "tokens"))
+    for i, (probs, cross) in enumerate(zip(out.decoder_attentions, out.cross_attentions, strict=True),
+                                       start=encoder_layers):
+        records[f"blocks.{i}.attn"] = Record(probs, (None, ("heads", i), None, None))
+        records[f"blocks.{i}.cross_attn"] = Record(cross, (None, ("heads", i), None, "tokens"))
+    if getattr(out, "logits", None) is not None:
+        records["output.logits"] = Record(out.logits, (None, None, None))  # one row per decoder token
+    else:
+        records["output.last_hidden"] = Record(out.last_hidden_state, decoder_resid)
+    return records
+
+
 def primary_output(records: dict[str, Record]) -> torch.Tensor:
     for name in ("output.logits", "output.last_hidden"):
         if name in records:
@@ -83,7 +111,7 @@ def primary_output(records: dict[str, Record]) -> torch.Tensor:
 def _backward_records(out, records, params, kwargs, claims, g: Geometry) -> dict[str, Record]:
     loss = invariant_loss(primary_output(records))
     image = "pixel_values" in kwargs
-    hidden_names = ["embed"] + [f"blocks.{i}.hidden" for i in range(len(out.hidden_states) - 1)]
+    hidden_names = [n for n in records if n in ("embed", "decoder.embed") or n.endswith(".hidden")]
     hidden_names = [n for n in hidden_names if records[n].tensor.requires_grad]
     targets = [records[n].tensor for n in hidden_names] + list(params.values())
     if image:

@@ -26,7 +26,7 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_IMAGE_MODEL = "digits-vit"
 DEFAULT_TEXT_MODEL = "minilm"
 FAMILIES = ("vit", "bert", "gpt2", "llama", "gemma3", "dinov2", "gpt_neox", "phi3", "mistral", "qwen2", "qwen3",
-            "distilbert", "roberta", "deit")
+            "distilbert", "roberta", "deit", "t5")
 DTYPES = {"float32": torch.float32, "float64": torch.float64}  # the precisions every loader and page offers
 OWN_LICENSE = "project's own (weights trained here on scikit-learn digits, data BSD-3-Clause)"
 
@@ -220,6 +220,7 @@ _RANDOM_TASKS = {
     "distilbert": "masked-lm",
     "roberta": "masked-lm",
     "deit": "image-classification",
+    "t5": "seq2seq",
 }
 
 
@@ -231,6 +232,8 @@ def _task_of(model: torch.nn.Module) -> str:
         return "causal-lm"
     if cls.endswith("ForMaskedLM"):
         return "masked-lm"
+    if cls.endswith("ForConditionalGeneration"):  # T5: an encoder reads, a decoder writes
+        return "seq2seq"
     return "feature-extraction"
 
 

@@ -27,6 +27,10 @@ class Geometry:
     qk_norm: bool = False  # an RMSNorm on each query/key head, one gain per head channel shared by all heads
     sliding_window: int | None = None  # some layers attend only to the last `sliding_window` positions
     relative_position_bias: bool = False  # attention scores get a bias read from sequence order (T5)
+    # Encoder-decoder: the last n_decoder_layers of the n_layers blocks are the decoder's (see stacks).
+    n_decoder_layers: int = 0
+    # One position-bias column per head, read by every self-attention layer of a stack (T5): see restrictions.
+    shared_head_bias: bool = False
     # Leading tokens that stay in place under token permutation: 1 for a [CLS] (the default when
     # first_token_fixed), 2 for DeiT's class and distillation tokens, which its heads read by index.
     fixed_tokens: int | None = None
@@ -45,6 +49,11 @@ class Geometry:
     @property
     def heads_per_group(self) -> int:
         return self.n_heads // self.n_kv_heads
+
+    def stacks(self) -> list[range]:
+        """The layers of each stack: the encoder's then the decoder's, or all layers as one stack."""
+        encoder = self.n_layers - self.n_decoder_layers
+        return [range(0, encoder), range(encoder, self.n_layers)] if self.n_decoder_layers else [range(self.n_layers)]
 
     @property
     def rotary_channels(self) -> int:
@@ -80,6 +89,10 @@ class Geometry:
                 "while V/O rotate freely." if self.rope else
                 "The Q/K norm gain differs from channel to channel and does not move, so Q/K channels may only "
                 "flip sign, while V/O rotate freely.")
+        if self.shared_head_bias:
+            found["heads"] = ("Every self-attention layer of a stack reads the same relative position bias, one "
+                              "column per head, so all layers of a stack move their heads by one shared "
+                              "permutation (cross-attention, which has no bias, follows it too).")
         return found
 
     def not_holding(self) -> dict[str, str]:
@@ -119,11 +132,12 @@ def _registry() -> dict[str, Family]:
         qwen2,
         qwen3,
         roberta,
+        t5,
         vit,
     )
 
     return {fam.FAMILY.name: fam.FAMILY for fam in (vit, bert, gpt2, llama, gemma3, dinov2, gpt_neox, phi3, mistral,
-                                                    qwen2, qwen3, distilbert, roberta, deit)}
+                                                    qwen2, qwen3, distilbert, roberta, deit, t5)}
 
 
 def supported_summary() -> str:
