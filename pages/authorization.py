@@ -5,6 +5,7 @@ import streamlit as st
 from perm_core.apps import authorization as auth
 from perm_core.apps import figures_backward as fb
 from ui.errors import show_failure
+from ui.export import chart
 from ui.long_run import long_run
 from ui.resources import key_or_stop, shared_model
 from ui.sidebar import ensure_view
@@ -84,7 +85,7 @@ if result.metric == "retrieval":
                "What survives without the key is mostly shared words, which any random encoder keeps.")
 elif result.metric == "perplexity":
     st.caption(f"Perplexity of: “{auth.PERPLEXITY_TEXT}”")
-st.plotly_chart(fb.authorization_histogram(result, label), width="stretch")
+chart(fb.authorization_histogram(result, label), width="stretch")
 with st.expander("Every wrong key"):
     st.dataframe([{"key": str(k), label: v} for k, v in zip(result.wrong_key_values, result.wrong_keys,
                                                              strict=True)], hide_index=True)

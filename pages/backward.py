@@ -11,6 +11,7 @@ from perm_core.families import geometry_of
 from perm_core.inputs import InputError, prepare_text
 from perm_core.verify import BROKEN_AT, Subject
 from ui.errors import show_failure
+from ui.export import chart
 from ui.long_run import long_run
 from ui.resources import key_or_stop, shared_model
 from ui.sidebar import ensure_view
@@ -126,8 +127,8 @@ for name, label in (("grad.input", input_label), (f"grad.param.{weight}", f"d lo
     panels = fb.gradient_triptych(comparison.original[name], comparison.scrambled[name],
                                   comparison.unscrambled[name], label.split(" / ")[1][2:])
     for column, figure in zip(st.columns(4), panels, strict=True):
-        column.plotly_chart(figure, width="stretch")
-st.plotly_chart(fb.gradient_errors(comparison.errors, comparison.tolerance), width="stretch")
+        chart(figure, width="stretch", where=column)
+chart(fb.gradient_errors(comparison.errors, comparison.tolerance), width="stretch")
 
 # --- SGD in lock-step ---
 st.header("Training in both worlds")
@@ -214,8 +215,8 @@ st.caption(f"Update error: the worst tensor of max |(θ'ₜ − θ'₀) − g(θ
            f"{BROKEN_AT:.0e}). Weight error: g(θₜ) against θ'ₜ on each weight's own scale, shown for reference: "
            "an update is small next to the weights it moves, so the weight error understates a divergence.")
 left, right = st.columns(2)
-left.plotly_chart(fb.sgd_errors(runs, result.tolerance, BROKEN_AT), width="stretch")
-right.plotly_chart(fb.sgd_losses(result), width="stretch")
+chart(fb.sgd_errors(runs, result.tolerance, BROKEN_AT), width="stretch", where=left)
+chart(fb.sgd_losses(result), width="stretch", where=right)
 st.dataframe([{"step": s.step, "loss (original)": s.loss_original, "loss (scrambled)": s.loss_scrambled,
                "update rel error": s.update_rel_error if s.step else None,
                "weight rel error": s.param_rel_error} for s in result.steps],

@@ -10,6 +10,7 @@ import torch
 from perm_core import figures
 from perm_core.verify import check
 from ui.compute import model_on
+from ui.export import chart
 from ui.long_run import long_run, stop_if_stopped
 from ui.sidebar import SYMMETRY_LABELS, ensure_view
 from ui.state import parse_bool, publish, seed
@@ -95,7 +96,7 @@ tensors = report.checks[picked].tensors
 fig = figures.tensor_error_chart([t.name for t in tensors], [t.max_abs_error for t in tensors],
                                  [t.max_rel_error for t in tensors], f"{labels[picked]}: every tensor",
                                  report.checks[picked].tolerance, tolerances=[t.tolerance for t in tensors])
-st.plotly_chart(fig, width="stretch")
+chart(fig, width="stretch")
 st.dataframe(pd.DataFrame([vars(t) for t in tensors]), hide_index=True, width="stretch", height=240,
              column_config=SCIENTIFIC)
 st.download_button("Download the report (JSON)", json.dumps(payload, indent=2),

@@ -8,6 +8,7 @@ from perm_core.inputs import token_labels
 from perm_core.tokens import shuffle_patches
 from ui import explore_panels as panels
 from ui.compute import exploration, explore_result
+from ui.export import chart
 from ui.sidebar import SYMMETRY_LABELS, ensure_view
 from ui.state import publish, seed
 
@@ -139,8 +140,8 @@ st.subheader("Proof: every layer, every tensor")
 rows = [{"layer": geometry.n_layers if layer_of(e.name) is None else layer_of(e.name), "kind": kind_label(e.name),
          "abs": e.max_abs_error, "rel": e.max_rel_error, "tolerance": e.tolerance} for e in result.errors]
 chart_title = ("un-scrambled vs original" + (f" — control: {result.control.description}" if control else ""))
-st.plotly_chart(figures.error_chart(rows, chart_title, tolerance=result.tolerance,
-                                    broken_at=BROKEN_AT if control else None), width="stretch")
+chart(figures.error_chart(rows, chart_title, tolerance=result.tolerance,
+                          broken_at=BROKEN_AT if control else None), width="stretch")
 st.caption(f"{len(result.errors)} tensors compared. Scrambled side took {sum(result.seconds.values()):.2f} s "
            f"(parameters {result.seconds['params']:.2f} s, trace {result.seconds['trace']:.2f} s).")
 

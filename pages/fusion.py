@@ -8,6 +8,7 @@ from perm_core.apps.fusion import fuse
 from perm_core.apps.matching import METHODS
 from perm_core.zoo import ModelLoadError
 from ui.errors import show_failure
+from ui.export import chart
 from ui.long_run import long_run
 from ui.resources import shared_model
 from ui.sidebar import ensure_view
@@ -88,10 +89,10 @@ for m in result.methods:
 st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
 
 left, right = st.columns(2)
-left.plotly_chart(figs.barrier_curves(result, "loss"), key="fusion_loss")
-right.plotly_chart(figs.barrier_curves(result, "accuracy"), key="fusion_accuracy")
-left.plotly_chart(figs.fused_bars(result), key="fusion_fused")
-right.plotly_chart(figs.distance_bars(result), key="fusion_distance")
+chart(figs.barrier_curves(result, "loss"), key="fusion_loss", where=left)
+chart(figs.barrier_curves(result, "accuracy"), key="fusion_accuracy", where=right)
+chart(figs.fused_bars(result), key="fusion_fused", where=left)
+chart(figs.distance_bars(result), key="fusion_distance", where=right)
 
 st.subheader("Proof: aligned B is the same function as B")
 for m in result.methods:

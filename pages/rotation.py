@@ -9,6 +9,7 @@ from perm_core.defaults import default_inputs
 from perm_core.verify import worst_rel
 from perm_core.zoo import ModelLoadError
 from ui.errors import show_failure
+from ui.export import chart
 from ui.resources import key_or_stop, shared_model
 from ui.sidebar import ensure_view
 from ui.state import seed, seed_choice
@@ -68,19 +69,19 @@ st.subheader(f"Layer {demo.examples['layer']}, head {demo.examples['head']}: sid
 cols = st.columns(2)
 labels = {"q": "queries", "k": "keys", "v": "values"}
 for i, role in enumerate(r for r in ("q", "k", "v") if r in demo.examples):
-    cols[i % 2].plotly_chart(figs.side_by_side(*demo.examples[role], f"{labels[role]} (this head): change completely"),
-                             key=f"rot_{role}")
-cols[1].plotly_chart(figs.side_by_side(*demo.examples["attention"],
-                                       "attention probabilities (softmax of q·k): identical", "key token"),
-                     key="rot_attention")
+    chart(figs.side_by_side(*demo.examples[role], f"{labels[role]} (this head): change completely"),
+          key=f"rot_{role}", where=cols[i % 2])
+chart(figs.side_by_side(*demo.examples["attention"],
+                        "attention probabilities (softmax of q·k): identical", "key token"),
+      key="rot_attention", where=cols[1])
 if "head_output" in demo.examples:
-    cols[0].plotly_chart(figs.side_by_side(*demo.examples["head_output"],
-                                           "this head's output W_O z (residual channels): identical"),
-                         key="rot_head_output")
-cols[1].plotly_chart(figs.side_by_side(*demo.examples["output"], f"model output ({demo.examples['output_name']}): "
-                                       "identical", "output index", ""), key="rot_output")
+    chart(figs.side_by_side(*demo.examples["head_output"],
+                            "this head's output W_O z (residual channels): identical"),
+          key="rot_head_output", where=cols[0])
+chart(figs.side_by_side(*demo.examples["output"], f"model output ({demo.examples['output_name']}): "
+                        "identical", "output index", ""), key="rot_output", where=cols[1])
 
-st.plotly_chart(figs.change_bars(demo.quantities), key="rot_changes")
+chart(figs.change_bars(demo.quantities), key="rot_changes")
 table = pd.DataFrame([{"layer": q.layer, "tensor": q.name, "expected": "unchanged" if q.invariant else "changes",
                        "relative change": f"{q.changed:.2e}",
                        "after un-rotating": "—" if q.invariant else f"{q.restored:.2e}"} for q in demo.quantities])
@@ -94,7 +95,7 @@ st.markdown(
     "A permutation of the residual stream is a symmetry of a LayerNorm model: the norm's gain and bias move with "
     "the channels. A general rotation mixes channels with different gains, and LayerNorm subtracts the mean "
     "(the all-ones direction), which a rotation does not keep. Below: the whole model, and the first norm alone.")
-st.plotly_chart(figs.error_comparison(residual, residual.tolerance), key="rot_residual")
+chart(figs.error_comparison(residual, residual.tolerance), key="rot_residual")
 kind = next(iter(residual.notes["kind"]))
 norm_rows = [{"first norm of the model": f"{kind}, {label}", "permutation error": f"{v['permutation']:.1e}",
               "rotation error": f"{v['rotation']:.1e}"} for label, v in residual.notes.items() if label != "kind"]
@@ -119,4 +120,4 @@ st.markdown(
     f"A rotation inside those planes commutes with RoPE: worst error **{plane_worst:.1e}** "
     f"(tolerance {rope.tolerance:g}). A general Q/K rotation does not: worst error **{general_worst:.2f}**. "
     "V/O rotations stay general on every model (values carry no position).")
-st.plotly_chart(figs.error_comparison(rope, rope.tolerance), key="rot_rope")
+chart(figs.error_comparison(rope, rope.tolerance), key="rot_rope")

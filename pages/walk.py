@@ -7,6 +7,7 @@ from perm_core.explore import Exploration
 from perm_core.keys import InvalidKeyError, validate_key
 from perm_core.tokens import shuffle_patches
 from perm_core.walk import STEPS, TITLES, run_step
+from ui.export import chart
 from ui.resources import shared_model
 from ui.sidebar import ensure_view
 from ui.state import parse_bool, publish, seed
@@ -70,8 +71,8 @@ if step == "tokens":
     pictures[1].image(figures.mosaic_image(shuffle_patches(pixels, done.result.scramble.tokens, g.patch_size),
                                            g.patch_size, 220), caption=f"its patches shuffled, key {key}")
     digits = [str(d) for d in range(len(x["original"]))]
-    pictures[2].plotly_chart(figures.paired_bars(digits, x["original"].tolist(), x["scrambled"].tolist(),
-                                                 ("original", "shuffled"), "class probabilities"), width="stretch")
+    chart(figures.paired_bars(digits, x["original"].tolist(), x["scrambled"].tolist(),
+                              ("original", "shuffled"), "class probabilities"), width="stretch", where=pictures[2])
 elif step == "channels":
     st.markdown(f"Key {key} permutes the {g.d_model} channels of every token, and every weight, norm and bias is "
                 f"permuted to match. After block 0 the scrambled hidden state differs from the original by "
@@ -81,8 +82,8 @@ elif step == "channels":
     zmax, _ = figures.robust_zmax(x["hidden"][0])
     for column, matrix, title in zip(columns, x["hidden"], ("original", f"scrambled, key {key}", "un-scrambled"),
                                      strict=True):
-        column.plotly_chart(figures.heatmap(matrix, f"block 0 hidden state: {title}", "channel", "token",
-                                            zmax=zmax, wrap=30), width="stretch")
+        chart(figures.heatmap(matrix, f"block 0 hidden state: {title}", "channel", "token",
+                              zmax=zmax, wrap=30), width="stretch", where=column)
 elif step == "heads":
     grid = x["grid"]
     st.markdown(f"Key {key} reorders the {g.n_heads} heads of every layer (with their query, key, value and output "
@@ -90,10 +91,10 @@ elif step == "heads":
                 f"head it is. Un-scrambled, every attention map matches the original to **{done.restored_error:.1e}**.")
     zmax = float(max(grid.original.max(), grid.scrambled.max()))
     columns = st.columns(2)
-    columns[0].plotly_chart(figures.head_grid_figure(grid.original, grid.layers, "original heads", zmax=zmax),
-                            width="stretch")
-    columns[1].plotly_chart(figures.head_grid_figure(grid.scrambled, grid.layers, f"heads swapped, key {key}",
-                                                     grid.holds, zmax=zmax), width="stretch")
+    chart(figures.head_grid_figure(grid.original, grid.layers, "original heads", zmax=zmax),
+          width="stretch", where=columns[0])
+    chart(figures.head_grid_figure(grid.scrambled, grid.layers, f"heads swapped, key {key}",
+                                   grid.holds, zmax=zmax), width="stretch", where=columns[1])
 elif step == "rotation":
     before, after = x["weight"]
     st.markdown(f"Key {key} rotates the queries and keys of each head by one rotation R, the values by another S and "
@@ -102,10 +103,10 @@ elif step == "rotation":
                 f"**{x['attention_error']:.1e}**.")
     zmax, _ = figures.robust_zmax(before)
     columns = st.columns(2)
-    columns[0].plotly_chart(figures.heatmap(before, "W_Q as trained", "input channel", "output channel", zmax=zmax),
-                            width="stretch")
-    columns[1].plotly_chart(figures.heatmap(after, f"W_Q rotated, key {key}", "input channel", "output channel",
-                                            zmax=zmax), width="stretch")
+    chart(figures.heatmap(before, "W_Q as trained", "input channel", "output channel", zmax=zmax),
+          width="stretch", where=columns[0])
+    chart(figures.heatmap(after, f"W_Q rotated, key {key}", "input channel", "output channel",
+                          zmax=zmax), width="stretch", where=columns[1])
 else:
     single = x["float32"]
     st.markdown("The scrambled model adds the same products in another order, and floating point rounds each sum "
@@ -122,6 +123,6 @@ else:
                               f"exact zeros drawn at {floor:.0e})", log=True, height=340)
     figures.threshold(fig, x["tolerance64"], f"float64 tolerance {x['tolerance64']:.0e}")
     figures.threshold(fig, x["tolerance32"], f"float32 tolerance {x['tolerance32']:.0e}")
-    st.plotly_chart(fig, width="stretch")
+    chart(fig, width="stretch")
 
 publish()

@@ -7,6 +7,7 @@ import streamlit as st
 from perm_core import explore as compute
 from perm_core import figures
 from perm_core.explore import bits_summary, cosine, format_bits, output_summary, permutation_of
+from ui.export import chart
 from ui.sidebar import SYMMETRY_LABELS
 
 TITLES = ("Original", "Scrambled", "Un-scrambled")
@@ -28,7 +29,7 @@ def three_heatmaps(name: str, tensors, title: str, x_title: str, y_title: str, a
         fig = figures.heatmap(array, f"{label}:<br>{title}", x_title, y_title,
                               colorscale="Viridis" if attention else "RdBu", symmetric=not attention,
                               zmax=zmax, y_labels=labels, x_labels=labels)
-        col.plotly_chart(fig, width="stretch", key=f"{name}-{label}")
+        chart(fig, width="stretch", key=f"{name}-{label}", where=col)
     if zmax < largest:
         st.caption(f"Colours clip at ±{zmax:.3g}, the {figures.CLIP_PERCENTILE:g}th percentile of the original's "
                    f"|values| (the largest is {largest:.3g}): a few outlier channels would otherwise wash every "
@@ -53,7 +54,7 @@ def class_attention_overlays(pictures, explorer, result, layer: int) -> bool:
         fig = figures.attention_overlay(figures.pixels_to_rgb(pixels), values, geometry.patch_size,
                                         f"{label}:<br>class token's attention<br>block {layer}", zmax=zmax,
                                         name=f"class token's attention to each patch ({heads})")
-        col.plotly_chart(fig, width="stretch", key=f"cls-attention-{label}")
+        chart(fig, width="stretch", key=f"cls-attention-{label}", where=col)
     st.caption(f"Heat: how much the class token attends to each patch in block {layer} ({heads}; the class "
                "token's attention to itself is left out). The heat travels with its patch in the scrambled "
                "model and returns to its place after un-scrambling. Hover a cell for its value.")
@@ -91,7 +92,7 @@ def outputs(view, explorer, result) -> None:
                                   f"channel (of {len(values)})", "")
             figures.titled(fig, fig.layout.title.text, 170)
             fig.update_yaxes(showticklabels=False)
-        col.plotly_chart(fig, width="stretch", key=f"output-{label}")
+        chart(fig, width="stretch", key=f"output-{label}", where=col)
     if kind == "classes":
         st.latex(r"\text{the class token stays first and the head reads it: } y' = y")
     elif kind == "next-token":
@@ -128,13 +129,13 @@ def keys(view, explorer, symmetries) -> None:
             continue
         where = " (block 0)" if name in ("heads", "mlp", "head_channels") else ""
         fig = figures.permutation_figure(index, f"{SYMMETRY_LABELS[name]}{where}, key {view.keys[name]}")
-        col.plotly_chart(fig, width="stretch", key=f"perm-{name}")
+        chart(fig, width="stretch", key=f"perm-{name}", where=col)
         col.caption(f"{format_bits(bits[name])} of transforms; its key: 64 bits")
     if "rotation" in view.keys:
         element = symmetries.build("rotation", view.keys["rotation"], explorer.geometry, explorer.n_tokens)
         block = element.spaces[("v", 0)][0].blocks[0]
-        st.plotly_chart(figures.heatmap(block, "rotation S of head 0, block 0 (orthogonal: S S^T = I)",
-                                        zmax=1.0), width="content", key="perm-rotation")
+        chart(figures.heatmap(block, "rotation S of head 0, block 0 (orthogonal: S S^T = I)",
+                              zmax=1.0), width="content", key="perm-rotation")
         st.caption("Rotations are continuous (infinitely many); the 64-bit key picks one of at most 2^64.")
     st.latex(r"P_\pi = \big[e_{\pi(1)} \cdots e_{\pi(n)}\big]^\top,\qquad P_\pi^{-1} = P_\pi^\top,"
              r"\qquad |S_n| = n! \;\Rightarrow\; \log_2 n! \text{ bits}")
@@ -150,11 +151,11 @@ def head_grids(explorer, result) -> None:
     shown = f"layers {', '.join(map(str, grid.layers))}" if len(grid.layers) < explorer.geometry.n_layers \
         else "every layer"
     left, right = st.columns(2)
-    left.plotly_chart(figures.head_grid_figure(grid.original, grid.layers, "Original: every head"),
-                      width="stretch", key="head-grid-original")
-    right.plotly_chart(figures.head_grid_figure(grid.scrambled, grid.layers, "Scrambled (token order undone):<br>"
-                                                "heads change places", grid.holds, zmax=zmax),
-                       width="stretch", key="head-grid-scrambled")
+    chart(figures.head_grid_figure(grid.original, grid.layers, "Original: every head"),
+          width="stretch", key="head-grid-original", where=left)
+    chart(figures.head_grid_figure(grid.scrambled, grid.layers, "Scrambled (token order undone):<br>"
+                                   "heads change places", grid.holds, zmax=zmax),
+          width="stretch", key="head-grid-scrambled", where=right)
     st.caption(f"Each tile is one head's attention map ({shown}; pooled to {grid.original.shape[-1]}x"
                f"{grid.original.shape[-1]}). On the right the token permutation is undone and nothing else, so a "
                f"tile differs from its left twin only where the head permutation moved a head: a white number is "
@@ -178,8 +179,8 @@ def weights(explorer, result, keys_by_symmetry, control, layer: int) -> None:
     cols = st.columns(3)
     titles = ("W: as trained", "W′: what the scrambled model holds", "W′ with the inverse applied")
     for col, title, matrix in zip(cols, titles, (original, scrambled, back), strict=True):
-        col.plotly_chart(figures.heatmap(matrix, title, "input axis", "output axis", zmax=zmax, wrap=30),
-                         width="stretch", key=f"weight-{title}")
+        chart(figures.heatmap(matrix, title, "input axis", "output axis", zmax=zmax, wrap=30),
+              width="stretch", key=f"weight-{title}", where=col)
     changed = figures.to_numpy((scrambled - original).abs().max()).item()
     restored = figures.to_numpy((back - original).abs().max()).item()
     st.caption(f"{name} {tuple(original.shape)}: the scrambled model's copy differs from the trained one by up to "

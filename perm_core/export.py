@@ -1,0 +1,66 @@
+"""Charts as files: PNG and SVG through Kaleido (it drives the Chromium already installed for the tests), and
+the numbers behind a chart as CSV, one row per point (heatmaps: one row per matrix row)."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import re
+
+import numpy as np
+import plotly.graph_objects as go
+
+IMAGE_FORMATS = ("png", "svg")
+
+
+class ExportError(RuntimeError):
+    """A chart that cannot be rendered to a file here (no Chromium for Kaleido): one line for the page."""
+
+
+def figure_title(fig: go.Figure) -> str:
+    text = fig.layout.title.text or "chart"
+    return re.sub(r"<[^>]+>", " ", text).strip()
+
+
+def file_stem(fig: go.Figure) -> str:
+    """A readable, unique file name: the title as a slug plus a digest of what the chart shows."""
+    slug = re.sub(r"[^a-z0-9]+", "-", figure_title(fig).lower()).strip("-")[:60] or "chart"
+    return f"{slug}-{hashlib.sha1(fig.to_json().encode()).hexdigest()[:8]}"
+
+
+def figure_image(fig: go.Figure, fmt: str, scale: float = 2.0) -> bytes:
+    if fmt not in IMAGE_FORMATS:
+        raise ValueError(f"unknown image format {fmt!r}; choose from {', '.join(IMAGE_FORMATS)}")
+    try:
+        return fig.to_image(format=fmt, scale=scale if fmt == "png" else 1.0)
+    except Exception as error:  # noqa: BLE001 - kaleido raises several kinds when no browser can start
+        raise ExportError(f"could not render the chart as {fmt.upper()} ({type(error).__name__}: "
+                          f"{str(error).splitlines()[0] if str(error) else 'no detail'}); the CSV still has "
+                          "its numbers") from error
+
+
+def figure_csv(fig: go.Figure) -> str:
+    """Point traces (bars, lines) in one long table: trace, x, y; each heatmap as its own labelled matrix."""
+    out = io.StringIO()
+    writer = csv.writer(out)
+    header_written = False
+    for i, trace in enumerate(fig.data):
+        name = trace.name or f"trace {i}"
+        z = getattr(trace, "z", None)
+        if z is not None:
+            matrix = np.asarray(z, dtype=float)
+            columns = list(trace.x) if trace.x is not None else list(range(matrix.shape[1]))
+            rows = list(trace.y) if trace.y is not None else list(range(matrix.shape[0]))
+            writer.writerow([f"{name}: row \\ column", *columns])
+            for label, values in zip(rows, matrix, strict=False):
+                writer.writerow([label, *("" if np.isnan(v) else repr(float(v)) for v in values)])
+            continue
+        if not header_written:
+            writer.writerow(["trace", "x", "y"])
+            header_written = True
+        xs = list(trace.x) if getattr(trace, "x", None) is not None else []
+        ys = list(trace.y) if getattr(trace, "y", None) is not None else []
+        for x, y in zip(xs, ys, strict=False):
+            writer.writerow([name, x, y])
+    return out.getvalue()

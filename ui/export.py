@@ -1,0 +1,32 @@
+"""Every chart with an Export menu: PNG, SVG (rendered on demand, only when clicked) and the numbers as CSV."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from perm_core.export import ExportError, figure_csv, figure_image, file_stem
+
+
+def _image_or_message(fig, fmt: str):
+    def render() -> bytes | str:
+        try:
+            return figure_image(fig, fmt)
+        except ExportError as error:  # a download cannot show a message box: the file says what went wrong
+            return f"{error}\n"
+
+    return render
+
+
+def chart(fig, where=None, **options) -> None:
+    """st.plotly_chart(fig, **options) in `where` (a column or the page), with its export menu under it."""
+    where = where or st
+    options.setdefault("width", "stretch")
+    where.plotly_chart(fig, **options)
+    stem = file_stem(fig)
+    with where.popover("Export", icon=":material/download:"):
+        st.download_button("PNG image", _image_or_message(fig, "png"), file_name=f"{stem}.png", mime="image/png",
+                           on_click="ignore")
+        st.download_button("SVG image", _image_or_message(fig, "svg"), file_name=f"{stem}.svg",
+                           mime="image/svg+xml", on_click="ignore")
+        st.download_button("Data (CSV)", figure_csv(fig), file_name=f"{stem}.csv", mime="text/csv",
+                           on_click="ignore")
