@@ -204,20 +204,21 @@ def permutation_of(scramble: Scramble, symmetry: str) -> torch.Tensor | None:
 
 
 def patch_grid(geometry, pixels_shape, n_tokens: int) -> tuple[int, int] | None:
-    """(rows, cols) of image patches when the tokens are [class token, patches in row-major order], else None."""
-    if geometry.input_kind != "image" or not geometry.first_token_fixed or not geometry.patch_size:
+    """(rows, cols) of image patches when the tokens are [fixed tokens (class, distillation), patches in row-major
+    order], else None."""
+    if geometry.input_kind != "image" or not geometry.fixed_tokens or not geometry.patch_size:
         return None
     rows, cols = pixels_shape[-2] // geometry.patch_size, pixels_shape[-1] // geometry.patch_size
-    return (rows, cols) if rows * cols == n_tokens - 1 else None
+    return (rows, cols) if rows * cols == n_tokens - geometry.fixed_tokens else None
 
 
-def class_attention_grid(attention: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+def class_attention_grid(attention: torch.Tensor, grid: tuple[int, int], fixed_tokens: int = 1) -> torch.Tensor:
     """Attention probabilities [1, H, T, T] -> how much the class token (query 0) attends to each patch,
     averaged over the heads, laid out as the patch grid [rows, cols] (the class token's own share left out).
 
     The mean over heads does not depend on the order of the heads, so a head permutation leaves it unchanged;
-    a token permutation moves each value with its patch."""
-    return attention[0, :, 0, 1:].mean(dim=0).reshape(grid)
+    a token permutation moves each value with its patch. The patches follow the `fixed_tokens` leading tokens."""
+    return attention[0, :, 0, fixed_tokens:].mean(dim=0).reshape(grid)
 
 
 def output_summary(tensors: dict, task_labels, tokenizer, attention_mask, row: int | None, top_k: int = 5,

@@ -38,9 +38,9 @@ class Row:
 
 
 def families() -> list[str]:
-    from perm_core.families import _registry
+    from perm_core.families import family_names
 
-    return list(_registry())
+    return family_names()
 
 
 def family_row(family: str, key: int = MATRIX_KEY) -> Row:

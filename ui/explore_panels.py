@@ -46,7 +46,7 @@ def class_attention_overlays(pictures, explorer, result, layer: int) -> bool:
         return False
     name = f"blocks.{layer}.attn"
     attentions = (explorer.original[name].tensor, result.scrambled[name].tensor, result.restored[name])
-    grids = [figures.to_numpy(compute.class_attention_grid(a, grid)) for a in attentions]
+    grids = [figures.to_numpy(compute.class_attention_grid(a, grid, geometry.fixed_tokens)) for a in attentions]
     zmax = float(grids[0].max()) or 1.0  # one colour scale for all three: equal colours mean equal numbers
     heads = f"mean of {geometry.n_heads} heads" if geometry.n_heads > 1 else "one head"
     cols = st.columns(3)

@@ -15,6 +15,7 @@ import streamlit as st
 import torch
 
 from perm_core import inputs as model_inputs
+from perm_core.families import family_names
 from perm_core.keys import InvalidKeyError, validate_key
 from perm_core.symmetries import SYMMETRIES
 from perm_core.zoo import DEFAULT_IMAGE_MODEL, LoadedModel, ModelLoadError
@@ -27,8 +28,9 @@ SYMMETRY_LABELS = {"tokens": "Tokens", "channels": "Channels", "heads": "Heads",
 DEFAULT_ON = ("tokens", "channels")
 DEFAULT_KEYS = {"tokens": 7, "channels": 42, "heads": 3, "head_channels": 5, "mlp": 11, "rotation": 13}
 MAX_TOKENS = 128  # the Explore page draws tokens x tokens maps; longer texts are truncated with a notice
-ZOO = ("dinov2-s", "digits-vit", "digits-vit-b", "minilm", "smollm2-135m", "gemma3-270m", "random:vit",
-       "random:dinov2", "random:bert", "random:gpt2", "random:llama", "random:gemma3")
+# The trained models, then a tiny random model of every supported family (the symmetry matrix links to them).
+ZOO = ("dinov2-s", "digits-vit", "digits-vit-b", "minilm", "smollm2-135m", "gemma3-270m",
+       *(f"random:{family}" for family in family_names()))
 DEFAULT_PHOTO_MODEL = "dinov2-s"  # a real photo model opens the app; digits-vit is the small, fast classifier
 _THIS_RUN = threading.local()  # the view rendered by app.py in this script run (each session runs in its thread)
 SLOW_FIRST_LOAD = {"smollm2-135m": "the first load converts the shipped GGUF file (about a minute)",

@@ -140,6 +140,11 @@ def _registry() -> dict[str, Family]:
                                                     qwen2, qwen3, distilbert, roberta, deit, t5)}
 
 
+def family_names() -> list[str]:
+    """Every supported family, in registry order."""
+    return list(_registry())
+
+
 def supported_summary() -> str:
     return "; ".join(f"{f.name} ({', '.join(f.classes)})" for f in _registry().values())
 
