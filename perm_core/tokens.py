@@ -89,13 +89,15 @@ def model_inputs(inputs: dict, g: Geometry, scramble: Scramble, dtype: torch.dty
 
 
 def _decoder_inputs(inputs: dict, g: Geometry) -> dict:
-    """An encoder-decoder's decoder tokens, never moved (see the module docstring)."""
+    """An encoder-decoder's decoder tokens, never moved (see the module docstring). Given text alone (the
+    sidebar's), the decoder reads that same text in its original order."""
     if not g.n_decoder_layers:
         return {}
-    found = {"decoder_input_ids": inputs["decoder_input_ids"]}
-    if inputs.get("decoder_attention_mask") is not None:
-        found["decoder_attention_mask"] = inputs["decoder_attention_mask"]
-    return found
+    if inputs.get("decoder_input_ids") is None:
+        ids, mask = inputs["input_ids"], inputs.get("attention_mask")
+    else:
+        ids, mask = inputs["decoder_input_ids"], inputs.get("decoder_attention_mask")
+    return {"decoder_input_ids": ids} if mask is None else {"decoder_input_ids": ids, "decoder_attention_mask": mask}
 
 
 def causal_float_mask(positions: torch.Tensor, padding_mask: torch.Tensor, dtype: torch.dtype,

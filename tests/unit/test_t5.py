@@ -252,3 +252,17 @@ def test_t5_heads_the_spec_does_not_list_are_refused():
     config = hf.T5Config(**{**random_config("t5").to_dict(), "num_labels": 3})
     with pytest.raises(UnsupportedModelError, match="T5ForQuestionAnswering"):
         family_of(hf.T5ForQuestionAnswering(config))
+
+
+def test_text_alone_is_read_by_the_decoder_in_its_original_order(tiny):
+    """The sidebar gives ids and a mask only: the decoder then reads the same text, never moved."""
+    model, _ = tiny
+    text_only = {"input_ids": torch.arange(3, 12)[None], "attention_mask": torch.ones(1, 9, dtype=torch.long)}
+    subject = Subject(model, text_only)
+    element = subject.build({"tokens": 2})
+    kwargs = model_inputs(text_only, subject.geometry, element, torch.float64)
+    assert torch.equal(kwargs["decoder_input_ids"], text_only["input_ids"])
+    assert not torch.equal(kwargs["input_ids"], text_only["input_ids"])
+    report = check(model, text_only, ["tokens", "heads", "mlp"], key=2)
+    assert_exact_report(report)
+    assert report.not_symmetries[0].max_rel_error > 1e-2
