@@ -106,7 +106,8 @@ def kind_label(name: str) -> str:
     if name == "embed":
         return "hidden state"
     if name.startswith("blocks."):
-        return {"hidden": "hidden state", "attn": "attention map"}[name.split(".")[2]]
+        kinds = {"hidden": "hidden state", "attn": "attention map", "cross_attn": "cross-attention map"}
+        return kinds[name.split(".")[2]]
     return name.replace("output.", "output ")
 
 
