@@ -266,3 +266,15 @@ def test_text_alone_is_read_by_the_decoder_in_its_original_order(tiny):
     report = check(model, text_only, ["tokens", "heads", "mlp"], key=2)
     assert_exact_report(report)
     assert report.not_symmetries[0].max_rel_error > 1e-2
+
+
+def test_gradients_of_both_stacks_and_every_parameter(tiny):
+    model, inputs = tiny
+    subject = Subject(model, inputs)
+    records = subject.trace(backward=True)
+    assert records["grad.input"].axes == (None, "tokens", "resid")  # d loss / d the encoder's embedding output
+    assert records["grad.input"].tensor.shape == (1, 12, 32)
+    assert records["grad.decoder.embed"].tensor.shape == (1, 7, 32)
+    assert records["grad.blocks.3.hidden"].axes == (None, None, "resid")  # decoder tokens never move
+    assert {f"grad.param.{name}" for name in subject.params} <= set(records)
+    assert records[f"grad.param.{BIAS}"].tensor.abs().max() > 0
