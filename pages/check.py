@@ -8,6 +8,7 @@ import streamlit as st
 import torch
 
 from perm_core import figures
+from perm_core.input_spec import check_command
 from perm_core.verify import check
 from ui.compute import model_on
 from ui.export import chart
@@ -99,6 +100,11 @@ fig = figures.tensor_error_chart([t.name for t in tensors], [t.max_abs_error for
 chart(fig, width="stretch")
 st.dataframe(pd.DataFrame([vars(t) for t in tensors]), hide_index=True, width="stretch", height=240,
              column_config=SCIENTIFIC)
+command = check_command(view.model_name, view.dtype_name, dict(view.keys), view.input_spec, backward)
+payload["reproduce"] = command
+st.markdown("The same report from a terminal" + (" (name your image file where it says YOUR_FILE)"
+                                                 if view.input_spec is None else "") + ":")
+st.code(command, language="bash", wrap_lines=True)
 st.download_button("Download the report (JSON)", json.dumps(payload, indent=2),
                    file_name=f"check-{view.model_name.replace(':', '_')}-{view.dtype_name}.json",
                    mime="application/json")

@@ -279,9 +279,11 @@ def head_grid(explorer: Exploration, result: ExploreResult, max_layers: int = 12
                      for i in range(min(max_layers, n_layers))})
     only_tokens = Scramble(tokens=result.scramble.tokens).inverse()
 
+    # One tile size for every layer: an encoder-decoder's decoder maps are smaller than its encoder's.
+    size = min([cells] + [explorer.original[f"blocks.{layer}.attn"].tensor.shape[-1] for layer in layers])
+
     def pooled(maps: torch.Tensor) -> torch.Tensor:
-        maps = maps[0].double()
-        return torch.nn.functional.adaptive_avg_pool2d(maps, min(cells, maps.shape[-1]))
+        return torch.nn.functional.adaptive_avg_pool2d(maps[0].double(), size)
 
     original, scrambled, holds = [], [], []
     for layer in layers:

@@ -16,6 +16,7 @@ import torch
 
 from perm_core import inputs as model_inputs
 from perm_core.families import family_names
+from perm_core.input_spec import digit_image
 from perm_core.keys import InvalidKeyError, validate_key
 from perm_core.symmetries import SYMMETRIES
 from perm_core.zoo import DEFAULT_IMAGE_MODEL, LoadedModel, ModelLoadError
@@ -47,6 +48,7 @@ class View:
     inputs: dict | None = None
     input_id: str = ""  # identifies the input for caching (sample name, digit index, content hash)
     input_label: str = ""
+    input_spec: str | None = None  # the CLI's --input for this input (perm_core.input_spec); None for uploads
     image: object | None = None  # the PIL image shown, for image models
     credit: str = ""  # attribution the input's licence asks for, shown wherever the input is shown
     keys: dict[str, int] = field(default_factory=dict)  # active symmetries -> validated key
@@ -197,11 +199,8 @@ def _image_input(view: View) -> None:
         test_x, test_y = test_digits()
         seed("digit", 0, int, valid=lambda v: 0 <= v < len(test_x))
         index = st.number_input(f"Held-out test digit # (0-{len(test_x) - 1})", 0, len(test_x) - 1, key="digit")
-        values = (test_x[int(index), 0].numpy() * 255.0 / 16.0).round().clip(0, 255).astype("uint8")
-        from PIL import Image
-
-        image = Image.fromarray(values, mode="L").convert("RGB")
-        view.input_id = f"digit:{int(index)}"
+        image = digit_image(int(index))
+        view.input_id = view.input_spec = f"digit:{int(index)}"
         view.input_label = f"test digit #{int(index)} (label {int(test_y[int(index)])})"
     elif source == "sample":
         names = list(images)
@@ -209,6 +208,7 @@ def _image_input(view: View) -> None:
         seed("img_sample", (photos or names)[0] if not digits_model else names[0], valid=lambda v: v in names)
         chosen = st.selectbox("Sample picture", names, key="img_sample")
         image, view.input_id, view.input_label = images[chosen], f"sample:{chosen}", chosen
+        view.input_spec = view.input_id
         view.credit = _credits().get(chosen, "")
     else:
         upload = st.file_uploader("Upload an image (PNG, JPEG, ...)", key="upload")
@@ -267,7 +267,7 @@ def _text_input(view: View) -> None:
         except model_inputs.InputError as error:
             view.problems.append(str(error))
             return
-        view.input_id = f"ids:{n_ids}:{id_seed}"
+        view.input_id = view.input_spec = f"ids:{n_ids}:{id_seed}"
         view.input_label = f"{n_ids} token ids drawn with seed {id_seed}"
         return
     if source == "sample":
@@ -275,10 +275,12 @@ def _text_input(view: View) -> None:
         seed("txt_sample", "Permutation" if "Permutation" in names else names[0], valid=lambda v: v in names)
         chosen = st.selectbox("Sample text", names, key="txt_sample")
         text, view.input_label = texts[chosen], chosen
+        view.input_spec = f"text-sample:{chosen}"
     else:
         seed("text", "Transformers do not care about the order of their channels.")
         text = st.text_area("Your text", key="text", height=100)
         view.input_label = "your text"
+        view.input_spec = f"text:{text}"
     try:
         encoding, notice = model_inputs.prepare_text(text, view.loaded, max_tokens=MAX_TOKENS)
     except model_inputs.InputError as error:

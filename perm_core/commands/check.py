@@ -1,8 +1,9 @@
-"""python -m perm_core check MODEL [--symmetry NAME ...] [--key N] [--dtype float32|float64] [--json]"""
+"""python -m perm_core check MODEL [--symmetry NAME ...] [--key N | --key NAME=N ...] [--input SPEC]
+[--dtype float32|float64] [--forward-only] [--json]"""
 
 from __future__ import annotations
 
-from perm_core.commands import DTYPES, key_or_usage_error, load_or_usage_error, print_json
+from perm_core.commands import DTYPES, UsageError, key_or_usage_error, load_or_usage_error, print_json
 from perm_core.compare import worst
 from perm_core.symmetries import SYMMETRIES
 
@@ -12,7 +13,13 @@ def register(sub) -> None:
     parser.add_argument("model", help="zoo name (see `models`), random:FAMILY, or a save_pretrained directory")
     parser.add_argument("--symmetry", action="append", choices=SYMMETRIES,
                         help="repeatable; default: all of them")
-    parser.add_argument("--key", type=str, default="0", help="integer key, 0 .. 2**64-1 (default 0)")
+    parser.add_argument("--key", action="append", metavar="N | NAME=N",
+                        help="integer key 0 .. 2**64-1 for every symmetry (default 0), or NAME=N for one "
+                             "symmetry (repeatable; the others keep the plain key or 0)")
+    parser.add_argument("--input", metavar="SPEC", help="digit:N, sample:NAME, image:PATH, ids:N:SEED, "
+                                                        "text-sample:NAME or text:TEXT (default: the model's "
+                                                        "default input)")
+    parser.add_argument("--forward-only", action="store_true", help="skip the backward (gradient) checks")
     parser.add_argument("--dtype", choices=DTYPES, default="float64")
     parser.add_argument("--json", action="store_true", help="machine-readable report on stdout")
     parser.set_defaults(run=run)
@@ -23,16 +30,43 @@ def run(args) -> int:
     from perm_core.progress import terminal_bar
     from perm_core.verify import check
 
-    key = key_or_usage_error(args.key)
+    names = args.symmetry or list(SYMMETRIES)
+    keys = keys_or_usage_error(args.key or ["0"], names)
     loaded = load_or_usage_error(args.model, DTYPES[args.dtype])
+    inputs = default_inputs(loaded) if args.input is None else input_or_usage_error(loaded, args.input)
     with terminal_bar(f"check {args.model}") as progress:
-        report = check(loaded.model, default_inputs(loaded), args.symmetry or SYMMETRIES, key,
-                       model_name=args.model, progress=progress)
+        report = check(loaded.model, inputs, names, keys, model_name=args.model, progress=progress,
+                       backward=not args.forward_only)
     if args.json:
         print_json(report.to_json())
     else:
         print(format_report(report))
     return 0 if report.passed else 1
+
+
+def keys_or_usage_error(texts: list[str], names: list[str]) -> dict[str, int]:
+    """`--key N` for every symmetry, `--key NAME=N` for one; a later one wins."""
+    keys = {name: 0 for name in names}
+    for text in texts:
+        name, sep, value = text.rpartition("=")
+        if not sep:
+            keys = {n: key_or_usage_error(value) for n in names}
+        elif name not in SYMMETRIES:
+            raise UsageError(f"--key {text}: unknown symmetry {name!r}; choose from {', '.join(SYMMETRIES)}")
+        elif name not in names:
+            raise UsageError(f"--key {text}: {name} is not checked (add --symmetry {name})")
+        else:
+            keys[name] = key_or_usage_error(value)
+    return keys
+
+
+def input_or_usage_error(loaded, spec: str) -> dict:
+    from perm_core.input_spec import InputSpecError, inputs_from_spec
+
+    try:
+        return inputs_from_spec(loaded, spec)
+    except InputSpecError as error:
+        raise UsageError(str(error)) from None
 
 
 def format_report(report) -> str:

@@ -4,6 +4,7 @@ per-tensor errors, offers JSON, and can be stopped."""
 import json
 from pathlib import Path
 
+import pytest
 from streamlit.testing.v1 import AppTest
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
@@ -101,3 +102,37 @@ def test_restricted_forms_are_listed_with_the_geometrys_own_reasons():
     shown = next(m.value for m in at.markdown if "**Rotations**" in m.value)
     assert reasons["rotation"] in shown and reasons["head_channels"] in shown
     assert not any("does not have" in h.value for h in at.subheader)
+
+
+def _reproduced(at: AppTest) -> tuple[str, dict]:
+    import shlex
+    import subprocess
+    import sys
+
+    command = at.code[0].value
+    argv = shlex.split(command)
+    assert argv[:4] == ["python", "-m", "perm_core", "check"]
+    result = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True, timeout=600,
+                            cwd=Path(APP).parent)
+    assert result.returncode == 0, result.stderr
+    return command, json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("query", [
+    {"model": "digits-vit", "digit": "5", "k_tokens": "31", "k_channels": "77", "on_mlp": "1", "k_mlp": "2"},
+    {"model": "random:gpt2", "ids_src": "text", "text": "the order of   words 'quoted' here", "k_channels": "3"},
+], ids=["digit", "text"])
+def test_the_reproduce_command_gives_the_pages_report(query):
+    at = check_page(dtype="float64", check_backward="0", **query)
+    run_button(at).click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    command, reproduced = _reproduced(at)
+    page_controls = at.dataframe[1].value
+    assert reproduced["keys"] == {name: int(query.get(f"k_{name}", default))
+                                  for name, default in (("tokens", 7), ("channels", 42), ("mlp", 11))
+                                  if query.get(f"on_{name}", "1" if name in ("tokens", "channels") else "0") == "1"}
+    assert "--forward-only" in command and all(c["direction"] == "forward" for c in reproduced["checks"])
+    # The controls' breaks (order 1, far above round-off) pin the same model, input and keys.
+    assert [round(c["max_rel_error"], 6) for c in reproduced["controls"]] == [
+        round(v, 6) for v in page_controls["max rel error"]]
+    assert reproduced["passed"] is True

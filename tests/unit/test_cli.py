@@ -119,3 +119,29 @@ def test_scramble_writes_a_function_identical_model(tmp_path):
         a, b = original(**inputs).logits, scrambled(**inputs).logits
     assert (a - b).abs().max() / a.abs().max() < 1e-5
     assert (original.transformer.wte.weight - scrambled.transformer.wte.weight).abs().max() > 0.5
+
+
+def test_check_takes_a_key_per_symmetry_and_a_named_input():
+    result = cli("check", "digits-vit", "--symmetry", "tokens", "--symmetry", "mlp", "--key", "5", "--key", "mlp=9",
+                 "--input", "digit:3", "--forward-only", "--json")
+    assert result.returncode == 0, result.stderr
+    report = strict_json(result.stdout)
+    assert report["keys"] == {"tokens": 5, "mlp": 9}
+    assert {c["direction"] for c in report["checks"]} == {"forward"}
+    other = strict_json(cli("check", "digits-vit", "--symmetry", "tokens", "--symmetry", "mlp", "--key", "5",
+                            "--key", "mlp=9", "--input", "digit:4", "--forward-only", "--json").stdout)
+    moved = [c["moved"] for c in report["checks"]]
+    assert moved != [c["moved"] for c in other["checks"]]  # the input really is the one named
+
+
+@pytest.mark.parametrize("argv,message", [
+    (("--key", "nope=3"), "unknown symmetry 'nope'"),
+    (("--key", "mlp=3"), "mlp is not checked"),
+    (("--key", "tokens=abc"), "A key must be a whole number"),
+    (("--input", "digit:9999"), "digit 9999 does not exist"),
+    (("--input", "photo:x"), "unknown input 'photo:x'"),
+    (("--input", "image:/nonexistent.png"), "input 'image:/nonexistent.png'"),
+])
+def test_bad_keys_and_inputs_are_one_line_usage_errors(argv, message):
+    result = cli("check", "digits-vit", "--symmetry", "tokens", *argv)
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr

@@ -89,3 +89,17 @@ def test_sample_photos_are_credited_from_scikit_learns_readme():
         assert "CC BY 2.0" in line and "creativecommons.org/licenses/by/2.0" in line and "/photos/" in line
     flower = credits["Photo flower.jpg (scikit-learn sample image)"]
     assert "vultilion" in flower  # the account of the source page is named where it differs from the attribution
+
+
+def test_head_grid_of_an_encoder_decoder_pools_every_layer_to_one_tile_size():
+    """T5's decoder maps (7 tokens) are smaller than its encoder's (12): one grid still holds both stacks."""
+    from perm_core.explore import head_grid
+    from perm_core.random_models import build_random_model, random_inputs
+
+    model, _ = build_random_model("t5", dtype=torch.float64)
+    explorer = Exploration(model, random_inputs("t5", model))
+    grid = head_grid(explorer, explorer.run({"heads": 5}))
+    assert grid.original.shape == grid.scrambled.shape == (4, 4, 7, 7)
+    assert any(held != h for row in grid.holds for h, held in enumerate(row))
+    decoder = grid.layers.index(2)  # a decoder layer: its 7x7 maps are shown whole
+    assert torch.allclose(grid.original[decoder], explorer.original["blocks.2.attn"].tensor[0].double())
