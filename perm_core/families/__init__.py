@@ -31,6 +31,9 @@ class Geometry:
     n_decoder_layers: int = 0
     # One position-bias column per head, read by every self-attention layer of a stack (T5): see restrictions.
     shared_head_bias: bool = False
+    # RoPE rotates only the first `rotary_dim` channels of each query/key head (GPT-NeoX's rotary_pct,
+    # Phi-3's partial_rotary_factor); None means all of them. See rotary_channels.
+    rotary_dim: int | None = None
     # Leading tokens that stay in place under token permutation: 1 for a [CLS] (the default when
     # first_token_fixed), 2 for DeiT's class and distillation tokens, which its heads read by index.
     fixed_tokens: int | None = None
@@ -42,9 +45,6 @@ class Geometry:
             object.__setattr__(self, "fixed_tokens", int(self.first_token_fixed))
         elif self.first_token_fixed != (self.fixed_tokens > 0):
             raise ValueError(f"first_token_fixed={self.first_token_fixed} contradicts fixed_tokens={self.fixed_tokens}")
-    # RoPE rotates only the first `rotary_dim` channels of each query/key head (GPT-NeoX's rotary_pct,
-    # Phi-3's partial_rotary_factor); None means all of them. See rotary_channels.
-    rotary_dim: int | None = None
 
     @property
     def heads_per_group(self) -> int:
