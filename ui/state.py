@@ -23,12 +23,22 @@ def seed(name: str, default, parse=str, valid=None):
     if raw is not None:
         try:
             parsed = parse(raw)
-            if valid is None or valid(parsed):
-                value = parsed
+            accepted = valid is None or valid(parsed)
         except (TypeError, ValueError):
-            pass  # a mangled link falls back to the default instead of failing
+            accepted = False
+        if accepted:
+            value = parsed
+        else:  # a mangled link falls back to the default, and says so where the control is
+            st.warning(f"This link's `{name}={_shown(raw)}` is not a valid value here; using "
+                       f"`{_shown(_encode(default))}` instead.", icon=":material/link_off:")
     st.session_state[name] = value
     return value
+
+
+def _shown(raw: str) -> str:
+    """A link's value inside a code span: short, one line, no backticks (it must not become markdown)."""
+    text = " ".join(str(raw).split()).replace("`", "'")
+    return text if len(text) <= 40 else text[:40] + "…"
 
 
 def parse_bool(raw: str) -> bool:
