@@ -8,6 +8,7 @@ by the page with st.error, so the app keeps running.
 from __future__ import annotations
 
 import hashlib
+import io
 import threading
 from dataclasses import dataclass, field
 
@@ -222,6 +223,9 @@ def _image_input(view: View) -> None:
             return
         view.input_id = "upload:" + hashlib.sha1(data).hexdigest()
         view.input_label = f"your upload {upload.name}"
+        frames = frame_count(data)
+        if frames > 1:
+            view.notices.append(f"{upload.name} is animated ({frames} frames); the model sees its first frame.")
     try:
         view.inputs = {"pixel_values": model_inputs.image_to_pixels(image, view.loaded)}
         view.image = image
@@ -235,6 +239,17 @@ def image_from_upload(name: str, data: bytes):
         return model_inputs.load_image(data), None
     except model_inputs.InputError as error:
         return None, f"{name}: {error}"
+
+
+def frame_count(data: bytes) -> int:
+    """Frames in an (already decoded once) upload: an animated GIF, PNG or WebP has several."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            return int(getattr(image, "n_frames", 1))
+    except Exception:  # noqa: BLE001 - only a notice depends on it
+        return 1
 
 
 TEXT_SOURCES = {"sample": "Sample text", "text": "Your text", "ids": "Token ids"}

@@ -49,6 +49,8 @@ def test_bad_uploads_are_messages_and_odd_images_work(app_url, page, where):
         shown(page, VERDICT if where == "explore" else "Press Run check", 180_000)
         if where == "explore":
             shown(page, f"your upload {name}")
+        if name == "animated.gif":
+            shown(page, "animated.gif is animated (3 frames); the model sees its first frame.")
         assert page.locator('[data-testid="stAlertContentError"]').count() == 0, name
 
 
@@ -100,7 +102,7 @@ def test_bad_keys_on_every_page_with_a_key(app_url, page):
         shown(page, BAD_KEYS[value])
     for link, value in (("check?model=digits-vit&k_tokens=", ""), ("backward?bw_key=", "abc"),
                         ("authorization?au_key=", str(10**30)), ("split_learning?sl_key=", str(2**64)),
-                        ("rotation?rotation_key=", "-1")):
+                        ("rotation?rotation_key=", "-1"), ("walk?walk_key=", "abc")):
         page.goto(f"{app_url}/{link}{value}")
         shown(page, BAD_KEYS[value], 180_000)
         assert page.get_by_text("A key must be a whole number").count() >= 1, link
@@ -128,11 +130,15 @@ def test_bad_links_say_what_they_ignored(app_url, page, link):
 def test_unknown_pages_and_parameters_on_every_page(app_url, page):
     page.goto(f"{app_url}/no-such-page?model=nope")
     shown(page, "Page not found", 120_000)
-    for path in ("", "walk?walk_step=-1&whatever=%3Cscript%3Ealert(1)%3C/script%3E", "matrix?x=1"):
+    for path in ("?model=nope&layer=-1", "walk?walk_step=-1&whatever=%3Cscript%3Ealert(1)%3C/script%3E",
+                 "matrix?x=1"):
         page.goto(f"{app_url}/{path}")
         wait_for_app(page, 240_000)
         assert_no_trace(page)
         assert page.locator('[data-testid="stAlertContentError"]').count() == 0
+        assert page.locator("script").filter(has_text="alert(1)").count() == 0
+        if path.startswith("walk"):
+            assert page.get_by_text("walk_step=-1").count() == 1
     # After all of this, the server still serves a new session its verdict.
     page.goto(f"{app_url}/explore?model=digits-vit&k_channels=5")
     shown(page, VERDICT, 180_000)
