@@ -124,6 +124,9 @@ panels.three_heatmaps(attn, tuple(t[0, head][None] for t in (original[attn].tens
 st.latex(r"A' = \mathrm{softmax}\!\Big(\tfrac{(PXQ)(Q^\top W_Q)(W_K^\top Q)(PXQ)^\top}{\sqrt{d}}\Big) "
          r"= P\,A\,P^\top \quad\text{since } QQ^\top = I")
 
+st.subheader(f"MLP neurons of block {layer}")
+panels.mlp_neurons(explorer, result, view.keys, control, layer)
+
 st.subheader(f"Weights of block {layer}")
 panels.weights(explorer, result, view.keys, control, layer)
 
@@ -140,8 +143,13 @@ st.subheader("Proof: every layer, every tensor")
 rows = [{"layer": geometry.n_layers if layer_of(e.name) is None else layer_of(e.name), "kind": kind_label(e.name),
          "abs": e.max_abs_error, "rel": e.max_rel_error, "tolerance": e.tolerance} for e in result.errors]
 chart_title = ("un-scrambled vs original" + (f" — control: {result.control.description}" if control else ""))
+proof_columns = st.columns([2, 1])
 chart(figures.error_chart(rows, chart_title, tolerance=result.tolerance,
-                          broken_at=BROKEN_AT if control else None), width="stretch")
+                          broken_at=BROKEN_AT if control else None), width="stretch", where=proof_columns[0])
+hidden = f"blocks.{layer}.hidden"
+chart(figures.difference_map(original[hidden].tensor[0], restored[hidden][0],
+                             figures.wrap_title(f"|un-scrambled − original| / max|original|, hidden state after "
+                                                f"block {layer}", 34)), where=proof_columns[1])
 st.caption(f"{len(result.errors)} tensors compared. Scrambled side took {sum(result.seconds.values()):.2f} s "
            f"(parameters {result.seconds['params']:.2f} s, trace {result.seconds['trace']:.2f} s).")
 

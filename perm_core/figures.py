@@ -353,3 +353,28 @@ def paired_bars(labels, first, second, names: tuple[str, str], title: str, log: 
     if log:
         fig.update_yaxes(type="log", exponentformat="e")
     return fig
+
+
+def difference_map(original, restored, title: str, x_title: str = "channel", y_title: str = "token") -> go.Figure:
+    """|restored - original| per cell on a log colour scale, relative to the original's largest |value|, so round-off
+    (around 1e-16 in float64) and a real break (around 1) are decades apart. Exact zeros sit at FLOOR."""
+    reference = to_numpy(original).astype(np.float64)
+    scale = float(np.abs(reference).max()) or 1.0
+    relative = np.abs(to_numpy(restored).astype(np.float64) - reference) / scale
+    values, row_step, col_step = decimate(np.log10(np.maximum(relative, FLOOR)))
+    note = f"<br>(largest cell of {row_step}x{col_step} blocks)" if row_step * col_step > 1 else ""
+    if row_step * col_step > 1:  # decimate takes one cell per block; the largest one is what matters here
+        full = np.log10(np.maximum(relative, FLOOR))
+        rows, cols = values.shape
+        values = np.array([[full[i * row_step:(i + 1) * row_step, j * col_step:(j + 1) * col_step].max()
+                            for j in range(cols)] for i in range(rows)])
+    ticks = list(range(-18, 1, 3))
+    fig = go.Figure(go.Heatmap(z=values.astype(np.float32), colorscale="Magma", zmin=-18, zmax=0,
+                               x=np.arange(values.shape[1]) * col_step, y=np.arange(values.shape[0]) * row_step,
+                               colorbar=dict(thickness=10, tickvals=ticks, ticktext=[f"1e{t}" for t in ticks]),
+                               hovertemplate="row %{y}, column %{x}: 10^%{z:.1f}<extra></extra>"))
+    fig.update_layout(**LAYOUT)
+    titled(fig, title + note, LAYOUT["height"])
+    fig.update_yaxes(autorange="reversed", title=y_title)
+    fig.update_xaxes(title=x_title)
+    return fig

@@ -187,3 +187,24 @@ def weights(explorer, result, keys_by_symmetry, control, layer: int) -> None:
                f"{changed:.3g}, and the inverse gives it back to {restored:.1e}"
                f"{' (exactly)' if restored == 0 else ''}. Colours clip at ±{zmax:.3g} (largest |value| "
                f"{largest:.3g}).")
+
+
+def mlp_neurons(explorer, result, keys_by_symmetry, control, layer: int) -> None:
+    """The MLP's hidden activations in the chosen block: the MLP symmetry moves whole neuron columns."""
+    from perm_core.mlp_view import mlp_view
+
+    params, _ = explorer.params_for(result.scramble, keys_by_symmetry, control)
+    view = mlp_view(explorer, result, params, layer)
+    three_heatmaps(f"mlp-{layer}", (view.original[None], view.scrambled[None], view.restored[None]),
+                   f"MLP neurons of block {layer}", "neuron", "token")
+    moved = [] if view.held is None else [(new, old) for new, old in enumerate(view.held.tolist()) if new != old]
+    if view.held is None:
+        what = "The MLP key is off here: the neurons keep their columns."
+    elif not moved:
+        what = "The MLP key left every neuron of this block in place."
+    else:
+        examples = "; ".join(f"column {new} holds neuron {old}" for new, old in moved[:3])
+        what = f"The MLP key moved {len(moved)} of {len(view.held)} neurons: {examples}" + (
+            ", and so on." if len(moved) > 3 else ".")
+    st.caption(f"{what} Measured at the input of {view.module}; un-scrambled, the activations match the "
+               f"original to {view.max_rel_error:.1e} (relative).")

@@ -54,6 +54,13 @@ def proof_errors(at) -> dict[str, float]:
     return {t["name"]: float(decode(t["y"]).max()) for t in proof["data"] if "tolerance" not in t["name"]}
 
 
+def difference_map(at) -> np.ndarray:
+    """log10 of |un-scrambled - original| / max|original| per cell, as the proof's map draws it."""
+    found = [c for c in charts(at) if title(c).startswith("|un-scrambled")]
+    assert len(found) == 1
+    return decode(found[0]["data"][0]["z"])
+
+
 def payload(at) -> int:
     return sum(len(c.proto.spec) for c in at.get("plotly_chart"))
 
@@ -86,6 +93,7 @@ def test_float64_every_symmetry_and_key_bits():
     assert "float64" in verdict
     errors = proof_errors(at)
     assert max(errors.values()) <= 1e-9  # ViT's softmax runs in float32, hence not 1e-16
+    assert difference_map(at).max() <= -9  # every cell of the un-scrambled hidden state within 1e-9 (log10)
     text = " ".join(m.value for m in at.markdown)
     assert "bits" in text and "continuous" in " ".join(c.value for c in at.caption)
 
@@ -98,6 +106,7 @@ def test_negative_control_shows_the_break():
     assert errors["hidden state (rel)"] > 1e-3
     hidden = {title(c).split(":")[0]: decode(c["data"][0]["z"]) for c in charts(at) if "hidden state after" in title(c)}
     assert np.abs(hidden["Un-scrambled"] - hidden["Original"]).max() > 1e-3
+    assert difference_map(at).max() > -3  # the break shows on the map too
 
     at.selectbox(key="control").set_value("tokens/positions_not_moved").run()
     assert "breaks, as it must" in at.error[0].value

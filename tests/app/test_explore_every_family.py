@@ -24,3 +24,26 @@ def test_every_family_explores_exactly_with_every_symmetry(family):
     errors = proof_errors(at)
     assert errors and max(errors.values()) <= 1e-9
     assert all(title(c) or c["data"] for c in charts(at))
+    assert sum("MLP neurons of block" in title(c) for c in charts(at)) == 3
+
+
+def test_the_mlp_caption_counts_the_neurons_its_own_run_moved():
+    import re
+
+    import torch
+
+    from perm_core.explore import Exploration
+    from perm_core.input_spec import inputs_from_spec
+    from perm_core.mlp_view import mlp_view
+    from perm_core.zoo import load_model
+
+    at = explore(model="digits-vit", dtype="float64", on_mlp="1", k_mlp="21", on_tokens="0", on_channels="0",
+                 layer="1")
+    caption = next(c.value for c in at.caption if "The MLP key moved" in c.value)
+    moved, total = map(int, re.search(r"moved (\d+) of (\d+) neurons", caption).groups())
+    loaded = load_model("digits-vit", dtype=torch.float64)
+    explorer = Exploration(loaded.model, inputs_from_spec(loaded, "digit:0"))  # the sidebar's default input
+    result = explorer.run({"mlp": 21})
+    view = mlp_view(explorer, result, explorer.params_for(result.scramble, {"mlp": 21}, None)[0], 1)
+    assert (moved, total) == (int((view.held != torch.arange(total)).sum()), explorer.geometry.d_mlp)
+    assert f"{view.max_rel_error:.1e}" in caption

@@ -70,3 +70,31 @@ def test_the_rotation_near_miss_chart_puts_its_tolerance_label_on_the_line():
     fig = figures_fusion.error_comparison(comparison, 1e-4)
     label = next(a for a in fig.layout.annotations if a.text == "tolerance 0.0001")
     assert math.isclose(label.y, -4) and [s.y0 for s in fig.layout.shapes] == [1e-4]
+
+
+def test_difference_map_is_log10_of_the_relative_difference_with_zeros_at_the_floor():
+    import numpy as np
+
+    from perm_core import figures
+
+    original = np.array([[2.0, -4.0], [1.0, 0.5]])
+    restored = original.copy()
+    restored[0, 1] += 4e-3  # 1e-3 of the largest |value|
+    fig = figures.difference_map(original, restored, "t")
+    z = np.asarray(fig.data[0].z, dtype=float)
+    assert z.shape == (2, 2)
+    assert abs(z[0, 1] - (-3.0)) < 1e-5
+    assert (np.delete(z.flatten(), 1) == np.log10(figures.FLOOR)).all()
+
+
+def test_difference_map_of_a_large_tensor_keeps_the_largest_cell_of_each_block():
+    import numpy as np
+
+    from perm_core import figures
+
+    original = np.ones((300, 900))
+    restored = original.copy()
+    restored[123, 457] += 0.5
+    z = np.asarray(figures.difference_map(original, restored, "t").data[0].z, dtype=float)
+    assert z.size < original.size and np.isclose(z.max(), np.log10(0.5), atol=1e-5)
+    assert (z == z.max()).sum() == 1
