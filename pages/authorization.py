@@ -4,12 +4,13 @@ import streamlit as st
 
 from perm_core.apps import authorization as auth
 from perm_core.apps import figures_backward as fb
+from perm_core.keys import LONG_KEY_BITS, InvalidKeyError, parse_long_key
 from ui.errors import show_failure
 from ui.export import chart
 from ui.long_run import long_run
-from ui.resources import key_or_stop, shared_model
+from ui.resources import shared_model
 from ui.sidebar import ensure_view
-from ui.state import seed, seed_choice
+from ui.state import publish, seed, seed_choice
 
 MODELS = ("digits-vit", "digits-vit-b", "minilm", "smollm2-135m")
 DEFAULT_WRONG = {"digits-vit": 20, "digits-vit-b": 20, "minilm": 5, "smollm2-135m": 3}
@@ -32,10 +33,16 @@ seed_choice("au_model", MODELS, MODELS[0])
 model_name = row[0].selectbox("Model", MODELS, key="au_model",
                               help="smollm2-135m: the first load converts the shipped GGUF (about a minute).")
 seed("au_key", "2024")
-key_text = row[1].text_input("Key", key="au_key")
+key_text = row[1].text_input("Key", key="au_key", help="a whole number, or a 0x hex string of up to 64 digits "
+                                                      "(256 bits), like a cipher key")
 seed_choice(f"au_wrong_{model_name}", range(1, 51), DEFAULT_WRONG[model_name], int)
 n_wrong = row[2].slider("Wrong keys to try", 1, 50, key=f"au_wrong_{model_name}")
-key = key_or_stop(key_text)
+try:
+    key = parse_long_key(key_text)
+except InvalidKeyError as error:
+    st.error(str(error))
+    publish()
+    st.stop()
 
 try:
     loaded = shared_model(model_name, "float32")
@@ -72,9 +79,11 @@ cols[3].metric(f"Wrong keys (mean of {len(result.wrong_keys)})", fmt.format(sum(
                                                                            / len(result.wrong_keys)))
 cols[4].metric("Chance" + (" (uniform over the vocabulary)" if result.metric == "perplexity" else ""),
                fmt.format(result.chance))
-st.info(f"The key is a 64-bit integer: an attacker needs at most 2^64 guesses of the key. Separately, the "
-        f"permutation group: {loaded.model.config.hidden_size}! orderings of the residual channels, "
-        f"{result.key_space_bits:.0f} bits; a key reaches at most 2^64 of them.")
+reach_bits = min(LONG_KEY_BITS, result.key_space_bits)
+st.info(f"Keys have up to {LONG_KEY_BITS} bits (this one needs {max(key.bit_length(), 1)}): an attacker needs at "
+        f"most 2^{LONG_KEY_BITS} guesses of the key. Separately, the permutation group: "
+        f"{loaded.model.config.hidden_size}! orderings of the residual channels, {result.key_space_bits:.0f} bits; "
+        f"the keys reach at most 2^{reach_bits:.0f} of them.")
 if abs(result.right_key - result.original) <= 1e-6 * max(1.0, abs(result.original)):
     st.success(f"The right key restores the model exactly: {label} {fmt.format(result.right_key)}.")
 else:

@@ -15,6 +15,8 @@ import torch
 
 KEY_BITS = 64
 MAX_KEY = 2**KEY_BITS - 1
+LONG_KEY_BITS = 256  # model authorization: a key as long as a cipher key, written in hex
+MAX_LONG_KEY = 2**LONG_KEY_BITS - 1
 
 
 class InvalidKeyError(ValueError):
@@ -34,10 +36,33 @@ def validate_key(key) -> int:
     return key
 
 
+def parse_long_key(key) -> int:
+    """An authorization key: a whole number or a 0x-prefixed hex string, 0 .. 2**256-1."""
+    message = ("An authorization key must be a whole number or a 0x-prefixed hex string of at most 256 bits "
+               f"(64 hex digits), got {key!r}.")
+    if isinstance(key, bool):
+        raise InvalidKeyError(message)
+    if not isinstance(key, int | np.integer):
+        text = str(key).strip().replace("_", "")
+        try:
+            key = int(text, 16) if text.lower().startswith("0x") else int(text)
+        except ValueError:
+            raise InvalidKeyError(message) from None
+    key = int(key)
+    if not 0 <= key <= MAX_LONG_KEY:
+        raise InvalidKeyError(message)
+    return key
+
+
 def rng_for(key: int, purpose: str) -> np.random.Generator:
-    key = validate_key(key)
-    words = [key & 0xFFFFFFFF, key >> 32, zlib.crc32(purpose.encode())]
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(words)))
+    """Keys up to 64 bits seed [low word, high word, purpose] as they always have; a longer key seeds all eight
+    of its 32-bit words and the purpose (a different length of entropy, so it never collides with a short key)."""
+    key = validate_key(key) if not isinstance(key, int) or key <= MAX_KEY else parse_long_key(key)
+    if key <= MAX_KEY:
+        words = [key & 0xFFFFFFFF, key >> 32]
+    else:
+        words = [(key >> (32 * i)) & 0xFFFFFFFF for i in range(LONG_KEY_BITS // 32)]
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(words + [zlib.crc32(purpose.encode())])))
 
 
 def _moving_permutation(rng: np.random.Generator, n: int) -> np.ndarray:

@@ -15,8 +15,9 @@ The scheme, concretely:
     client also un-permutes the final features before the head; the same gather does both.
   * No key: plain features into the locked backbone. Wrong key: features permuted by Q != P. The
     backbone then sees its residual channels in the wrong order, which is a different network.
-The key is a 64-bit integer (at most 2^64 guesses); it draws one of the d_model! orderings of the
-permutation group (symmetries.key_space_bits("channels"): 296 bits for d_model = 64).
+The key is a whole number of up to 256 bits, usually written in hex (at most 2^256 guesses); it draws one of
+the d_model! orderings of the permutation group (symmetries.key_space_bits("channels"): 296 bits for
+d_model = 64), so a key reaches at most min(2^256, d_model!) of them.
 What this does not claim: security against an attacker who can fine-tune or who fits the
 permutation from data; it shows what the permutation symmetry makes possible, as in the paper.
 """
@@ -67,7 +68,7 @@ class Lock:
     """A model locked with a key; `params_for(key)` is what a client holding `key` (or None) runs."""
 
     def __init__(self, model, key: int):
-        self.key = keys.validate_key(key)
+        self.key = keys.parse_long_key(key)
         self.subject = Subject(model, {})
         full = self._scrambled(self.key)
         self.published = {n: (p if is_user_side(n) else full[n]) for n, p in self.subject.params.items()}
@@ -78,7 +79,7 @@ class Lock:
     def params_for(self, key: int | None) -> dict[str, torch.Tensor]:
         if key is None:
             return self.published
-        element = symmetries.channels(keys.validate_key(key), self.subject.geometry)
+        element = symmetries.channels(keys.parse_long_key(key), self.subject.geometry)
         client = {n: apply_axes(p, self.subject.claims[n].rule.axes, element, self.subject.claims[n].layer)
                   for n, p in self.subject.params.items() if is_user_side(n)}
         return {**self.published, **client}
@@ -156,7 +157,7 @@ class AuthorizationResult:
 def authorize(loaded, key: int, n_wrong: int = 20, model_name: str | None = None,
               progress=None) -> AuthorizationResult:
     """Lock `loaded.model` with `key` and measure the right key, no key and `n_wrong` wrong keys."""
-    key = keys.validate_key(key)
+    key = keys.parse_long_key(key)
     metric = metric_for(loaded.model)
     lock = Lock(loaded.model, key)
     if metric == "accuracy":

@@ -6,7 +6,7 @@ Lock MODEL with key K and measure the right key, no key and N wrong keys
 
 from __future__ import annotations
 
-from perm_core.commands import UsageError, key_or_usage_error, load_or_usage_error, print_json
+from perm_core.commands import UsageError, load_or_usage_error, print_json
 
 SUPPORTED = ("digits-vit", "digits-vit-b", "minilm", "smollm2-135m")
 
@@ -14,7 +14,8 @@ SUPPORTED = ("digits-vit", "digits-vit-b", "minilm", "smollm2-135m")
 def register(sub) -> None:
     parser = sub.add_parser("authorize", help="lock a model with a key; measure right key, no key, wrong keys")
     parser.add_argument("model", help=f"one of {', '.join(SUPPORTED)}")
-    parser.add_argument("--key", type=str, default="0", help="integer key, 0 .. 2**64-1 (default 0)")
+    parser.add_argument("--key", type=str, default="0",
+                        help="a whole number or a 0x hex string, up to 256 bits (default 0)")
     parser.add_argument("--wrong", type=int, default=20, help="how many wrong keys to try (default 20)")
     parser.add_argument("--json", action="store_true", help="machine-readable result on stdout")
     parser.set_defaults(run=run)
@@ -22,8 +23,12 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from perm_core.apps.authorization import authorize
+    from perm_core.keys import InvalidKeyError, parse_long_key
 
-    key = key_or_usage_error(args.key)
+    try:
+        key = parse_long_key(args.key)
+    except InvalidKeyError as error:
+        raise UsageError(str(error)) from None
     if args.model not in SUPPORTED:
         raise UsageError(f"authorize supports {', '.join(SUPPORTED)}; got {args.model!r}")
     if not 1 <= args.wrong <= 1000:

@@ -32,7 +32,8 @@ def test_digits_lock_numbers_and_histogram():
     assert shown["Unlocked model"] == shown["Right key"]
     assert percent(shown["No key"]) < 0.3
     assert percent(shown["Wrong keys (mean of 20)"]) < 0.3
-    assert "64-bit integer" in at.info[0].value and "at most 2^64 guesses" in at.info[0].value
+    assert "Keys have up to 256 bits (this one needs 11)" in at.info[0].value  # the default key 2024
+    assert "at most 2^256 guesses" in at.info[0].value and "reach at most 2^256 of them" in at.info[0].value
     assert f"64! orderings of the residual channels, {permutation_bits(64):.0f} bits" in at.info[0].value
     spec = json.loads(at.get("plotly_chart")[0].proto.spec)
     histogram = spec["data"][0]
@@ -44,8 +45,18 @@ def test_bad_key_shows_an_error():
     at.run()
     at.text_input(key="au_key").set_value("-1").run()
     assert not at.exception
-    assert "0 to 2**64-1" in at.error[0].value
+    assert "at most 256 bits" in at.error[0].value
     assert not at.metric
+
+
+def test_a_hex_key_of_256_bits_unlocks_and_the_text_says_its_length():
+    at = AppTest.from_file(PAGE, default_timeout=300)
+    at.run()
+    at.text_input(key="au_key").set_value("0x" + "a5" * 32).run()
+    assert not at.exception and not at.error
+    shown = {m.label: m.value for m in at.metric}
+    assert shown["Right key"] == shown["Unlocked model"] and percent(shown["No key"]) < 0.3
+    assert "this one needs 256" in at.info[0].value
 
 
 def test_minilm_retrieval():

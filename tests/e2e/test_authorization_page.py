@@ -17,7 +17,7 @@ def test_authorization_page_in_chromium(app_url, page, shot):
         values[metric.locator('[data-testid="stMetricLabel"]').inner_text().strip()] = float(
             metric.locator('[data-testid="stMetricValue"]').inner_text().rstrip("%")) / 100
     assert values["Right key"] > 0.95 and values["No key"] < 0.3 and values["Chance"] == 0.1
-    assert page.get_by_text("The key is a 64-bit integer").count() == 1
+    assert page.get_by_text("Keys have up to 256 bits").count() == 1
     assert page.get_by_text("64! orderings of the residual channels, 296 bits").count() == 1
     path = shot(page, "authorization")
     assert path.stat().st_size > 20_000

@@ -80,7 +80,8 @@ def test_cli_json_shape(capsys):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["authorize", "digits-vit", "--key", "-1"], "0 to 2**64-1"),
+    (["authorize", "digits-vit", "--key", "-1"], "at most 256 bits"),
+    (["authorize", "digits-vit", "--key", "0x1" + "0" * 64], "at most 256 bits"),
     (["authorize", "digits-vit", "--key", "abc"], "whole number"),
     (["authorize", "random:vit", "--key", "1"], "authorize supports"),
     (["authorize", "no-such-model", "--key", "1"], "authorize supports"),
@@ -99,3 +100,14 @@ def test_smollm2_perplexity_with_and_without_key():
     assert result.right_key == pytest.approx(result.original, rel=1e-4)
     assert result.right_key < 100 < result.no_key
     assert min(result.wrong_keys) > 10 * result.right_key
+
+
+def test_a_256_bit_hex_key_locks_and_unlocks():
+    key = 0xC0FFEE << 232 | 0xBADF00D
+    result = auth.authorize(load_model("digits-vit"), f"{key:#x}", n_wrong=3)
+    assert result.key == key and result.right_key == pytest.approx(result.original, abs=1e-6)
+    assert max(result.wrong_keys) < result.original - 0.2  # accuracy collapses without the key
+    assert result.no_key < result.original - 0.2
+    lock, low_half = auth.Lock(load_model("digits-vit").model, key), key & (2**64 - 1)
+    changed = [n for n, p in lock.params_for(low_half).items() if not torch.equal(p, lock.params_for(key)[n])]
+    assert changed  # the key's high bits matter: its low 64 bits alone draw another permutation

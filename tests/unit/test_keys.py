@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+import zlib
 
 import pytest
 import torch
@@ -68,3 +69,31 @@ def test_a_key_never_draws_the_identity(n):
         assert all(not torch.equal(row, identity) for row in keys.permutations(key, 3, n, "x"))
     drawn = {tuple(keys.permutation(key, n, "p").tolist()) for key in range(400)}
     assert len(drawn) == math.factorial(n) - 1  # and every other permutation is reachable
+
+
+def test_long_keys_parse_decimal_and_hex_up_to_256_bits():
+    from perm_core.keys import MAX_LONG_KEY, parse_long_key
+
+    assert parse_long_key("0x" + "f" * 64) == MAX_LONG_KEY == 2**256 - 1
+    assert parse_long_key("0XdeadBEEF") == 0xDEADBEEF
+    assert parse_long_key(" 12345 ") == 12345 and parse_long_key(7) == 7
+    for bad in ("0x" + "1" + "0" * 64, "-1", "0xzz", "", "1.5", True, 2**256):
+        with pytest.raises(keys.InvalidKeyError, match="at most 256 bits"):
+            parse_long_key(bad)
+
+
+def test_short_keys_draw_what_they_always_drew_and_long_keys_differ():
+    """Keys below 2**64 keep their transforms (every saved link and test key); a long key is its own draw,
+    and two long keys that agree in their low 64 bits still differ."""
+    import numpy as np
+
+    from perm_core.keys import permutation
+
+    seeded = np.random.SeedSequence([12345, 0, zlib.crc32(b"channels")])
+    assert torch.equal(permutation(12345, 20, "channels"),
+                       torch.from_numpy(np.random.Generator(np.random.PCG64(seeded)).permutation(20)).long())
+    low = 0x1234
+    long_a, long_b = low | (1 << 100), low | (1 << 200)
+    draws = {k: permutation(k, 64, "channels") for k in (low, long_a, long_b)}
+    assert not torch.equal(draws[low], draws[long_a]) and not torch.equal(draws[long_a], draws[long_b])
+    assert torch.equal(permutation(long_a, 64, "channels"), draws[long_a])  # reproducible
