@@ -78,7 +78,9 @@ st.dataframe(pd.DataFrame([{"symmetry": c.symmetry, "direction": c.direction, "m
 st.subheader("Negative controls")
 st.dataframe(pd.DataFrame([{"control": f"{c.symmetry}: {c.description}", "max rel error": c.max_rel_error,
                             "result": "broken (as it must be)" if c.broken else "NOT BROKEN"}
-                           for c in report.controls]), hide_index=True, width="stretch", column_config=SCIENTIFIC)
+                           for c in report.controls]), hide_index=True, width="stretch",
+             column_config={**SCIENTIFIC, "control": st.column_config.TextColumn(width="large"),
+                            "result": st.column_config.TextColumn(width="medium")})  # whole at 1024 px
 if report.restricted:
     st.subheader("Checked in a restricted form")
     st.markdown("\n".join(f"- **{SYMMETRY_LABELS[name]}**: {reason}" for name, reason in report.restricted.items()))
