@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch.func import functional_call
 
 from perm_core.compare import relative_differences
 from perm_core.explore import Exploration, ExploreResult
 from perm_core.spec import Scramble, apply_axes
+from perm_core.stateless import functional_call, model_lock
 from perm_core.tokens import model_inputs
 
 
@@ -41,14 +41,15 @@ def _activation(explorer: Exploration, params: dict, scramble: Scramble, module_
     subject = explorer.subject
     captured = {}
     module = subject.model.get_submodule(module_name)
-    handle = module.register_forward_pre_hook(lambda _m, args: captured.setdefault("x", args[0].detach()))
-    try:
-        with torch.no_grad():
-            functional_call(subject.model, params, args=(),
-                            kwargs=model_inputs(subject.inputs, subject.geometry, scramble, subject.dtype),
-                            strict=False)
-    finally:
-        handle.remove()
+    with model_lock(subject.model):  # a shared model: the hook must see this run only
+        handle = module.register_forward_pre_hook(lambda _m, args: captured.setdefault("x", args[0].detach()))
+        try:
+            with torch.no_grad():
+                functional_call(subject.model, params, args=(),
+                                kwargs=model_inputs(subject.inputs, subject.geometry, scramble, subject.dtype),
+                                strict=False)
+        finally:
+            handle.remove()
     if "x" not in captured:
         raise RuntimeError(f"{module_name} was not called in the forward pass")
     return captured["x"]

@@ -20,10 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch.func import functional_call
 
 from perm_core.families import Geometry
 from perm_core.spec import PIXELS, Claim
+from perm_core.stateless import functional_call
 
 TOKEN_RESID = (None, "tokens", "resid")
 

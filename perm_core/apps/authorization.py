@@ -31,10 +31,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch.func import functional_call
 
 from perm_core import keys, symmetries
 from perm_core.spec import Scramble, apply_axes
+from perm_core.stateless import functional_call
 from perm_core.tokens import model_inputs
 from perm_core.verify import Subject
 from perm_core.zoo import mean_pool

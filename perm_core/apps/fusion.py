@@ -23,11 +23,11 @@ from functools import cache
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.func import functional_call
 
 from perm_core import digits
 from perm_core.apps.matching import METHODS, align, distance, match_residual
 from perm_core.spec import Scramble
+from perm_core.stateless import functional_call
 from perm_core.verify import BROKEN_AT, TOLERANCE, Subject, worst_rel
 
 Progress = Callable[[float, str], None] | None

@@ -16,6 +16,7 @@ import torch
 from perm_core import symmetries
 from perm_core.apps.fusion import one_thread
 from perm_core.spec import Concat, Scramble, apply_axes
+from perm_core.stateless import model_lock
 from perm_core.verify import BROKEN_AT, TOLERANCE, Subject, TensorError, worst_rel
 
 _HOOK_LOCK = threading.Lock()  # the model may be shared by several app sessions: one capture at a time
@@ -77,7 +78,7 @@ def capture(subject: Subject, scramble: Scramble | None = None) -> tuple[dict, d
             captured[(layer, role)] = output.detach()
         return hook
 
-    with _HOOK_LOCK:
+    with _HOOK_LOCK, model_lock(subject.model):  # no other session's run passes the hooks
         try:
             for layer, roles in projection_modules(subject).items():
                 for role, (module_name, split) in roles.items():

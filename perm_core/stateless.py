@@ -1,0 +1,34 @@
+"""torch.func.functional_call made safe for a model that several threads (app sessions) share.
+
+functional_call swaps the given tensors into the module, runs it, and puts back the tensors it found there.
+Two threads on one model interleave: the second finds the first one's tensors and "restores" them, so the
+shared model keeps a scrambled (or float64) copy for good. benchmarks/classroom.py found it: with ten browser
+sessions per model, every shared model's weights hash changed and verdicts failed. One re-entrant lock per
+model makes swap, run and restore one step; code that installs hooks on a shared model holds it too, so its
+hooks never see another session's run.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+import torch
+from torch.func import functional_call as _functional_call
+
+_locks: weakref.WeakKeyDictionary[torch.nn.Module, threading.RLock] = weakref.WeakKeyDictionary()
+_guard = threading.Lock()
+
+
+def model_lock(model: torch.nn.Module) -> threading.RLock:
+    with _guard:
+        lock = _locks.get(model)
+        if lock is None:
+            lock = _locks[model] = threading.RLock()
+        return lock
+
+
+def functional_call(module: torch.nn.Module, parameters_and_buffers, args=None, kwargs=None, *,
+                    tie_weights: bool = True, strict: bool = False):
+    with model_lock(module):
+        return _functional_call(module, parameters_and_buffers, args, kwargs, tie_weights=tie_weights, strict=strict)

@@ -1,0 +1,76 @@
+"""Two threads on one shared model: torch's functional_call leaves the model with a session's weights for good;
+perm_core.stateless.functional_call keeps it, and each session computes with its own (found by
+benchmarks/classroom.py)."""
+
+import threading
+import time
+
+import pytest
+import torch
+from torch.func import functional_call as torch_functional_call
+
+from perm_core.stateless import functional_call, model_lock
+
+
+class SlowLinear(torch.nn.Module):
+    """A linear layer whose forward takes long enough for another thread to step in mid-call."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        time.sleep(0.05)
+        return self.linear(x)
+
+
+def _two_sessions(call) -> tuple[SlowLinear, dict, dict]:
+    torch.manual_seed(0)
+    model = SlowLinear()
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.randn(2, 4)
+    params = {name: {k: torch.randn_like(v) for k, v in original.items()} for name in ("a", "b")}
+    outputs = {}
+
+    def session(name, delay):
+        time.sleep(delay)
+        with torch.no_grad():
+            outputs[name] = call(model, params[name], (x,))
+
+    threads = [threading.Thread(target=session, args=("a", 0.0)), threading.Thread(target=session, args=("b", 0.02))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    expected = {name: x @ p["linear.weight"].T + p["linear.bias"] for name, p in params.items()}
+    return model, original, {name: (outputs[name], expected[name]) for name in outputs}
+
+
+def test_torch_functional_call_is_not_safe_for_a_shared_model():
+    """The control: without the lock, the model is left holding a session's weights for good."""
+    model, original, _ = _two_sessions(torch_functional_call)
+    assert not torch.equal(model.state_dict()["linear.weight"], original["linear.weight"])
+
+
+def test_locked_functional_call_keeps_the_model_and_each_sessions_weights():
+    model, original, outputs = _two_sessions(functional_call)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, original[name]), name
+    for name, (got, expected) in outputs.items():
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-6, msg=name)
+
+
+def test_one_lock_per_model_and_reentrant():
+    a, b = SlowLinear(), SlowLinear()
+    assert model_lock(a) is model_lock(a) and model_lock(a) is not model_lock(b)
+    with model_lock(a):  # hooks installed under the lock, then a call on the same model in the same thread
+        out = functional_call(a, dict(a.named_parameters()), (torch.ones(1, 4),))
+    assert out.shape == (1, 3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64])
+def test_a_float64_call_leaves_a_float32_model_float32(dtype):
+    model = SlowLinear()
+    params = {k: v.to(dtype) for k, v in model.state_dict().items()}
+    functional_call(model, params, (torch.ones(1, 4, dtype=dtype),))
+    assert all(p.dtype == torch.float32 for p in model.parameters())
