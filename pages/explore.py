@@ -148,8 +148,7 @@ chart(figures.error_chart(rows, chart_title, tolerance=result.tolerance,
                           broken_at=BROKEN_AT if control else None), width="stretch", where=proof_columns[0])
 hidden = f"blocks.{layer}.hidden"
 chart(figures.difference_map(original[hidden].tensor[0], restored[hidden][0],
-                             figures.wrap_title(f"|un-scrambled − original| / max|original|, hidden state after "
-                                                f"block {layer}", 34)), where=proof_columns[1])
+                             f"|un-scrambled − original|<br>relative, block {layer} output"), where=proof_columns[1])
 st.caption(f"{len(result.errors)} tensors compared. Scrambled side took {sum(result.seconds.values()):.2f} s "
            f"(parameters {result.seconds['params']:.2f} s, trace {result.seconds['trace']:.2f} s).")
 
