@@ -6,7 +6,8 @@ Starts the app on a free loopback port and opens N browser contexts in Debian's 
 browser, N isolated contexts: separate cookies, websockets and Streamlit sessions, as N students). Real
 browsers rather than a hand-written websocket client: Streamlit's protocol is internal and versioned, and the
 browser also renders every chart, which is what the students' machines do (here it competes with the server
-for the same two cores, so the latencies are pessimistic). Sessions take digits-vit, dinov2-s and minilm in
+for the same two cores, so the latencies are pessimistic). All sessions first open the lecturer's link (Explore
+on dinov2-s, each with its own key) at the same moment. Then sessions take digits-vit, dinov2-s and minilm in
 turn; each opens Explore, changes its channels or tokens key every few seconds until the time is up (each
 change waits for the previous result: a student reads it), then runs Check (forward; --check-backward too)
 and opens Rotation. A latency is from the action to the end of the script run it started (URL updated,
@@ -28,6 +29,7 @@ import itertools
 import json
 import os
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -45,6 +47,7 @@ from benchmarks.classroom_report import (  # noqa: E402
 )
 
 MODELS = ("digits-vit", "dinov2-s", "minilm")
+SHARED_LINK_MODEL = "dinov2-s"  # the app's opening model, and slow enough that sessions overlap on it
 ROTATION_MODELS = ("digits-vit", "minilm")  # Rotation's own list has no dinov2-s: its sessions rotate digits-vit
 KEYS = ("channels", "tokens")
 SNAPSHOT_JS = """() => {
@@ -122,6 +125,11 @@ async def student(browser, url: str, index: int, deadline: float, args, records:
     out = {"session": index, "model": model, "errors": []}
     try:
         page = await context.new_page()
+        # The lecturer's link, opened by everyone at once: many sessions on one model at the same moment.
+        shared = f"model={SHARED_LINK_MODEL}&k_channels={keys['channels']}"
+        await timed(records, SHARED_LINK_MODEL, "shared link", lambda: _goto(page, page_url(url, "explore", shared),
+                                                                             "un-scrambled"))
+        out["errors"] += (await snapshot(page))["errors"]
         query = f"model={model}&k_channels={keys['channels']}"
         await timed(records, model, "open Explore", lambda: _goto(page, page_url(url, "explore", query),
                                                                   "un-scrambled"))
@@ -202,8 +210,6 @@ def _key_of(query: str) -> int:
 
 
 def _chromium() -> str:
-    import shutil
-
     executable = shutil.which("chromium")
     if executable is None:
         raise SystemExit("Debian's chromium is not installed (make chromium)")
@@ -226,6 +232,8 @@ def main(argv=None) -> dict:
             server.stop()  # SIGTERM: the audit hashes every shared model at exit
             memory = server.memory()
             server_errors = log_errors(server.log.read_text())
+            if args.json:  # the tracebacks behind the errors, kept beside the figures
+                shutil.copy(server.log, args.json.with_suffix(".server.log"))
         in_server = json.loads(hash_file.read_text()) if hash_file.exists() else {}
         fresh, weight_bytes = fresh_hashes(in_server)
         finished = [s for s in sessions if "rotation" in s]

@@ -1,5 +1,6 @@
-"""The classroom load test, small: 3 Chromium sessions (digits-vit, dinov2-s, minilm) for 20 s of key changes,
-then Check and Rotation. No errors anywhere, every shared model's weights hash as before, and each session's
+"""The classroom load test, small: 3 Chromium sessions open the same dinov2-s link at once (two sessions on
+one model corrupted it before perm_core.stateless), then Explore (digits-vit, dinov2-s, minilm) for 20 s of key
+changes, then Check and Rotation. No errors anywhere, every shared model's weights hash as before, and each session's
 verdicts and numbers equal a run of the same settings alone on a fresh server. Timings are not asserted."""
 
 import json
@@ -23,6 +24,8 @@ def test_three_students_at_once(tmp_path):
     for model in ("digits-vit", "dinov2-s", "minilm"):
         assert {(model, "open Explore"), (model, "key change"), (model, "run Check")} <= done
     assert {("digits-vit", "Rotation"), ("minilm", "Rotation")} <= done
+    shared_link = next(row for row in figures["latency"] if row["interaction"] == "shared link")
+    assert shared_link["model"] == "dinov2-s" and shared_link["n"] == 3  # three sessions on one model at once
     weights = figures["weights"]
     assert {"digits-vit/float32", "dinov2-s/float32", "minilm/float32"} <= set(weights)
     for label, hashes in weights.items():
