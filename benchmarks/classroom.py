@@ -231,6 +231,7 @@ def main(argv=None) -> dict:
             sessions, records = asyncio.run(classroom(server.url, server, args))
             server.stop()  # SIGTERM: the audit hashes every shared model at exit
             memory = server.memory()
+            cpu_seconds = server.cpu()
             server_errors = log_errors(server.log.read_text())
             if args.json:  # the tracebacks behind the errors, kept beside the figures
                 shutil.copy(server.log, args.json.with_suffix(".server.log"))
@@ -241,6 +242,7 @@ def main(argv=None) -> dict:
         with ServerProcess(Path(scratch) / "replay.log", {}) as reference:
             same = asyncio.run(replay(reference.url, samples, args))
     figures = summarize(args, sessions, records, server_errors, memory, in_server, fresh, weight_bytes, same)
+    figures["cpu_seconds"] = cpu_seconds
     figures["wall_seconds"] = round(time.time() - started, 1)
     print_report(figures)
     if args.json:
