@@ -19,6 +19,7 @@ from collections import OrderedDict
 import torch
 
 from perm_core.spec import Concat, Scramble, apply_axes
+from perm_core.transforms import Permutation
 
 CACHE_BYTES = int(float(os.environ.get("TSE_PARAMS_CACHE_MB", "1024")) * 2**20)
 
@@ -146,7 +147,34 @@ def transformed_params(subject, scramble: Scramble, keys_by_symmetry: dict[str, 
         key = (scope, name, reaching)
         cached = cache.get(key)
         if cached is None:
-            cached = apply_axes(tensor, claim.rule.axes, scramble, claim.layer)
+            cached = _transform(tensor, claim, scramble, keys_by_symmetry, (scope, name), cache)
             cache.put(key, cached)
         params[name] = cached
     return params
+
+
+def _transform(tensor, claim, scramble: Scramble, keys_by_symmetry: dict[str, int], where: tuple,
+               cache: TensorCache) -> torch.Tensor:
+    """The residual-stream axes first, kept under the channels key alone, then the other axes: changing the MLP
+    or a head key re-gathers only its own axes. Gathers commute exactly, so this is done only where every axis
+    is permuted (a rotation's arithmetic stays in the engine's order); the result is contiguous, as
+    index_select's is."""
+    axes = claim.rule.axes
+    if not isinstance(axes, tuple) or "channels" not in keys_by_symmetry or "resid" not in axes:
+        return apply_axes(tensor, axes, scramble, claim.layer)
+    others = tuple(None if role == "resid" else role for role in axes)
+    if not roles_of(others) or not _only_permutations(tensor, axes, scramble, claim.layer):
+        return apply_axes(tensor, axes, scramble, claim.layer)
+    resid_only = tuple(role if role == "resid" else None for role in axes)
+    base = cache.get_or_compute((*where, "resid", keys_by_symmetry["channels"]),
+                                lambda: apply_axes(tensor, resid_only, scramble, claim.layer))
+    return apply_axes(base, others, scramble, claim.layer)
+
+
+def _only_permutations(tensor, axes, scramble: Scramble, layer) -> bool:
+    for role in axes:
+        for part in (p for p, _ in role.parts) if isinstance(role, Concat) else (role,) if role else ():
+            name, at = part if isinstance(part, tuple) else (part, layer)
+            if not all(isinstance(t, Permutation) for t in scramble.chain(name, at)):
+                return False
+    return True

@@ -23,7 +23,17 @@ class Permutation:
         return self.index.numel()
 
     def apply(self, tensor: torch.Tensor, axis: int) -> torch.Tensor:
-        return tensor.index_select(axis, self.index.to(tensor.device))
+        index = self.index.to(tensor.device)
+        if tensor.dim() < 2 or tensor.is_contiguous():
+            return tensor.index_select(axis, index)
+        # A gather across a strided view (a rotated weight's movedim) is several times slower than one on
+        # the contiguous storage beneath it; index_select returns a contiguous tensor either way, and so do we.
+        order = sorted(range(tensor.dim()), key=lambda d: -tensor.stride(d))
+        storage_view = tensor.permute(order)
+        if not storage_view.is_contiguous():
+            return tensor.index_select(axis, index)
+        gathered = storage_view.index_select(order.index(axis), index)
+        return gathered.permute(sorted(range(tensor.dim()), key=order.__getitem__)).contiguous()
 
     def inverse(self) -> Permutation:
         return Permutation(torch.argsort(self.index))
@@ -56,8 +66,20 @@ class BlockOrthogonal:
 AxisTransform = Permutation | BlockOrthogonal
 
 
-def apply_chain(chain: tuple[AxisTransform, ...], tensor: torch.Tensor, axis: int) -> torch.Tensor:
+def composed(chain: tuple[AxisTransform, ...]) -> tuple[AxisTransform, ...]:
+    """The same chain with each run of permutations merged into one: a gather of a gather is one gather,
+    exactly, so the tensor is read once per run. Rotations are arithmetic and stay as they are."""
+    merged: list[AxisTransform] = []
     for transform in chain:
+        if merged and isinstance(transform, Permutation) and isinstance(merged[-1], Permutation):
+            merged[-1] = Permutation(merged[-1].index[transform.index])
+        else:
+            merged.append(transform)
+    return tuple(merged)
+
+
+def apply_chain(chain: tuple[AxisTransform, ...], tensor: torch.Tensor, axis: int) -> torch.Tensor:
+    for transform in composed(chain):
         tensor = transform.apply(tensor, axis)
     return tensor
 

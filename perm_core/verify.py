@@ -31,7 +31,7 @@ from perm_core.compare import (
     worst_rel,
 )
 from perm_core.families import Family, Geometry, family_of
-from perm_core.spec import Claim, FamilySpec, Scramble, apply_axes, transform_params
+from perm_core.spec import LAYERED_ROLES, Claim, Concat, FamilySpec, Scramble, apply_axes, transform_params
 from perm_core.tokens import model_inputs, n_tokens
 from perm_core.trace import Record, run
 
@@ -160,7 +160,7 @@ class Subject:
         return run(self.model, params, kwargs, self.geometry, self.claims, backward=backward)
 
     def unscramble(self, records: dict[str, Record], scramble: Scramble) -> dict[str, torch.Tensor]:
-        inverse = scramble.inverse()
+        inverse = _inverse_of_spaces(scramble, records)
         return {name: apply_axes(r.tensor, r.axes, inverse, r.layer, self.geometry.patch_size)
                 for name, r in records.items()}
 
@@ -215,6 +215,21 @@ class Subject:
             return 0.0, ""
         what = max(moved, key=lambda n: moved[n] if math.isfinite(moved[n]) else -1.0)
         return moved[what], what
+
+
+def _inverse_of_spaces(scramble: Scramble, records: dict[str, Record]) -> Scramble:
+    """The inverse of the spaces the records live in: an activation trace touches only the residual stream, the
+    heads and the tokens, and inverting every per-layer Q/K/V/O/MLP chain it never reads would cost as much as
+    comparing."""
+    needed = set()
+    for record in records.values():
+        for role in record.axes if isinstance(record.axes, tuple) else ():
+            parts = [part for part, _ in role.parts] if isinstance(role, Concat) else [role] if role else []
+            for part in parts:
+                name, layer = part if isinstance(part, tuple) else (part, record.layer)
+                needed.add((name, layer if name in LAYERED_ROLES else None))
+    spaces = {space: chain for space, chain in scramble.spaces.items() if space in needed}
+    return Scramble(spaces, scramble.tokens).inverse()
 
 
 def _summarize(symmetry, direction, errors, tolerance, moved, moved_what, note="") -> CheckResult:
