@@ -111,17 +111,18 @@ def _max_abs_difference(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def tensor_errors(original: dict, restored: dict[str, torch.Tensor], floor_reasons: dict[str, str] | None = None,
-                  roundoff: dict[str, float] | None = None) -> list[TensorError]:
+                  roundoff: dict[str, float] | None = None, scale: dict[str, float] | None = None) -> list[TensorError]:
     """Per-tensor errors of `restored` against `original` (Records or tensors), with tolerances.
 
     roundoff: name -> the tensor's measured float32 round-off (relative), from `measure_roundoff`.
+    scale: the reference's `scales`, when the caller already has them (one original, many comparisons).
     """
     floor_reasons = floor_reasons or {}
     reference = {n: getattr(r, "tensor", r) for n, r in original.items() if n in restored}
     if not reference:
         return []
     dtype = next(iter(reference.values())).dtype
-    scale = scales(reference, floor_reasons, dtype)
+    scale = scale if scale is not None else scales(reference, floor_reasons, dtype)
     base = TOLERANCE.get(dtype, TOLERANCE[torch.float32])
     errors = []
     for name, (diff, rel, finite) in relative_differences(reference, restored, scale).items():

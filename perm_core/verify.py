@@ -137,6 +137,7 @@ class Subject:
                               if claim.rule.tag == "attn.k" and self.params[name].dim() == 1
                               and not self.geometry.rope}
         self._roundoff: dict[int, tuple] = {}
+        self._scales_of: dict[tuple, tuple] = {}
 
     @property
     def movable_tokens(self) -> int:
@@ -177,10 +178,26 @@ class Subject:
 
     def errors(self, original: dict[str, Record], restored: dict[str, torch.Tensor]) -> list[TensorError]:
         """Per-tensor errors; a float32 tensor over 1e-4 gets the tolerance its measured round-off allows."""
-        errors = tensor_errors(original, restored, self.floor_reasons)
+        names = [n for n in original if n in restored]
+        first = getattr(original[names[0]], "tensor", original[names[0]]) if names else None
+        scale = self._scales(original, names, first.dtype if first is not None else self.dtype)
+        errors = tensor_errors(original, restored, self.floor_reasons, scale=scale)
         if self.dtype == torch.float32 and any(e.finite and not e.passed for e in errors):
-            errors = tensor_errors(original, restored, self.floor_reasons, self.roundoff(original))
+            errors = tensor_errors(original, restored, self.floor_reasons, self.roundoff(original), scale)
         return errors
+
+    def _scales(self, original: dict[str, Record], names: list[str], dtype: torch.dtype) -> dict[str, float]:
+        """The original's scales (see compare.scales) over `names`, measured once per original trace: every key
+        change compares against the same original."""
+        key = (id(original), tuple(names), dtype)
+        cached = self._scales_of.get(key)
+        if cached is None or cached[0] is not original:
+            reference = {n: getattr(original[n], "tensor", original[n]) for n in names}
+            cached = (original, scales(reference, self.floor_reasons, dtype))
+            if len(self._scales_of) >= 8:
+                self._scales_of.clear()
+            self._scales_of[key] = cached
+        return cached[1]
 
     def weight_movement(self, params: dict[str, torch.Tensor], enough: float = MOVED_AT) -> dict[str, float]:
         """'weight NAME' -> relative change (own scale) of parameters the scramble touched, smallest first,
@@ -204,7 +221,7 @@ class Subject:
         `weight_movement`, or a callable giving one, asked only when needed). Returns (amount, what)."""
         moved: dict[str, float] = {}
         reference = {n: r.tensor for n, r in original.items()}
-        scale = scales(reference, self.floor_reasons, self.dtype)
+        scale = self._scales(original, list(original), self.dtype)
         for name, (_, rel, finite) in relative_differences(
                 reference, {n: r.tensor for n, r in scrambled.items()}, scale).items():
             if finite and name not in self.floor_reasons:

@@ -154,3 +154,17 @@ def test_residual_first_intermediate_is_cached_under_the_channels_key(explorers)
     intermediates = [key for key in cache._items if "resid" in key[2:3]]
     assert intermediates and all(key[3] == KEYS["channels"] for key in intermediates)
     assert cache.bytes <= cache.max_bytes
+
+
+def test_cached_original_scales_give_the_same_errors_and_movement(explorers, one_thread):
+    from perm_core.compare import relative_differences, scales, tensor_errors
+
+    explorer = explorers["bert"]
+    subject, original = explorer.subject, explorer.original
+    for keys in (KEYS, {**KEYS, "mlp": 99}, {"heads": 3}):
+        result = explorer.run(keys)
+        assert result.errors == tensor_errors(original, result.restored, subject.floor_reasons)
+        reference = {n: r.tensor for n, r in original.items()}
+        fresh = relative_differences(reference, {n: r.tensor for n, r in result.scrambled.items()},
+                                     scales(reference, subject.floor_reasons, subject.dtype))
+        assert result.moved == max(rel for _, rel, _ in fresh.values()) and result.moved >= 0.1
