@@ -18,6 +18,7 @@ their product is determined; it is reported as a rotation (see symmetries.head_c
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -29,6 +30,9 @@ from perm_core.transforms import BlockOrthogonal, Permutation
 
 PERMUTATION_MATRIX_AT = 1e-9  # an in-head map this close to a permutation matrix is that permutation
 UNMOVED_ROLES = (None, "positions", "tokens")  # parameter axes that no weight symmetry moves
+# Residual features taken per parameter, evenly spaced: a 262k-token embedding would otherwise be copied whole
+# in float64 (1.3 GB for gemma3-270m), and a few thousand columns already tell every channel apart.
+FEATURES_PER_PARAMETER = 8192
 SIDES = {"qk": ("k", "q"), "vo": ("v", "o")}  # side -> (its key/value-group role, its query-head role)
 NOT_RECOVERED = {"tokens": "a token permutation acts on the inputs, not on the weights: it leaves no trace "
                            "in a checkpoint, so there is nothing to recover"}
@@ -79,9 +83,10 @@ def rows(params: dict, claims: dict[str, Claim], role: str, layer: int | None, p
     symmetry moves, so that a row of B is exactly a row of A (the residual stream's own features)."""
     pieces = []
     for name in sorted(params):
-        tensor, claim = params[name].detach().to(torch.float64), claims[name]
+        claim = claims[name]
         if role in LAYERED_ROLES and claim.layer != layer:
             continue
+        tensor = params[name].detach()
         axes = claim.rule.axes
         for axis, axis_role in enumerate(axes):
             others = [r for i, r in enumerate(axes) if i != axis]
@@ -92,8 +97,15 @@ def rows(params: dict, claims: dict[str, Claim], role: str, layer: int | None, p
                 pieces += [p.movedim(axis, 0).reshape(p.shape[axis], -1)
                            for p, (r, _) in zip(parts, axis_role.parts, strict=True) if r == role]
             elif axis_role == role:
-                pieces.append(tensor.movedim(axis, 0).reshape(tensor.shape[axis], -1))
-    return torch.cat(pieces, dim=1) if pieces else torch.empty(0, 0, dtype=torch.float64)
+                flat = tensor.movedim(axis, 0).reshape(tensor.shape[axis], -1)
+                pieces.append(_evenly_spaced(flat, FEATURES_PER_PARAMETER) if plain else flat)
+    if not pieces:
+        return torch.empty(0, 0, dtype=torch.float64)
+    return torch.cat([piece.to(torch.float64) for piece in pieces], dim=1)
+
+
+def _evenly_spaced(flat: torch.Tensor, most: int) -> torch.Tensor:
+    return flat[:, ::math.ceil(flat.shape[1] / most)] if flat.shape[1] > most else flat
 
 
 def match_rows(rows_b: torch.Tensor, rows_a: torch.Tensor) -> torch.Tensor:

@@ -53,7 +53,8 @@ def format_comparison(c) -> str:
              "channel permutations that move something",
              f"  mlp            {s['mlp']['moved']} of {s['mlp']['of']} MLP neurons moved",
              f"  rotation       {s['rotation']['rotated']} of {s['rotation']['of']} in-head maps are rotations "
-             f"(largest entry of R - I: {s['rotation']['max_deviation']:.2f})",
+             f"(largest entry of R - I: {s['rotation']['max_deviation']:.2f}; a channel permutation followed "
+             "by a rotation is one orthogonal map, counted here)",
              "  tokens         not recovered: a token permutation acts on the inputs, not on the weights", "",
              f"parameter residual (A moved by it, against B): {c.residual:.2e} ({_name(c.parameters)})",
              f"traced tensors of B un-scrambled by it, against A: worst {worst_rel(c.tensors):.2e} "

@@ -9,6 +9,8 @@ import json
 import pytest
 import torch
 
+from perm_core import recover as recover_module
+from perm_core import symmetries
 from perm_core.__main__ import main
 from perm_core.random_models import build_random_model, random_inputs
 from perm_core.recover import recover
@@ -203,3 +205,26 @@ def test_cli_bad_usage_exits_2_with_one_line(capsys, argv, message):
     code, stdout, stderr = run_cli(capsys, *argv)
     assert code == 2 and stdout == ""
     assert message in stderr and stderr.count("\n") == 1
+
+
+def test_weights_moved_by_a_non_symmetry_are_a_different_function():
+    """A general Q/K rotation on a RoPE model: the weights are A's moved by an orthogonal map that the recovery
+    finds exactly (residual at round-off), but RoPE does not commute with it, so the outputs differ."""
+    a = tiny("llama")
+    subject = Subject(a)
+    not_a_symmetry = symmetries.rotation(KEY, subject.geometry, general_qk=True)
+    b = with_params(a, subject.transformed_params(not_a_symmetry))
+    result = compare_models(a, b, probes("llama", a))
+    assert result.residual < 1e-12 and result.output_error > 1e-3
+    assert result.verdict == "different functions" and "not a symmetry of llama" in result.explanation()
+
+
+def test_a_few_evenly_spaced_features_per_parameter_still_recover_the_channels(monkeypatch):
+    """Real vocabularies are capped (FEATURES_PER_PARAMETER); the cap must not cost exactness."""
+    monkeypatch.setattr(recover_module, "FEATURES_PER_PARAMETER", 5)
+    a = tiny("bert")
+    b, key = scrambled(a)
+    subject = Subject(a)
+    assert recover_module.rows(subject.params, subject.claims, "resid", None, plain=True).shape[1] < 60
+    found = recover(subject.params, dict(b.named_parameters()), subject.spec, subject.claims, subject.geometry)
+    assert torch.equal(found.resid, only_permutation(key.spaces[("resid", None)]))
