@@ -64,7 +64,8 @@ class Recovered:
             "channels": {"moved": _moved(self.resid), "of": len(self.resid)},
             "heads": {"moved": sum(_moved(h) for h in self.q_heads.values()),
                       "of": sum(len(h) for h in self.q_heads.values()),
-                      "groups_moved": sum(_moved(g) for g in self.groups.values())},
+                      "groups_moved": sum(_moved(g) for g in self.groups.values()),
+                      "groups_of": sum(len(g) for g in self.groups.values())},
             "head_channels": {"moved": sum(m.permutation is not None and _moved(m.permutation) > 0 for m in maps),
                               "of": len(maps)},
             "mlp": {"moved": sum(_moved(p) for p in self.mlp.values()), "of": sum(len(p) for p in self.mlp.values())},
@@ -186,7 +187,8 @@ def recover_attention(a: dict, b: dict, claims, layer: int, g: Geometry, found: 
 
 
 def recover(params_a: dict, params_b: dict, spec: FamilySpec, claims: dict[str, Claim], g: Geometry) -> Recovered:
-    """The element E with transform_params(A, E) closest to B: exactly B when B is a scrambled copy of A."""
+    """The element E that best aligns A to B, step by step (channels, then each layer's heads, in-head maps and
+    MLP neurons): transform_params(A, E) is exactly B when B is a scrambled copy of A."""
     resid_b, resid_a = rows(params_b, claims, "resid", None, plain=True), rows(params_a, claims, "resid", None, True)
     resid = match_rows(resid_b, resid_a) if resid_a.numel() else torch.arange(g.d_model)
     channels = Scramble({("resid", None): (Permutation(resid),)})

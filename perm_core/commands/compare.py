@@ -48,13 +48,14 @@ def format_comparison(c) -> str:
              "element recovered from the weights (B = A transformed by it):",
              f"  channels       {s['channels']['moved']} of {s['channels']['of']} residual channels moved",
              f"  heads          {s['heads']['moved']} of {s['heads']['of']} query heads moved "
-             f"({s['heads']['groups_moved']} key/value groups)",
+             f"({s['heads']['groups_moved']} of {s['heads']['groups_of']} key/value groups)",
              f"  head_channels  {s['head_channels']['moved']} of {s['head_channels']['of']} in-head maps are "
              "channel permutations that move something",
              f"  mlp            {s['mlp']['moved']} of {s['mlp']['of']} MLP neurons moved",
              f"  rotation       {s['rotation']['rotated']} of {s['rotation']['of']} in-head maps are rotations "
-             f"(largest entry of R - I: {s['rotation']['max_deviation']:.2f}; a channel permutation followed "
-             "by a rotation is one orthogonal map, counted here)",
+             f"(largest entry of R - I: {s['rotation']['max_deviation']:.2f})",
+             *(["                 (a channel permutation followed by a rotation is one orthogonal map, counted "
+                "as a rotation)"] if s["rotation"]["rotated"] else []),
              "  tokens         not recovered: a token permutation acts on the inputs, not on the weights", "",
              f"parameter residual (A moved by it, against B): {c.residual:.2e} ({_name(c.parameters)})",
              f"traced tensors of B un-scrambled by it, against A: worst {worst_rel(c.tensors):.2e} "
