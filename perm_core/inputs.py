@@ -18,6 +18,7 @@ import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from perm_core import digits
+from perm_core.stateless import own_dtype
 
 if TYPE_CHECKING:
     from perm_core.zoo import LoadedModel
@@ -136,8 +137,7 @@ def image_to_pixels(image: Image.Image, loaded: LoadedModel) -> torch.Tensor:
         resized = image.convert(mode).resize((loaded.image_size, loaded.image_size), Image.Resampling.BICUBIC)
         array = np.asarray(resized, dtype=np.float32).reshape(loaded.image_size, loaded.image_size, -1)
         pixels = (torch.from_numpy(array).permute(2, 0, 1)[None] / 255.0 - 0.5) / 0.5
-    dtype = next(loaded.model.parameters()).dtype
-    return pixels.to(dtype)
+    return pixels.to(own_dtype(loaded.model))
 
 
 def _digits_pixels(image: Image.Image, size: int, preprocessing: dict) -> torch.Tensor:

@@ -5,7 +5,8 @@ Two threads on one model interleave: the second finds the first one's tensors an
 shared model keeps a scrambled (or float64) copy for good. benchmarks/classroom.py found it: with ten browser
 sessions per model, every shared model's weights hash changed and verdicts failed. One re-entrant lock per
 model makes swap, run and restore one step; code that installs hooks on a shared model holds it too, so its
-hooks never see another session's run.
+hooks never see another session's run, and so does code that reads a shared model's own parameters (or their
+dtype), which mid-swap would be another session's scrambled or float64 copies.
 """
 
 from __future__ import annotations
@@ -32,3 +33,14 @@ def functional_call(module: torch.nn.Module, parameters_and_buffers, args=None, 
                     tie_weights: bool = True, strict: bool = False):
     with model_lock(module):
         return _functional_call(module, parameters_and_buffers, args, kwargs, tie_weights=tie_weights, strict=strict)
+
+
+def own_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's own named parameters, never another session's tensors swapped in for a call."""
+    with model_lock(model):
+        return dict(model.named_parameters())
+
+
+def own_dtype(model: torch.nn.Module) -> torch.dtype:
+    with model_lock(model):
+        return next(model.parameters()).dtype

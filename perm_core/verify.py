@@ -32,6 +32,7 @@ from perm_core.compare import (
 )
 from perm_core.families import Family, Geometry, family_of
 from perm_core.spec import LAYERED_ROLES, Claim, Concat, FamilySpec, Scramble, apply_axes, transform_params
+from perm_core.stateless import own_parameters
 from perm_core.tokens import model_inputs, n_tokens
 from perm_core.trace import Record, run
 
@@ -128,7 +129,7 @@ class Subject:
         self.family: Family = family_of(model)
         self.spec: FamilySpec = self.family.spec(model.config)
         self.geometry: Geometry = self.family.geometry(model.config)
-        self.params = dict(model.named_parameters())
+        self.params = own_parameters(model)  # a shared model: not another session's swapped-in tensors
         self.claims: dict[str, Claim] = self.spec.claim_all(self.params)
         self.inputs = inputs
         self.dtype = next(iter(self.params.values())).dtype

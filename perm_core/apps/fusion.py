@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from perm_core import digits
 from perm_core.apps.matching import METHODS, align, distance, match_residual
 from perm_core.spec import Scramble
-from perm_core.stateless import functional_call
+from perm_core.stateless import functional_call, own_dtype
 from perm_core.verify import BROKEN_AT, TOLERANCE, Subject, worst_rel
 
 Progress = Callable[[float, str], None] | None
@@ -190,7 +190,7 @@ def _fuse(loaded_a, loaded_b, methods, n_points, prove, progress) -> FusionResul
     if n_points < 2:
         raise ValueError("the path needs at least 2 points")
     train_x, _, test_x, test_y = cached_split()
-    dtype = next(model_a.parameters()).dtype
+    dtype = own_dtype(model_a)
     test_x = test_x.to(dtype)
     step = (lambda f, m: progress(f, m)) if progress else (lambda f, m: None)
     step(0.0, "matching the residual stream")

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.func import functional_call as torch_functional_call
 
-from perm_core.stateless import functional_call, model_lock
+from perm_core.stateless import functional_call, model_lock, own_dtype, own_parameters
 
 
 class SlowLinear(torch.nn.Module):
@@ -74,3 +74,29 @@ def test_a_float64_call_leaves_a_float32_model_float32(dtype):
     params = {k: v.to(dtype) for k, v in model.state_dict().items()}
     functional_call(model, params, (torch.ones(1, 4, dtype=dtype),))
     assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+def test_readers_see_the_models_own_parameters_while_another_session_runs_float64():
+    model = SlowLinear()
+    own = dict(model.named_parameters())
+    params = {k: v.detach().double() for k, v in own.items()}
+    seen, entered = {}, threading.Event()
+    model.register_forward_pre_hook(lambda *_: entered.set())  # the swap is in place from here to the end
+
+    def session():
+        functional_call(model, params, (torch.ones(1, 4, dtype=torch.float64),))
+
+    def reader():
+        entered.wait(10)  # mid-call of the other session (its forward then sleeps 50 ms)
+        seen["unlocked"] = next(model.parameters()).dtype  # the control: what a bare read sees then
+        seen["dtype"] = own_dtype(model)
+        seen["params"] = own_parameters(model)
+
+    threads = [threading.Thread(target=session), threading.Thread(target=reader)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert seen["unlocked"] == torch.float64
+    assert seen["dtype"] == torch.float32
+    assert all(seen["params"][k] is own[k] for k in own)
