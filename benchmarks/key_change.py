@@ -7,10 +7,12 @@ fresh       every symmetry on, every key new (tensor cache cleared): element, pa
             scrambled forward, un-scrambling and comparing, i.e. Exploration.run
 one key     the same with one key changed while the others stay (mlp; tokens): only the tensors that
             key reaches are rebuilt
+cache       the bytes the shared tensor cache (perm_core.param_cache) holds at the end, against its bound
 check       (--check) `check` in float64, every symmetry both directions and every control, against a
             bare float32 forward
-Text models run on 128 tokens, image models on one 224x224 image. Timings are medians; ratios are
-taken within one run because single timings here swing by 2x while other work runs.
+Text models run on 128 tokens, image models on one 224x224 image. Timings are medians; each ratio is
+the median over repeats of one timed case divided by the mean of the bare forwards just before and after
+it, because timings here swing by several times while other work runs.
 """
 
 from __future__ import annotations
@@ -58,28 +60,48 @@ def inputs_for(loaded) -> dict:
 
 
 def measure(name: str, repeats: int, with_check: bool) -> dict:
+    """Each timed case runs between two bare forwards and is divided by their mean: on a shared machine the
+    load drifts by several times within a minute, and a ratio of neighbours survives it where a ratio of
+    medians taken minutes apart does not."""
     loaded = load_model(name)
     inputs = inputs_for(loaded)
     explorer = Exploration(loaded.model, inputs, model_id=name)
     bare_kwargs = model_inputs(inputs, explorer.geometry, Scramble(), explorer.subject.dtype)
-    with torch.no_grad():
-        bare = median_time(lambda: loaded.model(**bare_kwargs), repeats)
     counter = iter(range(10_000, 20_000))
     base = {s: 7 for s in SYMMETRIES}
+
+    def bare():
+        with torch.no_grad():
+            loaded.model(**bare_kwargs)
 
     def fresh():
         TENSORS.clear()
         k = next(counter)
         return explorer.run({s: k for s in SYMMETRIES})
 
-    def one_key(symmetry):
-        explorer.run(base)  # warm: every tensor of `base` cached
-        def change():
-            return explorer.run({**base, symmetry: next(counter)})
-        return median_time(change, repeats)
+    def change(symmetry):
+        return lambda: explorer.run({**base, symmetry: next(counter)})
 
-    row = {"model": name, "bare_s": bare, "fresh_s": median_time(fresh, repeats),
-           "mlp_key_s": one_key("mlp"), "tokens_key_s": one_key("tokens")}
+    cases = {"fresh": fresh, "mlp_key": change("mlp"), "tokens_key": change("tokens")}
+    bare()
+    explorer.run(base)
+    ratios = {case: [] for case in cases}
+    seconds = {case: [] for case in (*cases, "bare")}
+    for _ in range(repeats):
+        for case, run in cases.items():
+            if case != "fresh":
+                explorer.run(base)  # warm: every tensor of `base` cached, as after the previous key change
+            before = median_time(bare, 1)
+            took = median_time(run, 1)
+            after = median_time(bare, 1)
+            ratios[case].append(took / ((before + after) / 2))
+            seconds[case].append(took)
+            seconds["bare"] += [before, after]
+    row = {"model": name, "bare_s": statistics.median(seconds["bare"])}
+    for case in cases:
+        row[f"{case}_s"] = statistics.median(seconds[case])
+        row[f"{case}_ratio"] = statistics.median(ratios[case])
+    row["cache_mb"] = TENSORS.bytes / 2**20
     row["passed"] = explorer.run({s: next(counter) for s in SYMMETRIES}).passed
     if with_check:
         started = time.perf_counter()
@@ -95,14 +117,14 @@ def main() -> None:
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args()
     print(f"{'model':<18} {'bare':>7} {'fresh':>7} {'ratio':>6} {'mlp key':>8} {'ratio':>6} {'tok key':>8} "
-          f"{'ratio':>6} {'check/bare':>10}  verdict", flush=True)
+          f"{'ratio':>6} {'check/bare':>10} {'cache':>8}  verdict", flush=True)
     for name in args.models.split(","):
         r = measure(name, args.repeats, args.check)
         check_ratio = f"{r['check_s'] / r['bare_s']:>10.1f}" if "check_s" in r else f"{'-':>10}"
-        print(f"{r['model']:<18} {r['bare_s']:>6.3f}s {r['fresh_s']:>6.3f}s {r['fresh_s'] / r['bare_s']:>6.2f} "
-              f"{r['mlp_key_s']:>7.3f}s {r['mlp_key_s'] / r['bare_s']:>6.2f} {r['tokens_key_s']:>7.3f}s "
-              f"{r['tokens_key_s'] / r['bare_s']:>6.2f} {check_ratio}  {'pass' if r['passed'] else 'FAIL'}",
-              flush=True)
+        print(f"{r['model']:<18} {r['bare_s']:>6.3f}s {r['fresh_s']:>6.3f}s {r['fresh_ratio']:>6.2f} "
+              f"{r['mlp_key_s']:>7.3f}s {r['mlp_key_ratio']:>6.2f} {r['tokens_key_s']:>7.3f}s "
+              f"{r['tokens_key_ratio']:>6.2f} {check_ratio} {r['cache_mb']:>6.0f}MB  "
+              f"{'pass' if r['passed'] else 'FAIL'}", flush=True)
 
 
 if __name__ == "__main__":
