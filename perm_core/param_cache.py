@@ -7,7 +7,9 @@ one key then recomputes just the tensors that key reaches and shares every other
 keys costs one pass over the weights, as before.
 
 The cache holds at most CACHE_BYTES of tensors (env TSE_PARAMS_CACHE_MB, default 1024 MiB), evicting
-the least recently used; one tensor larger than the bound is computed and not kept.
+the least recently used; one tensor larger than the bound is computed and not kept. That bound includes
+the residual-first intermediates (see _transform): a weight permuted on its residual axes only, kept under
+the channels key, from which a change of any other key re-gathers just its own axes.
 """
 
 from __future__ import annotations
