@@ -9,7 +9,8 @@ keys costs one pass over the weights, as before.
 The cache holds at most CACHE_BYTES of tensors (env TSE_PARAMS_CACHE_MB, default 1024 MiB), evicting
 the least recently used; one tensor larger than the bound is computed and not kept. That bound includes
 the residual-first intermediates (see _transform): a weight permuted on its residual axes only, kept under
-the channels key, from which a change of any other key re-gathers just its own axes.
+the channels key, from which a change of any other key re-gathers just its own axes. They are kept only for a
+model whose weights fit the bound twice over (ViT-B, BERT-base and GPT-2 at the default bound; not gemma3-270m).
 """
 
 from __future__ import annotations
@@ -138,6 +139,10 @@ def transformed_params(subject, scramble: Scramble, keys_by_symmetry: dict[str, 
     Tensors nothing acts on are the model's own, shared and never copied.
     """
     params = {}
+    # Intermediates pay only where a transformed model and its intermediates both fit the bound; beyond it they
+    # would evict the transformed tensors a repeated key needs.
+    weight_bytes = sum(t.numel() * t.element_size() for t in subject.params.values())
+    keep_intermediates = 2 * weight_bytes <= cache.max_bytes
     for name, tensor in subject.params.items():
         claim = subject.claims[name]
         roles = roles_of(claim.rule.axes)
@@ -149,7 +154,8 @@ def transformed_params(subject, scramble: Scramble, keys_by_symmetry: dict[str, 
         key = (scope, name, reaching)
         cached = cache.get(key)
         if cached is None:
-            cached = _transform(tensor, claim, scramble, keys_by_symmetry, (scope, name), cache)
+            cached = (_transform(tensor, claim, scramble, keys_by_symmetry, (scope, name), cache)
+                      if keep_intermediates else apply_axes(tensor, claim.rule.axes, scramble, claim.layer))
             cache.put(key, cached)
         params[name] = cached
     return params

@@ -168,3 +168,14 @@ def test_cached_original_scales_give_the_same_errors_and_movement(explorers, one
         fresh = relative_differences(reference, {n: r.tensor for n, r in result.scrambled.items()},
                                      scales(reference, subject.floor_reasons, subject.dtype))
         assert result.moved == max(rel for _, rel, _ in fresh.values()) and result.moved >= 0.1
+
+
+def test_no_intermediates_where_a_transformed_model_and_its_intermediates_would_not_fit(explorers, one_thread):
+    subject = explorers["gpt2"].subject
+    weight_bytes = sum(t.numel() * t.element_size() for t in subject.params.values())
+    scramble = subject.build(KEYS)
+    small = param_cache.TensorCache(max_bytes=2 * weight_bytes - 1)
+    params = param_cache.transformed_params(subject, scramble, KEYS, ("small",), small)
+    assert not [key for key in small._items if "resid" in key[2:3]]
+    assert small.bytes <= small.max_bytes
+    assert_identical(params, stepwise_params(subject, scramble), "gpt2 without intermediates")
