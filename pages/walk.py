@@ -119,8 +119,9 @@ else:
     floor = 1e-18  # a bar of exactly zero has no height on a log axis
     fig = figures.paired_bars(names, [max(e.max_rel_error, floor) for e in done.result.errors],
                               [max(rel32[n], floor) for n in names], ("float64", "float32"),
-                              f"relative error of every tensor after un-scrambling (tokens and channels, key {key}; "
-                              f"exact zeros drawn at {floor:.0e})", log=True, height=340)
+                              figures.wrap_title(f"relative error of every tensor after un-scrambling (tokens and "
+                                                 f"channels, key {key}; exact zeros drawn at {floor:.0e})", 60),
+                              log=True, height=340)
     figures.threshold(fig, x["tolerance64"], f"float64 tolerance {x['tolerance64']:.0e}")
     figures.threshold(fig, x["tolerance32"], f"float32 tolerance {x['tolerance32']:.0e}")
     chart(fig, width="stretch")

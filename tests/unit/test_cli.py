@@ -98,8 +98,9 @@ def test_a_broken_spec_exits_1(tmp_path, monkeypatch):
                      for r in bert.rules(g))
 
     monkeypatch.setattr(bert, "FAMILY", dataclasses.replace(bert.FAMILY, rules=rules_without_norms))
-    args = type("Args", (), {"model": "random:bert", "symmetry": ["channels"], "key": "3", "dtype": "float64",
-                             "json": True})
+    from perm_core.__main__ import build_parser
+
+    args = build_parser().parse_args(["check", "random:bert", "--symmetry", "channels", "--key", "3", "--json"])
     assert check_command.run(args) == 1
 
 
