@@ -3,8 +3,6 @@
 from perm_core.families import Family, Geometry
 from perm_core.spec import Rule
 
-P = r"(?:bert\.)?"
-L = P + r"encoder\.layer\.(?P<layer>\d+)\."
 QKV = {"query": "q", "key": "k", "value": "v"}
 
 
@@ -14,21 +12,30 @@ def geometry(config) -> Geometry:
                     rope=False, first_token_fixed=True, input_kind="bidirectional-text")
 
 
+def encoder_rules(prefix: str) -> tuple[Rule, ...]:
+    """Embeddings, encoder blocks and pooler under `prefix.` (BERT's layout, shared by RoBERTa)."""
+    p = rf"(?:{prefix}\.)?"
+    layer = p + r"encoder\.layer\.(?P<layer>\d+)\."
+    return (
+        Rule(p + r"embeddings\.(?:word|position|token_type)_embeddings\.weight", (None, "resid"), "embedding"),
+        Rule(p + r"embeddings\.LayerNorm\.(?:weight|bias)", ("resid",), "norm"),
+        *(Rule(layer + rf"attention\.self\.{n}\.weight", (r, "resid"), f"attn.{r}") for n, r in QKV.items()),
+        *(Rule(layer + rf"attention\.self\.{n}\.bias", (r,), f"attn.{r}") for n, r in QKV.items()),
+        Rule(layer + r"attention\.output\.dense\.weight", ("resid", "o"), "attn.o"),
+        Rule(layer + r"attention\.output\.dense\.bias", ("resid",), "attn.o"),
+        Rule(layer + r"(?:attention\.output|output)\.LayerNorm\.(?:weight|bias)", ("resid",), "norm"),
+        Rule(layer + r"intermediate\.dense\.weight", ("mlp", "resid"), "mlp.in"),
+        Rule(layer + r"intermediate\.dense\.bias", ("mlp",), "mlp.in"),
+        Rule(layer + r"output\.dense\.weight", ("resid", "mlp"), "mlp.out"),
+        Rule(layer + r"output\.dense\.bias", ("resid",), "mlp.out"),
+        Rule(p + r"pooler\.dense\.weight", ("resid", "resid"), "head"),
+        Rule(p + r"pooler\.dense\.bias", ("resid",), "head"),
+    )
+
+
 def rules(g: Geometry) -> tuple[Rule, ...]:
     return (
-        Rule(P + r"embeddings\.(?:word|position|token_type)_embeddings\.weight", (None, "resid"), "embedding"),
-        Rule(P + r"embeddings\.LayerNorm\.(?:weight|bias)", ("resid",), "norm"),
-        *(Rule(L + rf"attention\.self\.{n}\.weight", (r, "resid"), f"attn.{r}") for n, r in QKV.items()),
-        *(Rule(L + rf"attention\.self\.{n}\.bias", (r,), f"attn.{r}") for n, r in QKV.items()),
-        Rule(L + r"attention\.output\.dense\.weight", ("resid", "o"), "attn.o"),
-        Rule(L + r"attention\.output\.dense\.bias", ("resid",), "attn.o"),
-        Rule(L + r"(?:attention\.output|output)\.LayerNorm\.(?:weight|bias)", ("resid",), "norm"),
-        Rule(L + r"intermediate\.dense\.weight", ("mlp", "resid"), "mlp.in"),
-        Rule(L + r"intermediate\.dense\.bias", ("mlp",), "mlp.in"),
-        Rule(L + r"output\.dense\.weight", ("resid", "mlp"), "mlp.out"),
-        Rule(L + r"output\.dense\.bias", ("resid",), "mlp.out"),
-        Rule(P + r"pooler\.dense\.weight", ("resid", "resid"), "head"),
-        Rule(P + r"pooler\.dense\.bias", ("resid",), "head"),
+        *encoder_rules("bert"),
         Rule(r"cls\.predictions\.transform\.dense\.weight", ("resid", "resid"), "head"),
         Rule(r"cls\.predictions\.transform\.dense\.bias", ("resid",), "head"),
         Rule(r"cls\.predictions\.transform\.LayerNorm\.(?:weight|bias)", ("resid",), "norm"),

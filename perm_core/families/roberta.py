@@ -2,11 +2,8 @@
 counted from padding_idx + 1 (Geometry.position_offset): tokens.py passes them so, moved with their tokens."""
 
 from perm_core.families import Family, Geometry
+from perm_core.families.bert import encoder_rules
 from perm_core.spec import Rule
-
-P = r"(?:roberta\.)?"
-L = P + r"encoder\.layer\.(?P<layer>\d+)\."
-QKV = {"query": "q", "key": "k", "value": "v"}
 
 
 def geometry(config) -> Geometry:
@@ -18,19 +15,7 @@ def geometry(config) -> Geometry:
 
 def rules(g: Geometry) -> tuple[Rule, ...]:
     return (
-        Rule(P + r"embeddings\.(?:word|position|token_type)_embeddings\.weight", (None, "resid"), "embedding"),
-        Rule(P + r"embeddings\.LayerNorm\.(?:weight|bias)", ("resid",), "norm"),
-        *(Rule(L + rf"attention\.self\.{n}\.weight", (r, "resid"), f"attn.{r}") for n, r in QKV.items()),
-        *(Rule(L + rf"attention\.self\.{n}\.bias", (r,), f"attn.{r}") for n, r in QKV.items()),
-        Rule(L + r"attention\.output\.dense\.weight", ("resid", "o"), "attn.o"),
-        Rule(L + r"attention\.output\.dense\.bias", ("resid",), "attn.o"),
-        Rule(L + r"(?:attention\.output|output)\.LayerNorm\.(?:weight|bias)", ("resid",), "norm"),
-        Rule(L + r"intermediate\.dense\.weight", ("mlp", "resid"), "mlp.in"),
-        Rule(L + r"intermediate\.dense\.bias", ("mlp",), "mlp.in"),
-        Rule(L + r"output\.dense\.weight", ("resid", "mlp"), "mlp.out"),
-        Rule(L + r"output\.dense\.bias", ("resid",), "mlp.out"),
-        Rule(P + r"pooler\.dense\.weight", ("resid", "resid"), "head"),
-        Rule(P + r"pooler\.dense\.bias", ("resid",), "head"),
+        *encoder_rules("roberta"),
         Rule(r"lm_head\.dense\.weight", ("resid", "resid"), "head"),
         Rule(r"lm_head\.dense\.bias", ("resid",), "head"),
         Rule(r"lm_head\.layer_norm\.(?:weight|bias)", ("resid",), "norm"),
