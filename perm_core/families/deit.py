@@ -3,10 +3,10 @@ token. The sequence is [class, distillation, patches...]; the heads read tokens 
 in place under token permutation (Geometry.fixed_tokens = 2) and only the patches are shuffled."""
 
 from perm_core.families import Family, Geometry, UnsupportedModelError
+from perm_core.families.vit import body_rules
 from perm_core.spec import Rule
 
 P = r"(?:deit\.)?"
-L = P + r"layers\.(?P<layer>\d+)\."
 
 
 def geometry(config) -> Geometry:
@@ -22,21 +22,7 @@ def rules(g: Geometry) -> tuple[Rule, ...]:
     return (
         Rule(P + r"embeddings\.(?:cls|distillation)_token", (None, None, "resid"), "embedding"),
         Rule(P + r"embeddings\.mask_token", (None, None, "resid"), "embedding"),
-        Rule(P + r"embeddings\.position_embeddings", (None, "positions", "resid"), "position"),
-        Rule(P + r"embeddings\.patch_embeddings\.projection\.weight", ("resid", None, None, None), "embedding"),
-        Rule(P + r"embeddings\.patch_embeddings\.projection\.bias", ("resid",), "embedding"),
-        *(Rule(L + rf"attention\.{x}_proj\.weight", (x, "resid"), f"attn.{x}") for x in "qkv"),
-        *(Rule(L + rf"attention\.{x}_proj\.bias", (x,), f"attn.{x}") for x in "qkv"),
-        Rule(L + r"attention\.o_proj\.weight", ("resid", "o"), "attn.o"),
-        Rule(L + r"attention\.o_proj\.bias", ("resid",), "attn.o"),
-        Rule(L + r"layernorm_(?:before|after)\.(?:weight|bias)", ("resid",), "norm"),
-        Rule(L + r"mlp\.fc1\.weight", ("mlp", "resid"), "mlp.in"),
-        Rule(L + r"mlp\.fc1\.bias", ("mlp",), "mlp.in"),
-        Rule(L + r"mlp\.fc2\.weight", ("resid", "mlp"), "mlp.out"),
-        Rule(L + r"mlp\.fc2\.bias", ("resid",), "mlp.out"),
-        Rule(P + r"layernorm\.(?:weight|bias)", ("resid",), "norm"),
-        Rule(P + r"pooler\.dense\.weight", ("resid", "resid"), "head"),  # DeiTModel: token 0, dense, tanh
-        Rule(P + r"pooler\.dense\.bias", ("resid",), "head"),
+        *body_rules("deit"),  # DeiTModel's pooler: token 0, dense, tanh
         # DeiTForImageClassification reads token 0; ...WithTeacher averages cls_classifier(token 0) and
         # distillation_classifier(token 1).
         Rule(r"(?:cls_|distillation_)?classifier\.weight", (None, "resid"), "head"),

@@ -4,7 +4,6 @@ from perm_core.families import Family, Geometry
 from perm_core.spec import Rule
 
 P = r"(?:vit\.)?"
-L = P + r"layers\.(?P<layer>\d+)\."
 
 
 def geometry(config) -> Geometry:
@@ -13,24 +12,33 @@ def geometry(config) -> Geometry:
                     rope=False, first_token_fixed=True, input_kind="image", patch_size=config.patch_size)
 
 
+def body_rules(prefix: str) -> tuple[Rule, ...]:
+    """Patch embedding, blocks, final norm and pooler under `prefix.` (ViT's layout, shared by DeiT)."""
+    p = rf"(?:{prefix}\.)?"
+    layer = p + r"layers\.(?P<layer>\d+)\."
+    return (
+        Rule(p + r"embeddings\.position_embeddings", (None, "positions", "resid"), "position"),
+        Rule(p + r"embeddings\.patch_embeddings\.projection\.weight", ("resid", None, None, None), "embedding"),
+        Rule(p + r"embeddings\.patch_embeddings\.projection\.bias", ("resid",), "embedding"),
+        *(Rule(layer + rf"attention\.{x}_proj\.weight", (x, "resid"), f"attn.{x}") for x in "qkv"),
+        *(Rule(layer + rf"attention\.{x}_proj\.bias", (x,), f"attn.{x}") for x in "qkv"),
+        Rule(layer + r"attention\.o_proj\.weight", ("resid", "o"), "attn.o"),
+        Rule(layer + r"attention\.o_proj\.bias", ("resid",), "attn.o"),
+        Rule(layer + r"layernorm_(?:before|after)\.(?:weight|bias)", ("resid",), "norm"),
+        Rule(layer + r"mlp\.fc1\.weight", ("mlp", "resid"), "mlp.in"),
+        Rule(layer + r"mlp\.fc1\.bias", ("mlp",), "mlp.in"),
+        Rule(layer + r"mlp\.fc2\.weight", ("resid", "mlp"), "mlp.out"),
+        Rule(layer + r"mlp\.fc2\.bias", ("resid",), "mlp.out"),
+        Rule(p + r"layernorm\.(?:weight|bias)", ("resid",), "norm"),
+        Rule(p + r"pooler\.dense\.weight", ("resid", "resid"), "head"),
+        Rule(p + r"pooler\.dense\.bias", ("resid",), "head"),
+    )
+
+
 def rules(g: Geometry) -> tuple[Rule, ...]:
     return (
         Rule(P + r"embeddings\.cls_token", (None, None, "resid"), "embedding"),
-        Rule(P + r"embeddings\.position_embeddings", (None, "positions", "resid"), "position"),
-        Rule(P + r"embeddings\.patch_embeddings\.projection\.weight", ("resid", None, None, None), "embedding"),
-        Rule(P + r"embeddings\.patch_embeddings\.projection\.bias", ("resid",), "embedding"),
-        *(Rule(L + rf"attention\.{x}_proj\.weight", (x, "resid"), f"attn.{x}") for x in "qkv"),
-        *(Rule(L + rf"attention\.{x}_proj\.bias", (x,), f"attn.{x}") for x in "qkv"),
-        Rule(L + r"attention\.o_proj\.weight", ("resid", "o"), "attn.o"),
-        Rule(L + r"attention\.o_proj\.bias", ("resid",), "attn.o"),
-        Rule(L + r"layernorm_(?:before|after)\.(?:weight|bias)", ("resid",), "norm"),
-        Rule(L + r"mlp\.fc1\.weight", ("mlp", "resid"), "mlp.in"),
-        Rule(L + r"mlp\.fc1\.bias", ("mlp",), "mlp.in"),
-        Rule(L + r"mlp\.fc2\.weight", ("resid", "mlp"), "mlp.out"),
-        Rule(L + r"mlp\.fc2\.bias", ("resid",), "mlp.out"),
-        Rule(P + r"layernorm\.(?:weight|bias)", ("resid",), "norm"),
-        Rule(P + r"pooler\.dense\.weight", ("resid", "resid"), "head"),
-        Rule(P + r"pooler\.dense\.bias", ("resid",), "head"),
+        *body_rules("vit"),
         Rule(r"classifier\.weight", (None, "resid"), "head"),
         Rule(r"classifier\.bias", (None,), "head"),
     )
