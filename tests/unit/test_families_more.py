@@ -9,8 +9,6 @@ biases and positions; Mistral/Qwen2/Qwen3 have three key/value groups of two que
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 import transformers as hf
@@ -20,6 +18,7 @@ from perm_core.__main__ import main
 from perm_core.families import UnsupportedModelError, family_by_name, family_of
 from perm_core.random_models import build_random_model, random_config, random_inputs
 from perm_core.verify import TOLERANCE, Subject, check
+from tests.unit.scrambled_checkpoints import save_and_scramble
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -146,13 +145,7 @@ NORMS = {"mistral": "model.layers.0.input_layernorm.weight", "qwen2": "model.lay
 def test_scrambled_checkpoint_reloaded_by_plain_transformers_gives_the_same_logits(tmp_path, family):
     cls = CLASSES[family][0]
     model, _ = build_random_model(family, model_class=cls, dtype=torch.float64, seed=4)
-    model.save_pretrained(tmp_path / "original", safe_serialization=True)
-    argv = ["scramble", str(tmp_path / "original"), "--key", "5", "--dtype", "float64", "--out",
-            str(tmp_path / "scrambled")]
-    for name in symmetries.WEIGHT_SYMMETRIES:
-        argv += ["--symmetry", name]
-    assert main(argv) == 0
-    assert json.loads((tmp_path / "scrambled" / "key.json").read_text())["dtype"] == "float64"
+    assert save_and_scramble(model, tmp_path)["dtype"] == "float64"
 
     def plain(directory):
         return getattr(hf, cls).from_pretrained(directory, dtype=torch.float64, attn_implementation="sdpa").eval()

@@ -25,6 +25,7 @@ from perm_core.spec import Concat, FamilySpec, Rule, Scramble
 from perm_core.tokens import causal_float_mask, model_inputs
 from perm_core.transforms import BlockOrthogonal
 from perm_core.verify import Subject, check
+from tests.unit.scrambled_checkpoints import save_and_scramble
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -233,13 +234,7 @@ def test_other_classes_and_sequential_residual(family):
 def test_scrambled_checkpoint_reloaded_by_plain_transformers_gives_the_same_logits(tmp_path, family):
     cls = {"gpt_neox": "GPTNeoXForCausalLM", "phi3": "Phi3ForCausalLM"}[family]
     model, _ = build_random_model(family, dtype=torch.float64, seed=4)
-    model.save_pretrained(tmp_path / "original", safe_serialization=True)
-    argv = ["scramble", str(tmp_path / "original"), "--key", "5", "--dtype", "float64", "--out",
-            str(tmp_path / "scrambled")]
-    for name in symmetries.WEIGHT_SYMMETRIES:
-        argv += ["--symmetry", name]
-    assert main(argv) == 0
-    assert json.loads((tmp_path / "scrambled" / "key.json").read_text())["family"] == family
+    assert save_and_scramble(model, tmp_path)["family"] == family
 
     def plain(directory):
         return getattr(hf, cls).from_pretrained(directory, dtype=torch.float64, attn_implementation="sdpa").eval()

@@ -9,14 +9,12 @@ negative control (one scrambled norm gain put back in its original order) must b
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 import transformers as hf
 
-from perm_core.__main__ import main
 from perm_core.random_models import build_random_model, random_inputs
+from tests.unit.scrambled_checkpoints import save_and_scramble
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -37,14 +35,8 @@ def plain(directory, cls: str):
 def test_scrambled_checkpoint_reloaded_by_plain_transformers_gives_the_same_logits(tmp_path, family):
     cls = CLASSES[family]
     model, _ = build_random_model(family, model_class=cls, dtype=torch.float64, seed=4)
-    model.save_pretrained(tmp_path / "original", safe_serialization=True)
-    symmetries = ["channels", "heads", "head_channels", "mlp", "rotation"]
-    argv = ["scramble", str(tmp_path / "original"), "--key", "5", "--dtype", "float64", "--out",
-            str(tmp_path / "scrambled")]
-    for name in symmetries:
-        argv += ["--symmetry", name]
-    assert main(argv) == 0
-    assert json.loads((tmp_path / "scrambled" / "key.json").read_text())["dtype"] == "float64"
+    record = save_and_scramble(model, tmp_path, symmetries=["channels", "heads", "head_channels", "mlp", "rotation"])
+    assert record["dtype"] == "float64"
 
     original, scrambled = plain(tmp_path / "original", cls), plain(tmp_path / "scrambled", cls)
     assert type(scrambled).__name__ == cls

@@ -25,6 +25,7 @@ from perm_core.random_models import random_config, random_inputs, randomize_
 from perm_core.spec import FamilySpec, Rule
 from perm_core.tokens import model_inputs
 from perm_core.verify import BROKEN_AT, Subject, check, check_scramble, measure_break
+from tests.unit.scrambled_checkpoints import save_and_scramble
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 EXACT = 1e-9  # float64
@@ -207,13 +208,7 @@ def test_planted_bug_position_bias_left_in_place_fails(tiny):
 
 def test_scrambled_checkpoint_reloaded_by_plain_transformers_gives_the_same_logits(tiny, tmp_path):
     model, inputs = tiny
-    model.save_pretrained(tmp_path / "original", safe_serialization=True)
-    argv = ["scramble", str(tmp_path / "original"), "--key", "5", "--dtype", "float64", "--out",
-            str(tmp_path / "scrambled")]
-    for name in symmetries.WEIGHT_SYMMETRIES:
-        argv += ["--symmetry", name]
-    assert main(argv) == 0
-    assert json.loads((tmp_path / "scrambled" / "key.json").read_text())["family"] == "t5"
+    assert save_and_scramble(model, tmp_path)["family"] == "t5"
 
     def plain(directory):
         return hf.T5ForConditionalGeneration.from_pretrained(directory, dtype=torch.float64,

@@ -1,0 +1,20 @@
+"""A model saved, then scrambled by the CLI with every weight symmetry: what the plain-transformers oracles reload."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from perm_core.__main__ import main
+from perm_core.symmetries import WEIGHT_SYMMETRIES
+
+
+def save_and_scramble(model, directory: Path, key: int = 5, symmetries=WEIGHT_SYMMETRIES) -> dict:
+    """Writes directory/original and directory/scrambled (float64); returns the scramble's key record."""
+    model.save_pretrained(directory / "original", safe_serialization=True)
+    argv = ["scramble", str(directory / "original"), "--key", str(key), "--dtype", "float64", "--out",
+            str(directory / "scrambled")]
+    for name in symmetries:
+        argv += ["--symmetry", name]
+    assert main(argv) == 0
+    return json.loads((directory / "scrambled" / "key.json").read_text())
