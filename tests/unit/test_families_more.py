@@ -19,6 +19,7 @@ from perm_core.families import UnsupportedModelError, family_by_name, family_of
 from perm_core.random_models import build_random_model, random_config, random_inputs
 from perm_core.verify import TOLERANCE, Subject, check
 from tests.unit.scrambled_checkpoints import save_and_scramble
+from tests.unit.test_engine import unmoved_spaces
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -80,18 +81,6 @@ def test_every_negative_control_breaks(family, cls, dtype, key):
     assert {c.symmetry for c in report.controls} == set(symmetries.SYMMETRIES)
     assert OWN_CONTROLS[family] in {c.name for c in report.controls}
     assert report.passed
-
-
-def unmoved_spaces(element) -> list:
-    """Spaces whose transform chain is the identity (permutations compared exactly)."""
-    found = []
-    for space, chain in element.spaces.items():
-        probe = torch.eye(chain[0].size, dtype=torch.float64)
-        for transform in chain:
-            probe = transform.apply(probe, 0)
-        if torch.allclose(probe, torch.eye(chain[0].size, dtype=torch.float64), atol=1e-12):
-            found.append(space)
-    return found
 
 
 @pytest.mark.parametrize("family", sorted(CLASSES))
