@@ -76,11 +76,10 @@ st.dataframe(pd.DataFrame([{"symmetry": c.symmetry, "direction": c.direction, "m
                             "result": "pass" if c.passed else "FAIL"} for c in report.checks]),
              hide_index=True, width="stretch", column_config=SCIENTIFIC)
 st.subheader("Negative controls")
-st.dataframe(pd.DataFrame([{"control": f"{c.symmetry}: {c.description}", "max rel error": c.max_rel_error,
-                            "result": "broken (as it must be)" if c.broken else "NOT BROKEN"}
-                           for c in report.controls]), hide_index=True, width="stretch",
-             column_config={**SCIENTIFIC, "control": st.column_config.TextColumn(width="large"),
-                            "result": st.column_config.TextColumn(width="medium")})  # whole at 1024 px
+# A static table wraps long control names and results instead of clipping them in a narrow window.
+st.table(pd.DataFrame([{"control": f"{c.symmetry}: {c.description}", "max rel error": f"{c.max_rel_error:.1e}",
+                        "result": "broken, as it must" if c.broken else "NOT BROKEN"} for c in report.controls]),
+         hide_index=True)
 if report.restricted:
     st.subheader("Checked in a restricted form")
     st.markdown("\n".join(f"- **{SYMMETRY_LABELS[name]}**: {reason}" for name, reason in report.restricted.items()))
@@ -100,7 +99,9 @@ fig = figures.tensor_error_chart([t.name for t in tensors], [t.max_abs_error for
                                  [t.max_rel_error for t in tensors], f"{labels[picked]}: every tensor",
                                  report.checks[picked].tolerance, tolerances=[t.tolerance for t in tensors])
 chart(fig, width="stretch")
-st.dataframe(pd.DataFrame([vars(t) for t in tensors]), hide_index=True, width="stretch", height=240,
+# Where no floor applies the reason is empty, not "None".
+st.dataframe(pd.DataFrame([{**vars(t), "floor_reason": t.floor_reason or ""} for t in tensors]), hide_index=True,
+             width="stretch", height=240,
              column_config=SCIENTIFIC)
 command = check_command(view.model_name, view.dtype_name, dict(view.keys), view.input_spec, backward)
 payload["reproduce"] = command

@@ -22,6 +22,12 @@ def check_page(**query) -> AppTest:
     return at
 
 
+def controls_of(at: AppTest):
+    """The negative controls table (a static table: it wraps instead of clipping), errors as numbers."""
+    table = at.table[0].value
+    return table.assign(**{"max rel error": table["max rel error"].astype(float)})
+
+
 def run_button(at: AppTest):
     return next(b for b in at.button if b.label == "Run check")
 
@@ -35,11 +41,14 @@ def test_check_digits_float64_every_symmetry_with_the_sidebar_keys():
     assert not at.exception, [e.value for e in at.exception]
     verdict = at.success[0].value
     assert verdict.startswith("PASSED") and "digits-vit (vit, float64)" in verdict
-    checks, controls = at.dataframe[0].value, at.dataframe[1].value
+    checks, controls = at.dataframe[0].value, controls_of(at)
     assert set(checks["direction"]) == {"forward", "backward"}
     assert set(checks["symmetry"]) == {"tokens", "channels", "heads", "head_channels", "mlp", "rotation", "all"}
     assert (checks["max rel error"] <= 1e-9).all() and (checks["result"] == "pass").all()
     assert (controls["max rel error"] > 1e-3).all() and len(controls) >= 5
+    assert (controls["result"] == "broken, as it must").all()
+    per_tensor = at.dataframe[1].value
+    assert per_tensor["floor_reason"].map(lambda v: isinstance(v, str)).all()  # never a "None" cell
     chart = json.loads(at.get("plotly_chart")[0].proto.spec)
     assert chart["layout"]["yaxis"]["type"] == "log"
     downloads = at.get("download_button")
@@ -51,12 +60,12 @@ def test_check_digits_float64_every_symmetry_with_the_sidebar_keys():
 def test_the_report_uses_the_sidebar_keys_and_follows_a_key_change():
     at = check_page(model="random:gpt2", dtype="float64", k_tokens="5", k_channels="6")
     run_button(at).click().run()
-    first = at.dataframe[1].value["max rel error"].tolist()
+    first = controls_of(at)["max rel error"].tolist()
     at.sidebar.text_input(key="k_channels").set_value("7").run()
     assert not at.success, "a report for other keys must not stay on screen"
     run_button(at).click().run()
     assert at.success[0].value.startswith("PASSED")
-    assert at.dataframe[1].value["max rel error"].tolist() != first  # the controls drew from the new key
+    assert controls_of(at)["max rel error"].tolist() != first  # the controls drew from the new key
 
 
 def test_bad_key_and_no_symmetry_are_messages():
@@ -127,12 +136,10 @@ def test_the_reproduce_command_gives_the_pages_report(query):
     run_button(at).click().run()
     assert not at.exception, [e.value for e in at.exception]
     command, reproduced = _reproduced(at)
-    page_controls = at.dataframe[1].value
     assert reproduced["keys"] == {name: int(query.get(f"k_{name}", default))
                                   for name, default in (("tokens", 7), ("channels", 42), ("mlp", 11))
                                   if query.get(f"on_{name}", "1" if name in ("tokens", "channels") else "0") == "1"}
     assert "--forward-only" in command and all(c["direction"] == "forward" for c in reproduced["checks"])
     # The controls' breaks (order 1, far above round-off) pin the same model, input and keys.
-    assert [round(c["max_rel_error"], 6) for c in reproduced["controls"]] == [
-        round(v, 6) for v in page_controls["max rel error"]]
+    assert [f"{c['max_rel_error']:.1e}" for c in reproduced["controls"]] == list(at.table[0].value["max rel error"])
     assert reproduced["passed"] is True
