@@ -7,7 +7,7 @@ from perm_core.explore import BROKEN_AT, control_options, kind_label, layer_of, 
 from perm_core.inputs import token_labels
 from perm_core.tokens import shuffle_patches
 from ui import explore_panels as panels
-from ui.compute import exploration, explore_result
+from ui.compute import exploration, explore_result, mlp_result
 from ui.export import chart
 from ui.sidebar import SYMMETRY_LABELS, ensure_view
 from ui.state import publish, seed
@@ -125,7 +125,8 @@ st.latex(r"A' = \mathrm{softmax}\!\Big(\tfrac{(PXQ)(Q^\top W_Q)(W_K^\top Q)(PXQ)
          r"= P\,A\,P^\top \quad\text{since } QQ^\top = I")
 
 st.subheader(f"MLP neurons of block {layer}")
-panels.mlp_neurons(explorer, result, view.keys, control, layer)
+panels.mlp_neurons(mlp_result(view.model_name, view.dtype_name, view.device, view.input_id,
+                              tuple(sorted(view.keys.items())), control, layer, explorer, result))
 
 st.subheader(f"Weights of block {layer}")
 panels.weights(explorer, result, view.keys, control, layer)

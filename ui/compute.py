@@ -48,3 +48,17 @@ def explore_result(model_name: str, dtype_name: str, device: str, input_id: str,
                    _exploration: Exploration) -> ExploreResult:
     return _caches()["results"].get_or_compute((model_name, dtype_name, device, input_id, keys, control),
                                                lambda: _exploration.run(dict(keys), control))
+
+
+def mlp_result(model_name: str, dtype_name: str, device: str, input_id: str, keys: tuple, control: str | None,
+               layer: int, _exploration: Exploration, _result: ExploreResult):
+    """The MLP-neuron view of one block (two hooked forwards), cached beside the result it belongs to: a rerun
+    that changes nothing else (a chart export, another weight matrix) runs no model."""
+    from perm_core.mlp_view import mlp_view
+
+    def build():
+        params, _ = _exploration.params_for(_result.scramble, dict(keys), control)
+        return mlp_view(_exploration, _result, params, layer)
+
+    return _caches()["results"].get_or_compute((model_name, dtype_name, device, input_id, keys, control, "mlp",
+                                                layer), build)

@@ -189,12 +189,10 @@ def weights(explorer, result, keys_by_symmetry, control, layer: int) -> None:
                f"{largest:.3g}).")
 
 
-def mlp_neurons(explorer, result, keys_by_symmetry, control, layer: int) -> None:
-    """The MLP's hidden activations in the chosen block: the MLP symmetry moves whole neuron columns."""
-    from perm_core.mlp_view import mlp_view
-
-    params, _ = explorer.params_for(result.scramble, keys_by_symmetry, control)
-    view = mlp_view(explorer, result, params, layer)
+def mlp_neurons(view) -> None:
+    """The MLP's hidden activations in the chosen block (perm_core.mlp_view.MlpView): the MLP symmetry moves
+    whole neuron columns."""
+    layer = view.layer
     three_heatmaps(f"mlp-{layer}", (view.original[None], view.scrambled[None], view.restored[None]),
                    f"MLP neurons of block {layer}", "neuron", "token")
     moved = [] if view.held is None else [(new, old) for new, old in enumerate(view.held.tolist()) if new != old]
