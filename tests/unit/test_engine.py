@@ -11,7 +11,8 @@ from perm_core import symmetries
 from perm_core.random_models import build_random_model, random_inputs
 from perm_core.spec import Rule, Scramble
 from perm_core.transforms import Permutation
-from perm_core.verify import TOLERANCE, Subject, check
+from perm_core.verify import Subject, check
+from tests.unit.symmetry_asserts import assert_every_control_breaks, assert_symmetry_holds
 
 CLASSES = {
     "vit": ["ViTModel", "ViTForImageClassification"],
@@ -108,33 +109,13 @@ def test_llama_attention_biases_left_behind_fail(monkeypatch, bias):
 @pytest.mark.parametrize("symmetry", [*symmetries.SYMMETRIES, "all"])
 @pytest.mark.parametrize("key", KEYS)
 def test_symmetry_holds_forward_and_backward(family, cls, dtype, symmetry, key):
-    report = report_for(family, cls, dtype, key)
-    results = {c.direction: c for c in report.checks if c.symmetry == symmetry}
-    assert set(results) == {"forward", "backward"}
-    for direction, result in results.items():
-        assert result.tolerance == TOLERANCE[dtype]
-        assert result.passed, (direction, [(t.name, t.max_rel_error) for t in result.tensors
-                                           if t.max_rel_error > result.tolerance])
-        assert result.moved >= 0.1 and result.note == ""
-        if dtype == torch.float64:
-            assert result.max_rel_error <= TOLERANCE[dtype]
-    names = {t.name for t in results["forward"].tensors}
-    assert "blocks.0.attn" in names and "blocks.1.hidden" in names and "embed" in names
-    grads = {t.name for t in results["backward"].tensors}
-    assert "grad.input" in grads and any(n.startswith("grad.param.") for n in grads)
+    assert_symmetry_holds(report_for(family, cls, dtype, key), symmetry, dtype)
 
 
 @pytest.mark.parametrize("family,cls,dtype", CASES, ids=[f"{c}-{str(d)[6:]}" for _, c, d in CASES])
 @pytest.mark.parametrize("key", KEYS)
 def test_every_negative_control_breaks(family, cls, dtype, key):
-    report = report_for(family, cls, dtype, key)
-    assert report.controls, "each symmetry needs negative controls"
-    for control in report.controls:
-        assert control.broken, (control.symmetry, control.name, control.max_rel_error)
-        assert control.max_rel_error > 1e-2
-    covered = {c.symmetry for c in report.controls}
-    assert covered == set(symmetries.SYMMETRIES)
-    assert report.passed
+    assert_every_control_breaks(report_for(family, cls, dtype, key))
 
 
 def test_rope_controls_are_specific_to_llama():

@@ -17,8 +17,9 @@ from perm_core import symmetries
 from perm_core.__main__ import main
 from perm_core.families import UnsupportedModelError, family_by_name, family_of
 from perm_core.random_models import build_random_model, random_config, random_inputs
-from perm_core.verify import TOLERANCE, Subject, check
+from perm_core.verify import Subject, check
 from tests.unit.scrambled_checkpoints import save_and_scramble
+from tests.unit.symmetry_asserts import assert_every_control_breaks, assert_symmetry_holds
 from tests.unit.test_engine import unmoved_spaces
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -34,7 +35,6 @@ CLASSES = {
 CASES = [(family, cls, dtype) for family, classes in CLASSES.items() for cls in classes
          for dtype in (torch.float64, torch.float32)]
 KEYS = (12345, 7)
-EXACT = 1e-9  # float64
 # The control each family adds to the common ones (symmetries.controls), which must be among its controls.
 OWN_CONTROLS = {"mistral": "window_not_moved", "qwen2": "window_not_moved", "qwen3": "plane_rotation_with_qk_norm",
                 "distilbert": "qk_across_heads", "roberta": "qk_across_heads", "deit": "qk_across_heads"}
@@ -57,30 +57,15 @@ def report_for(family, cls, dtype, key):
 def test_symmetry_holds_forward_and_backward(family, cls, dtype, symmetry, key):
     report = report_for(family, cls, dtype, key)
     assert report.family == family
-    results = {c.direction: c for c in report.checks if c.symmetry == symmetry}
-    assert set(results) == {"forward", "backward"}
-    for direction, result in results.items():
-        assert result.tolerance == TOLERANCE[dtype]
-        assert result.passed, (direction, [(t.name, t.max_rel_error) for t in result.tensors if not t.passed])
-        assert result.moved >= 0.1 and result.note == ""
-        if dtype == torch.float64:
-            assert result.max_rel_error <= EXACT
-    names = {t.name for t in results["forward"].tensors}
-    assert {"embed", "blocks.0.attn", "blocks.1.hidden"} <= names
-    grads = {t.name for t in results["backward"].tensors}
-    assert "grad.input" in grads and any(n.startswith("grad.param.") for n in grads)
+    assert_symmetry_holds(report, symmetry, dtype)
 
 
 @pytest.mark.parametrize("family,cls,dtype", CASES, ids=[f"{c}-{str(d)[6:]}" for _, c, d in CASES])
 @pytest.mark.parametrize("key", KEYS)
 def test_every_negative_control_breaks(family, cls, dtype, key):
     report = report_for(family, cls, dtype, key)
-    for control in report.controls:
-        assert control.broken and control.max_rel_error > 1e-2, (control.symmetry, control.name,
-                                                                  control.max_rel_error)
-    assert {c.symmetry for c in report.controls} == set(symmetries.SYMMETRIES)
+    assert_every_control_breaks(report)
     assert OWN_CONTROLS[family] in {c.name for c in report.controls}
-    assert report.passed
 
 
 @pytest.mark.parametrize("family", sorted(CLASSES))
