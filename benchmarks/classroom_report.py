@@ -26,7 +26,10 @@ class ServerProcess:
         self.url = ""
         self.peak_rss = 0  # VmHWM of the server process, read while it runs
         self.peak_tree_rss = 0  # the largest sampled sum of RSS over the server and its children
-        self.cpu_seconds: dict[str, dict[int, float]] = {"server": {}, "browser": {}}  # last seen, per process
+        # Last seen, per process. "clients": this process (the ws driver runs here) and its children that are not
+        # the server (Playwright, Chromium), since this process started the server.
+        self.cpu_seconds: dict[str, dict[int, float]] = {"server": {}, "clients": {}}
+        self._own_cpu_before = _cpu_seconds_of_this_process()
 
     def __enter__(self) -> ServerProcess:
         from tests.e2e.conftest import _free_port
@@ -63,10 +66,11 @@ class ServerProcess:
             self.peak_tree_rss = max(self.peak_tree_rss, sum(p.memory_info().rss for p in tree))
             server_pids = {p.pid for p in tree}
             for process in [*tree, *psutil.Process().children(recursive=True)]:
-                side = "server" if process.pid in server_pids else "browser"  # our children: Playwright, Chromium
+                side = "server" if process.pid in server_pids else "clients"
                 with contextlib.suppress(psutil.Error):
                     times = process.cpu_times()
                     self.cpu_seconds[side][process.pid] = times.user + times.system
+            self.cpu_seconds["clients"][os.getpid()] = _cpu_seconds_of_this_process() - self._own_cpu_before
             for line in Path(f"/proc/{root.pid}/status").read_text().splitlines():
                 if line.startswith("VmHWM:"):
                     self.peak_rss = max(self.peak_rss, int(line.split()[1]) * 1024)
@@ -93,8 +97,13 @@ class ServerProcess:
         return {"server_peak_rss_bytes": self.peak_rss, "tree_peak_rss_sampled_bytes": self.peak_tree_rss}
 
     def cpu(self) -> dict:
-        """CPU seconds used while sampled: the server's, and the browsers' (they share this machine's cores)."""
+        """CPU seconds used while sampled: the server's, and the clients' (they share this machine's cores)."""
         return {side: round(sum(seen.values()), 1) for side, seen in self.cpu_seconds.items()}
+
+
+def _cpu_seconds_of_this_process() -> float:
+    times = os.times()
+    return times.user + times.system
 
 
 def log_errors(text: str) -> list[str]:
@@ -169,8 +178,9 @@ def print_report(figures: dict) -> None:
         print(f"key change p95 {model:<12} {goal['p95_s']:6.2f} s  goal <= {goal['goal_s']:g} s  "
               f"{'met' if goal['met'] else 'NOT met'}")
     if "cpu_seconds" in figures:
-        print(f"CPU seconds: server {figures['cpu_seconds']['server']:.0f}, browsers "
-              f"{figures['cpu_seconds']['browser']:.0f} (the same cores)")
+        clients = "this process" if figures.get("driver") == "ws" else "Chromium, Playwright and this process"
+        print(f"CPU seconds: server {figures['cpu_seconds']['server']:.0f}, clients "
+              f"{figures['cpu_seconds']['clients']:.0f} ({figures.get('driver')} driver: {clients}; the same cores)")
     memory = figures["memory"]
     print(f"server peak RSS {memory['server_peak_rss_bytes'] / 2**30:.2f} GiB (tree, sampled "
           f"{memory['tree_peak_rss_sampled_bytes'] / 2**30:.2f} GiB); bound 2x weights + 1 GiB = "
