@@ -18,10 +18,11 @@ OTHER_GOAL_P95_S = 10.0
 
 
 class ServerProcess:
-    """`streamlit run app.py` on a free loopback port, as tests/e2e/conftest.py starts it, logging to a file."""
+    """`streamlit run app.py` on a free loopback port, as tests/e2e/conftest.py starts it, logging to a file
+    (another script from another folder, for tests: without this repository's .streamlit/config.toml)."""
 
-    def __init__(self, log: Path, env: dict):
-        self.log, self.env = log, env
+    def __init__(self, log: Path, env: dict, script: Path = ROOT / "app.py", cwd: Path = ROOT):
+        self.log, self.env, self.script, self.cwd = log, env, script, cwd
         self.process: subprocess.Popen | None = None
         self.url = ""
         self.peak_rss = 0  # VmHWM of the server process, read while it runs
@@ -35,12 +36,12 @@ class ServerProcess:
         from tests.e2e.conftest import _free_port
 
         port = _free_port()
-        cmd = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.address", "127.0.0.1",
+        cmd = [sys.executable, "-m", "streamlit", "run", str(self.script), "--server.address", "127.0.0.1",
                "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
                "--server.fileWatcherType", "none"]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", **self.env}
         with open(self.log, "w") as out:
-            self.process = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(cmd, cwd=self.cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
         self.url = f"http://127.0.0.1:{port}"
         deadline = time.time() + 120
         while time.time() < deadline:

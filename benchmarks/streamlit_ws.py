@@ -13,7 +13,8 @@ What the browser's frontend does (static/js of streamlit 1.67, App and WidgetSta
 - Its first message asks for a run with the URL's query string and page name (the path) and no widget states.
 - Every later rerun carries the state of every widget of the last run: the value a widget had when first
   drawn (the proto's default, or its value when the server set one), then what the user set, or what the
-  server set again (set_value). Streamlit keeps a value across reruns only because the client re-sends it.
+  server set again (set_value). (Streamlit 1.67 would also keep the last run's values of widgets a rerun does
+  not mention, but it fires on_change by comparing what is sent, so the client sends what the browser sends.)
   A finished run drops the states of widgets it did not draw; a button's trigger goes in the one rerun it fires.
 - st.query_params writes come as page_info_changed (the address bar); the next rerun sends that query string.
 - Large elements come once and then as references to the client's cache, whose hashes each rerun lists.
