@@ -41,8 +41,8 @@ CACHE_AGE_RUNS = 2  # the frontend's ForwardMsg cache forgets an element not use
 ERROR_ALERT = 1  # Alert.Format.ERROR
 
 
-class ProtocolError(RuntimeError):
-    """The server's messages do not fit the protocol (or a run did not end in time)."""
+class RunTimeout(TimeoutError):
+    """The run a rerun asked for did not end in time."""
 
 
 @dataclass
@@ -193,7 +193,10 @@ class StreamlitSession:
         client.cached_message_hashes.extend(self.cache)
         started = time.perf_counter()
         await self.websocket.send(message.SerializeToString())
-        await asyncio.wait_for(self._until_finished(), self.timeout)
+        try:
+            await asyncio.wait_for(self._until_finished(), self.timeout)
+        except TimeoutError:
+            raise RunTimeout(f"no end of the run within {self.timeout:g} s (query {self.query_string!r})") from None
         return time.perf_counter() - started
 
     async def _until_finished(self) -> None:
