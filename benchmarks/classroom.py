@@ -172,7 +172,9 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory(prefix="classroom-") as scratch:
         hash_file = Path(scratch) / "weights.json"
         with ServerProcess(Path(scratch) / "server.log", {"TSE_WEIGHTS_HASH_FILE": str(hash_file)}) as server:
+            sessions_started = time.time()
             sessions, records = asyncio.run(classroom(server.url, server, args))
+            sessions_wall = time.time() - sessions_started
             server.stop()  # SIGTERM: the audit hashes every shared model at exit
             memory = server.memory()
             cpu_seconds = server.cpu()
@@ -188,6 +190,7 @@ def main(argv=None) -> dict:
     figures = summarize(args, sessions, records, server_errors, memory, in_server, fresh, weight_bytes, same)
     figures["driver"] = args.driver
     figures["cpu_seconds"] = cpu_seconds
+    figures["sessions_wall_seconds"] = round(sessions_wall, 1)
     figures["wall_seconds"] = round(time.time() - started, 1)
     print_report(figures)
     if args.json:

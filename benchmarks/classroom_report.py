@@ -180,8 +180,9 @@ def print_report(figures: dict) -> None:
               f"{'met' if goal['met'] else 'NOT met'}")
     if "cpu_seconds" in figures:
         clients = "this process" if figures.get("driver") == "ws" else "Chromium, Playwright and this process"
-        print(f"CPU seconds: server {figures['cpu_seconds']['server']:.0f}, clients "
-              f"{figures['cpu_seconds']['clients']:.0f} ({figures.get('driver')} driver: {clients}; the same cores)")
+        cpu, wall = figures["cpu_seconds"], figures.get("sessions_wall_seconds") or float("nan")
+        print(f"CPU seconds: server {cpu['server']:.0f} ({cpu['server'] / wall:.2f} cores busy over the "
+              f"sessions' {wall:.0f} s), clients {cpu['clients']:.0f} ({figures.get('driver')} driver: {clients})")
     memory = figures["memory"]
     print(f"server peak RSS {memory['server_peak_rss_bytes'] / 2**30:.2f} GiB (tree, sampled "
           f"{memory['tree_peak_rss_sampled_bytes'] / 2**30:.2f} GiB); bound 2x weights + 1 GiB = "
