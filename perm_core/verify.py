@@ -22,6 +22,7 @@ from perm_core.compare import (
     TOLERANCE,
     TensorError,
     json_safe,
+    largest_magnitude,
     measure_roundoff,
     relative_differences,
     scales,
@@ -167,23 +168,27 @@ class Subject:
                 for name, r in records.items()}
 
     def roundoff(self, original: dict[str, Record]) -> dict[str, float]:
-        """Each tensor's float32 round-off: its distance from the same run in float64 (see compare.py).
-        Measured once per original trace, and only when some tensor needs it."""
+        """Each tensor's float32 round-off: its distance from the same run in float64 (see compare.py); for a
+        float64 subject, the same model run in float32 is the other side. Measured once per original trace, and
+        only when some tensor needs it."""
         cached = self._roundoff.get(id(original))
         if cached is None or cached[0] is not original:
             backward = any(name.startswith("grad.") for name in original)
-            reference = self.trace(backward=backward, dtype=torch.float64)
-            cached = (original, measure_roundoff(original, reference, self.floor_reasons))
+            if self.dtype == torch.float64:
+                runs = (self.trace(backward=backward, dtype=torch.float32), original)
+            else:
+                runs = (original, self.trace(backward=backward, dtype=torch.float64))
+            cached = (original, measure_roundoff(*runs, self.floor_reasons))
             self._roundoff[id(original)] = cached
         return cached[1]
 
     def errors(self, original: dict[str, Record], restored: dict[str, torch.Tensor]) -> list[TensorError]:
-        """Per-tensor errors; a float32 tensor over 1e-4 gets the tolerance its measured round-off allows."""
+        """Per-tensor errors; a tensor over its dtype's tolerance gets what its measured round-off allows."""
         names = [n for n in original if n in restored]
         first = getattr(original[names[0]], "tensor", original[names[0]]) if names else None
         scale = self._scales(original, names, first.dtype if first is not None else self.dtype)
         errors = tensor_errors(original, restored, self.floor_reasons, scale=scale)
-        if self.dtype == torch.float32 and any(e.finite and not e.passed for e in errors):
+        if self.dtype in (torch.float32, torch.float64) and any(e.finite and not e.passed for e in errors):
             errors = tensor_errors(original, restored, self.floor_reasons, self.roundoff(original), scale)
         return errors
 
@@ -209,7 +214,7 @@ class Subject:
         moved = {}
         for name in changed:
             before, after = self.params[name].detach(), params[name].detach()
-            _, rel, _ = relative_differences({name: before}, {name: after}, {name: before.abs().max().item()})[name]
+            _, rel, _ = relative_differences({name: before}, {name: after}, {name: largest_magnitude(before)})[name]
             moved[f"weight {name}"] = rel
             if rel >= enough:
                 break
