@@ -24,9 +24,10 @@ class Permutation:
 
     def apply(self, tensor: torch.Tensor, axis: int) -> torch.Tensor:
         index = self.index.to(tensor.device)
-        if tensor.dim() > 2 and axis in (-1, tensor.dim() - 1) and tensor.is_contiguous():
-            # Activations' channel and key-token axes: gather is 3-4x faster here than index_select's
-            # last-axis path (on weight matrices it is slower); the same values, contiguous.
+        if tensor.dim() >= 2 and axis in (-1, tensor.dim() - 1) and tensor.is_contiguous():
+            # The last axis (a weight's input channels, an activation's channels or key tokens): gather is
+            # 1.6-5x faster here than index_select's last-axis path (float32 and float64, 768 to 30522 rows);
+            # the same values, contiguous.
             return torch.gather(tensor, -1, index.expand(tensor.shape))
         if tensor.dim() < 2 or tensor.is_contiguous():
             return tensor.index_select(axis, index)
