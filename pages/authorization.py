@@ -5,6 +5,7 @@ import streamlit as st
 from perm_core.apps import authorization as auth
 from perm_core.apps import figures_backward as fb
 from perm_core.keys import LONG_KEY_BITS, InvalidKeyError, parse_long_key
+from ui.compute import page_run
 from ui.errors import show_failure
 from ui.export import chart
 from ui.long_run import long_run
@@ -51,20 +52,10 @@ except Exception as error:  # noqa: BLE001 - a one-line message, never a traceba
     st.stop()
 
 
-@st.cache_resource(show_spinner=False)
-def measured_memo() -> dict:
-    """Finished measurements by settings, shared by sessions (no elements inside, so progress can update a bar)."""
-    return {}
-
-
 def measured(model_name, key, n_wrong, progress):
-    memo = measured_memo()
-    if (model_name, key, n_wrong) not in memo:
-        if len(memo) >= 32:
-            memo.pop(next(iter(memo)))
-        memo[(model_name, key, n_wrong)] = auth.authorize(shared_model(model_name, "float32"), key, n_wrong,
-                                                          model_name, progress=progress)
-    return memo[(model_name, key, n_wrong)]
+    return page_run("authorization", (model_name, key, n_wrong),
+                    lambda: auth.authorize(shared_model(model_name, "float32"), key, n_wrong, model_name,
+                                           progress=progress))
 
 
 with long_run("authorization", (model_name, key, n_wrong), "locking the model and trying keys") as progress:

@@ -10,6 +10,7 @@ from perm_core.digits import digits_split
 from perm_core.families import geometry_of
 from perm_core.inputs import InputError, prepare_text
 from perm_core.verify import BROKEN_AT, Subject
+from ui.compute import page_run
 from ui.errors import show_failure
 from ui.export import chart
 from ui.long_run import long_run
@@ -93,13 +94,15 @@ seed_choice("bw_weight", weights, weights[0])
 weight = st.selectbox("Weight matrix to show", weights, key="bw_weight")
 
 
-@st.cache_data(show_spinner=False, max_entries=8)
-def gradient_comparison(model_name, dtype_name, settings, _inputs, _reference):
+def gradient_comparison(model_name, dtype_name, settings, inputs, reference):
     """The gradient of the input and of every parameter, in both worlds (backprop computes them all anyway)."""
-    loaded = shared_model(model_name, dtype_name)
-    subject = Subject(loaded.model, _inputs)
-    loss = bw.make_loss(settings["loss"], subject, settings["class"], _reference)
-    return bw.compare_gradients(loaded.model, _inputs, loss, dict(settings["keys"]))
+    def compute():
+        loaded = shared_model(model_name, dtype_name)
+        subject = Subject(loaded.model, inputs)
+        loss = bw.make_loss(settings["loss"], subject, settings["class"], reference)
+        return bw.compare_gradients(loaded.model, inputs, loss, dict(settings["keys"]))
+
+    return page_run("backward/gradients", (model_name, dtype_name, repr(settings)), compute)
 
 
 settings = {"loss": loss_kind, "class": int(target_class), "keys": tuple(sorted(keys_by_symmetry.items())),
@@ -156,25 +159,17 @@ else:
     sgd_inputs, sgd_targets = inputs, None
 
 
-@st.cache_resource(show_spinner=False)
-def lockstep_memo() -> dict:
-    """Finished SGD runs by settings, shared by sessions (no elements inside, so progress can update a bar)."""
-    return {}
-
-
 def lockstep(model_name, dtype_name, settings, inputs, targets, reference, steps, lr, control, progress):
-    memo_key = (model_name, dtype_name, repr(settings), steps, lr, control, targets is not None)
-    memo = lockstep_memo()
-    if memo_key not in memo:
+    def compute():
         loaded = shared_model(model_name, dtype_name)
         subject = Subject(loaded.model, inputs)
         loss = bw.Loss("class", targets=targets) if targets is not None else \
             bw.make_loss(settings["loss"], subject, settings["class"], reference)
-        if len(memo) >= 16:
-            memo.pop(next(iter(memo)))
-        memo[memo_key] = bw.sgd_lockstep(loaded.model, inputs, loss, dict(settings["keys"]), steps, lr,
-                                         None if control == "none" else control, progress=progress)
-    return memo[memo_key]
+        return bw.sgd_lockstep(loaded.model, inputs, loss, dict(settings["keys"]), steps, lr,
+                               None if control == "none" else control, progress=progress)
+
+    return page_run("backward/lockstep", (model_name, dtype_name, repr(settings), steps, lr, control,
+                                          targets is not None), compute)
 
 
 share = 0.5 if control != "none" else 1.0  # of the bar, for the correct scramble's run

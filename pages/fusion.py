@@ -7,6 +7,7 @@ from perm_core.apps import figures_fusion as figs
 from perm_core.apps.fusion import fuse
 from perm_core.apps.matching import METHODS
 from perm_core.zoo import ModelLoadError
+from ui.compute import page_run
 from ui.errors import show_failure
 from ui.export import chart
 from ui.long_run import long_run
@@ -49,21 +50,12 @@ if name_a == name_b:
     st.stop()
 
 
-@st.cache_resource(show_spinner=False)
-def fusion_memo() -> dict:
-    """Finished fusions by settings, shared by sessions (no elements inside, so progress can update a bar)."""
-    return {}
-
-
 def cached_fusion(a: str, b: str, chosen: tuple, points: int):
-    memo = fusion_memo()
-    if (a, b, chosen, points) not in memo:
-        if len(memo) >= 8:
-            memo.pop(next(iter(memo)))
+    def compute():
         with long_run("fusion", (a, b, chosen, points), "matching and fusing") as progress:
-            memo[(a, b, chosen, points)] = fuse(shared_model(a), shared_model(b), chosen, n_points=points,
-                                                progress=progress)
-    return memo[(a, b, chosen, points)]
+            return fuse(shared_model(a), shared_model(b), chosen, n_points=points, progress=progress)
+
+    return page_run("fusion", (a, b, chosen, points), compute)
 
 
 ordered = tuple(m for m in METHODS if m in methods)

@@ -7,6 +7,7 @@ from perm_core.apps import figures_split as fs
 from perm_core.apps import inversion, split_learning
 from perm_core.zoo import DTYPES
 from ui import state
+from ui.compute import page_run
 from ui.export import chart
 from ui.long_run import long_run
 from ui.resources import key_or_stop
@@ -29,20 +30,12 @@ st.markdown(
     f"of 16! ≈ 2^{token_bits:.1f}.")
 
 
-@st.cache_resource(show_spinner=False)
-def memo() -> dict:
-    """Finished runs by settings, shared by sessions (no elements inside, so the page can show progress)."""
-    return {}
-
-
 def cached(kind, settings, compute):
-    store = memo()
-    if (kind, settings) not in store:
-        if len(store) >= 32:
-            store.pop(next(iter(store)))
+    def run():
         with long_run("split_learning", (kind, settings), kind.lower()) as progress:
-            store[(kind, settings)] = compute(progress)
-    return store[(kind, settings)]
+            return compute(progress)
+
+    return page_run("split_learning", (kind, settings), run)
 
 
 cols = st.columns(4)

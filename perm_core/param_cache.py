@@ -61,6 +61,8 @@ def tensor_bytes(value, seen: set | None = None) -> int:
     seen.add(id(value))
     if isinstance(value, torch.nn.Parameter):
         return 0
+    if type(value).__name__ == "ndarray":  # numpy (images, curves), counted like a tensor
+        return value.nbytes if value.base is None else tensor_bytes(value.base, seen)
     if isinstance(value, torch.Tensor):
         storage = value.untyped_storage()
         if storage.data_ptr() in seen:

@@ -68,6 +68,13 @@ def test_tensor_bytes_counts_each_storage_once_and_not_the_models_parameters():
     assert param_cache.tensor_bytes(held) == 100 * 4 + 5 * 8
 
 
+def test_tensor_bytes_counts_numpy_arrays_and_their_views_once():
+    import numpy as np
+
+    image = np.zeros((10, 10), dtype=np.float32)
+    assert param_cache.tensor_bytes({"image": image, "crop": image[:5], "curve": [np.ones(3)]}) == 400 + 24
+
+
 def test_a_cache_of_results_is_bounded_by_the_bytes_they_hold():
     cache = param_cache.TensorCache(max_bytes=1000)
     for i in range(10):
