@@ -128,11 +128,13 @@ def main() -> None:
           f"{'ratio':>6} {'check/bare':>10} {'cache':>8}  verdict", flush=True)
     for name in args.models.split(","):
         r = measure(name, args.repeats, args.check)
-        check_ratio = f"{r['check_s'] / r['bare_s']:>10.1f}" if "check_s" in r else f"{'-':>10}"
+        check_ratio = (f"{r['check_s'] / r['bare_s']:>10.1f}" if "check_s" in r else f"{'-':>10}")
         print(f"{r['model']:<18} {r['bare_s']:>6.3f}s {r['fresh_s']:>6.3f}s {r['fresh_ratio']:>6.2f} "
               f"{r['mlp_key_s']:>7.3f}s {r['mlp_key_ratio']:>6.2f} {r['tokens_key_s']:>7.3f}s "
               f"{r['tokens_key_ratio']:>6.2f} {check_ratio} {r['cache_mb']:>6.0f}MB  "
-              f"{'pass' if r['passed'] else 'FAIL'}", flush=True)
+              f"{'pass' if r['passed'] else 'FAIL'}"
+              + (f", check {'passed' if r['check_passed'] else 'FAILED'} in {r['check_s']:.1f} s" if "check_s" in r
+                 else ""), flush=True)
 
 
 if __name__ == "__main__":

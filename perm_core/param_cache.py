@@ -6,11 +6,14 @@ So each transformed tensor is cached under (model, dtype, parameter, the keys th
 one key then recomputes just the tensors that key reaches and shares every other tensor; a fresh set of
 keys costs one pass over the weights, as before.
 
-The cache holds at most CACHE_BYTES of tensors (env TSE_PARAMS_CACHE_MB, default 1024 MiB), evicting
+The cache holds at most CACHE_BYTES of tensors (env TSE_PARAMS_CACHE_MB, default 640 MiB), evicting
 the least recently used; one tensor larger than the bound is computed and not kept. That bound includes
 the residual-first intermediates (see _transform): a weight permuted on its residual axes only, kept under
 the channels key, from which a change of any other key re-gathers just its own axes. They are kept only for a
-model whose weights fit the bound twice over (ViT-B, BERT-base and GPT-2 at the default bound; not gemma3-270m).
+model whose weights fit the bound twice over (dinov2-s, MiniLM and the digits ViTs at the default bound; not the
+110M-parameter base models: TSE_PARAMS_CACHE_MB=1024 buys them faster single-key changes for 384 MiB more).
+The default keeps a server with every zoo model loaded within 2x their float32 weights + 1 GiB
+(benchmarks/memory_tour.py).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import torch
 from perm_core.spec import Concat, Scramble, apply_axes
 from perm_core.transforms import Permutation
 
-CACHE_BYTES = int(float(os.environ.get("TSE_PARAMS_CACHE_MB", "1024")) * 2**20)
+CACHE_BYTES = int(float(os.environ.get("TSE_PARAMS_CACHE_MB", "640")) * 2**20)
 
 # Which symmetries act on a space of each role (see perm_core.symmetries).
 SYMMETRIES_OF_ROLE = {

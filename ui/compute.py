@@ -3,8 +3,8 @@
 The original trace is cached per (model, dtype, device, input); a result per (that, keys, control),
 so moving a layer slider or switching pages re-runs no model. Both hold traces whose size grows with
 the model and the input, so each cache is bounded by the bytes of the tensors it keeps (least recently
-used first out): TSE_EXPLORATIONS_CACHE_MB (default 256) and TSE_RESULTS_CACHE_MB (default 256). The other
-pages' finished runs share TSE_PAGES_CACHE_MB (default 256, `page_run`). Transformed parameters have their own
+used first out): TSE_EXPLORATIONS_CACHE_MB (default 192) and TSE_RESULTS_CACHE_MB (default 192). The other
+pages' finished runs share TSE_PAGES_CACHE_MB (default 128, `page_run`). Transformed parameters have their own
 bound (perm_core.param_cache, TSE_PARAMS_CACHE_MB).
 """
 
@@ -32,14 +32,14 @@ def _megabytes(variable: str, default: int) -> int:
 
 @st.cache_resource(show_spinner=False)
 def _caches() -> dict[str, TensorCache]:
-    return {"explorations": TensorCache(_megabytes("TSE_EXPLORATIONS_CACHE_MB", 256)),
-            "results": TensorCache(_megabytes("TSE_RESULTS_CACHE_MB", 256)),
-            "pages": TensorCache(_megabytes("TSE_PAGES_CACHE_MB", 256))}
+    return {"explorations": TensorCache(_megabytes("TSE_EXPLORATIONS_CACHE_MB", 192)),
+            "results": TensorCache(_megabytes("TSE_RESULTS_CACHE_MB", 192)),
+            "pages": TensorCache(_megabytes("TSE_PAGES_CACHE_MB", 128))}
 
 
 def page_run(page: str, settings, compute):
     """A finished run of another page (a gradient comparison, an authorization, a fusion ...) by its settings,
-    shared by sessions and bounded by bytes with the rest (TSE_PAGES_CACHE_MB): counted entries of unknown size
+    shared by sessions and bounded by bytes (TSE_PAGES_CACHE_MB): counted entries of unknown size
     let a classroom's keys pile up gigabytes. `compute` runs outside any lock, so it can draw progress."""
     return _caches()["pages"].get_or_compute((page, settings), compute)
 
