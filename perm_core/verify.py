@@ -55,7 +55,8 @@ class CheckResult:
     max_rel_error: float
     tolerance: float  # the base tolerance of the dtype; float32 tensors may have their own (see tensors)
     tensors: list[TensorError]
-    moved: float = math.nan  # how far the scramble moved the most-moved weight/activation (relative)
+    moved: float = math.nan  # the most-moved activation (or activation gradient; parameter gradients, then weights,
+    # only where none moved enough), relative: proof the transform moved something
     moved_what: str = ""
     note: str = ""  # why it failed, when not an error above tolerance
 
@@ -285,9 +286,23 @@ def check_scramble(subject: Subject, scramble: Scramble, label: str, original: d
             weights_found.update(subject.weight_movement(params))
         return weights_found
 
+    def parameter_gradients_then_weights(records):
+        # Comparing every parameter's gradient costs a pass over a model-sized tensor set, so they are asked only
+        # when no activation gradient moved enough (then weights, the same way).
+        def moved():
+            amount, what = subject.movement(original, records, weights)
+            return {what: amount} if what else {}
+        return moved
+
     results = []
     for direction, records in directions:
-        moved, what = subject.movement(original, records, weights)
+        if direction == "backward":
+            parameter_grads = {n: r for n, r in records.items() if n.startswith("grad.param.")}
+            activation_grads = {n: r for n, r in records.items() if n not in parameter_grads}
+            moved, what = subject.movement(original, activation_grads,
+                                           parameter_gradients_then_weights(parameter_grads))
+        else:
+            moved, what = subject.movement(original, records, weights)
         mine = [e for e in errors if e.name.startswith("grad.") == (direction == "backward")]
         results.append(_summarize(label, direction, mine, tolerance, moved, what))
     return results
