@@ -39,6 +39,12 @@ def status_kib(pid: int, field: str) -> int:
     raise KeyError(field)
 
 
+def memory_now(pid: int) -> str:
+    """The server's resident memory now and its peak so far: a step that raises the peak is where to look."""
+    return (f"server RSS {status_kib(pid, 'VmRSS') / 2**20:5.2f} GiB, "
+            f"peak so far {status_kib(pid, 'VmHWM') / 2**20:5.2f} GiB")
+
+
 def start_server() -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -101,13 +107,12 @@ def main() -> None:
                         settle(tab)
                         tab.get_by_role("button", name="Run check").click()
                         settle(tab)
-                    print(f"session {session + 1}: {name:<14} server RSS "
-                          f"{status_kib(server.pid, 'VmRSS') / 2**20:5.2f} GiB", flush=True)
+                    print(f"session {session + 1}: {name:<14} {memory_now(server.pid)}", flush=True)
                 for path in OWN_PAGES:
                     tab.goto(f"{url}/{path}")
                     settle(tab)
-                print(f"session {session + 1}: other pages    server RSS "
-                      f"{status_kib(server.pid, 'VmRSS') / 2**20:5.2f} GiB", flush=True)
+                    if path:
+                        print(f"session {session + 1}: {path.split('?')[0]:<14} {memory_now(server.pid)}", flush=True)
             peak = status_kib(server.pid, "VmHWM") * 1024
             browser.close()
     finally:

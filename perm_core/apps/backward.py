@@ -271,7 +271,8 @@ def sgd_lockstep(model, inputs: dict, loss: Loss, keys_by_symmetry: dict[str, in
         if not found:
             raise ValueError(f"no negative control named {control!r} for {', '.join(keys_by_symmetry)}")
         applied = found[0].scramble
-    theta_0 = {n: p.detach().clone() for n, p in subject.params.items()}  # never the shared model's tensors
+    # The shared model's own tensors, only ever read: every theta_t below is a new tensor (theta_0 + delta_t).
+    theta_0 = {n: p.detach() for n, p in subject.params.items()}
     theta_s0 = transform_params(theta_0, subject.spec, applied, subject.claims)
     delta = {n: torch.zeros_like(p) for n, p in theta_0.items()}
     delta_s = {n: torch.zeros_like(p) for n, p in theta_s0.items()}
@@ -289,8 +290,10 @@ def sgd_lockstep(model, inputs: dict, loss: Loss, keys_by_symmetry: dict[str, in
         result.steps.append(SGDStep(step, loss_a, loss_b, upd_abs, upd_rel, par_abs, par_rel))
         if step == steps:
             break
+        del theta, theta_s, expected_update  # a model-sized set each: gone before the next step builds its own
         delta = {n: d - lr * grads[f"grad.param.{n}"].tensor for n, d in delta.items()}
         delta_s = {n: d - lr * grads_s[f"grad.param.{n}"].tensor for n, d in delta_s.items()}
+        del grads, grads_s
         if progress:
             progress((step + 1) / steps, f"SGD step {step + 1}/{steps}")
     result.update_moved = worst(moved)
