@@ -219,16 +219,24 @@ class SGDResult:
 def params_error(expected: dict[str, torch.Tensor], actual: dict[str, torch.Tensor]) -> tuple[float, float]:
     """(max abs, max rel) over all parameters; rel is against each tensor's scale, floored by the largest.
     A NaN or infinity anywhere (in either dict, or in an error) makes both +inf."""
-    floor = FLOOR.get(next(iter(expected.values())).dtype, 1e-3)
-    if not all(is_finite(t) for t in expected.values()) or not all(is_finite(actual[n]) for n in expected):
-        return math.inf, math.inf
-    largest = worst(t.abs().max().item() for t in expected.values() if t.numel())
+    return streamed_params_error((expected[name], actual[name]) for name in expected)
+
+
+def streamed_params_error(pairs) -> tuple[float, float]:
+    """params_error over (expected, actual) pairs made one at a time, so a model-sized set of expected tensors
+    never exists at once."""
+    measured, floor = [], None
+    for want, got in pairs:
+        floor = FLOOR.get(want.dtype, 1e-3) if floor is None else floor
+        if not (is_finite(want) and is_finite(got)):
+            return math.inf, math.inf
+        if want.numel():
+            diff = (got.to(torch.float64) - want.to(torch.float64)).abs().max().item()
+            measured.append((diff, want.abs().max().item()))
+    largest = worst(own for _, own in measured)
     abs_errors, rel_errors = [], []
-    for name, want in expected.items():
-        if not want.numel():
-            continue
-        diff = (actual[name].to(torch.float64) - want.to(torch.float64)).abs().max().item()
-        scale = max(want.abs().max().item(), floor * largest)
+    for diff, own in measured:
+        scale = max(own, floor * largest)
         abs_errors.append(diff)
         rel_errors.append(diff / scale if scale > 0 else (0.0 if diff == 0 else math.inf))
     return worst(abs_errors), worst(rel_errors)
@@ -278,26 +286,39 @@ def sgd_lockstep(model, inputs: dict, loss: Loss, keys_by_symmetry: dict[str, in
     delta_s = {n: torch.zeros_like(p) for n, p in theta_s0.items()}
     result = SGDResult(tolerance=TOLERANCE.get(subject.dtype, 1e-4), control=control, lr=lr)
     moved = []
+    # At most one world's parameters and gradients are alive at a time, the parameters' error is measured tensor
+    # by tensor and the updates are applied in place: about 5 model-sized sets at the peak instead of 8.
     for step in range(steps + 1):
-        theta = {n: theta_0[n] + delta[n] for n in theta_0}
-        theta_s = {n: theta_s0[n] + delta_s[n] for n in theta_s0}
-        expected_update = transform_params(delta, subject.spec, applied, subject.claims)
-        upd_abs, upd_rel = update_error(expected_update, delta_s, subject.floor_reasons) if step else (0.0, 0.0)
-        par_abs, par_rel = params_error(transform_params(theta, subject.spec, applied, subject.claims), theta_s)
+        upd_abs, upd_rel = 0.0, 0.0
+        if step:
+            expected_update = transform_params(delta, subject.spec, applied, subject.claims)
+            upd_abs, upd_rel = update_error(expected_update, delta_s, subject.floor_reasons)
+            del expected_update
+        par_abs, par_rel = streamed_params_error(
+            (transform_params({n: theta_0[n] + delta[n]}, subject.spec, applied, subject.claims)[n],
+             theta_s0[n] + delta_s[n]) for n in theta_0)
         moved.append(worst(d.abs().max().item() for d in delta.values() if d.numel()))
-        loss_a, grads = gradients(subject, loss, None, params=theta)
-        loss_b, grads_s = gradients(subject, loss, applied, params=theta_s)
+        last = step == steps
+        loss_a = _step(subject, loss, None, {n: theta_0[n] + delta[n] for n in theta_0}, delta, lr, last)
+        loss_b = _step(subject, loss, applied, {n: theta_s0[n] + delta_s[n] for n in theta_s0}, delta_s, lr, last)
         result.steps.append(SGDStep(step, loss_a, loss_b, upd_abs, upd_rel, par_abs, par_rel))
-        if step == steps:
+        if last:
             break
-        del theta, theta_s, expected_update  # a model-sized set each: gone before the next step builds its own
-        delta = {n: d - lr * grads[f"grad.param.{n}"].tensor for n, d in delta.items()}
-        delta_s = {n: d - lr * grads_s[f"grad.param.{n}"].tensor for n, d in delta_s.items()}
-        del grads, grads_s
         if progress:
             progress((step + 1) / steps, f"SGD step {step + 1}/{steps}")
     result.update_moved = worst(moved)
     return result
+
+
+def _step(subject: Subject, loss: Loss, scramble: Scramble | None, theta: dict, delta: dict, lr: float,
+          last: bool) -> float:
+    """The loss at theta and, unless it is the last step, one SGD step on the accumulated update, in place
+    (delta - lr * grad, rounded as written)."""
+    value, grads = gradients(subject, loss, scramble, params=theta)
+    if not last:
+        for name, d in delta.items():
+            d.sub_(grads[f"grad.param.{name}"].tensor * lr)
+    return value
 
 
 def weight_matrices(model) -> list[str]:
