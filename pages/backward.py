@@ -100,7 +100,8 @@ def gradient_comparison(model_name, dtype_name, settings, inputs, reference):
         loaded = shared_model(model_name, dtype_name)
         subject = Subject(loaded.model, inputs)
         loss = bw.make_loss(settings["loss"], subject, settings["class"], reference)
-        return bw.compare_gradients(loaded.model, inputs, loss, dict(settings["keys"]))
+        shown = ["grad.input"] + [f"grad.param.{name}" for name in bw.weight_matrices(loaded.model)]
+        return bw.compare_gradients(loaded.model, inputs, loss, dict(settings["keys"]), keep=shown)
 
     return page_run("backward/gradients", (model_name, dtype_name, repr(settings)), compute)
 

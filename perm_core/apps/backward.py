@@ -147,16 +147,21 @@ class GradientComparison:
 
 
 def compare_gradients(model, inputs: dict, loss: Loss, keys_by_symmetry: dict[str, int],
-                      param_names=None) -> GradientComparison:
-    """Gradients in the original world, in the scrambled world, and the latter un-scrambled."""
+                      param_names=None, keep=None) -> GradientComparison:
+    """Gradients in the original world, in the scrambled world, and the latter un-scrambled. Every gradient is
+    compared; `keep` (names such as "grad.input", "grad.param.NAME"; default all) are the ones the result holds
+    in its three dicts, so a page that draws a few never keeps three model-sized sets."""
     subject = Subject(model, inputs)
     scramble = subject.build(keys_by_symmetry)
     loss_a, original = gradients(subject, loss, None, param_names)
     loss_b, scrambled = gradients(subject, loss, scramble, param_names)
     restored = subject.unscramble(scrambled, scramble)
-    return GradientComparison(loss_a, loss_b, {n: r.tensor for n, r in original.items()},
-                              {n: r.tensor for n, r in scrambled.items()}, restored,
-                              subject.errors(original, restored), TOLERANCE.get(subject.dtype, 1e-4))
+    errors = subject.errors(original, restored)
+    kept = set(original) if keep is None else set(keep)
+    return GradientComparison(loss_a, loss_b, {n: r.tensor for n, r in original.items() if n in kept},
+                              {n: r.tensor for n, r in scrambled.items() if n in kept},
+                              {n: t for n, t in restored.items() if n in kept}, errors,
+                              TOLERANCE.get(subject.dtype, 1e-4))
 
 
 @dataclass

@@ -8,7 +8,8 @@ import torch
 
 from perm_core.apps import backward as bw
 from perm_core.digits import digits_split
-from perm_core.random_models import random_inputs
+from perm_core.random_models import build_random_model, random_inputs
+from perm_core.verify import Subject
 from perm_core.zoo import load_model
 
 ALL_KEYS = {"tokens": 3, "channels": 7, "heads": 1, "head_channels": 5, "mlp": 2, "rotation": 4}
@@ -141,3 +142,16 @@ def test_text_input_gradient_with_only_one_weight_chosen():
     result = bw.compare_gradients(model, inputs, loss, {"channels": 1}, [weight])
     assert set(result.original) == {"grad.input", "grad.param.bert.encoder.layer.0.attention.self.query.weight"}
     assert result.max_rel_error < 1e-9
+
+
+def test_a_comparison_keeps_only_the_gradients_asked_for_and_still_compares_every_one():
+    model, _ = build_random_model("bert", dtype=torch.float64, seed=3)
+    inputs = random_inputs("bert", model, seed=3)
+    subject = Subject(model, inputs)
+    loss = bw.make_loss("similarity", subject, 0, inputs)
+    kept = ["grad.input", "grad.param.bert.encoder.layer.0.attention.self.query.weight"]
+    full = bw.compare_gradients(model, inputs, loss, {"channels": 5})
+    lean = bw.compare_gradients(model, inputs, loss, {"channels": 5}, keep=kept)
+    assert set(lean.original) == set(lean.scrambled) == set(lean.unscrambled) == set(kept)
+    assert lean.errors == full.errors and len(lean.errors) == len(full.original) > len(kept)
+    assert all(torch.equal(lean.unscrambled[n], full.unscrambled[n]) for n in kept)
