@@ -119,6 +119,14 @@ class TensorCache:
                 evicted, _ = self._items.popitem(last=False)
                 self.bytes -= self._sizes.pop(evicted)
 
+    def make_room(self, incoming: int) -> None:
+        """Evict least recently used entries until `incoming` more bytes fit the bound (all, if they never fit):
+        tensors about to be built count against the bound while they are built, not only once they are kept."""
+        with self._lock:
+            while self._items and self.bytes + incoming > self.max_bytes:
+                evicted, _ = self._items.popitem(last=False)
+                self.bytes -= self._sizes.pop(evicted)
+
     def get_or_compute(self, key, compute):
         value = self.get(key)
         if value is None:
@@ -143,7 +151,7 @@ def transformed_params(subject, scramble: Scramble, keys_by_symmetry: dict[str, 
     scope: what else identifies the model's weights and this element (model id, dtype, n_tokens, control).
     Tensors nothing acts on are the model's own, shared and never copied.
     """
-    params = {}
+    params, missing = {}, {}
     # Intermediates pay only where a transformed model and its intermediates both fit the bound; beyond it they
     # would evict the transformed tensors a repeated key needs.
     weight_bytes = sum(t.numel() * t.element_size() for t in subject.params.values())
@@ -157,12 +165,17 @@ def transformed_params(subject, scramble: Scramble, keys_by_symmetry: dict[str, 
             params[name] = tensor
             continue
         key = (scope, name, reaching)
-        cached = cache.get(key)
-        if cached is None:
-            cached = (_transform(tensor, claim, scramble, keys_by_symmetry, (scope, name), cache)
-                      if keep_intermediates else apply_axes(tensor, claim.rule.axes, scramble, claim.layer))
-            cache.put(key, cached)
-        params[name] = cached
+        params[name] = cache.get(key)
+        if params[name] is None:
+            missing[name] = key
+    # What is about to be built counts against the bound now: a gemma3-270m set (1 GiB) is not built on top of
+    # a full cache of other models' tensors.
+    cache.make_room(sum(subject.params[n].numel() * subject.params[n].element_size() for n in missing))
+    for name, key in missing.items():
+        tensor, claim = subject.params[name], subject.claims[name]
+        params[name] = (_transform(tensor, claim, scramble, keys_by_symmetry, (scope, name), cache)
+                        if keep_intermediates else apply_axes(tensor, claim.rule.axes, scramble, claim.layer))
+        cache.put(key, params[name])
     return params
 
 

@@ -83,3 +83,30 @@ def test_a_cache_of_results_is_bounded_by_the_bytes_they_hold():
     assert cache.get(0) is None and cache.get(9) is not None  # the least recently used went first
     calls = []
     assert cache.get_or_compute(9, lambda: calls.append(1)) is not None and not calls
+
+
+def test_make_room_evicts_the_oldest_until_the_incoming_bytes_fit():
+    cache = param_cache.TensorCache(max_bytes=1000)
+    for i in range(5):
+        cache.put(i, torch.zeros(50))  # 200 bytes each: full
+    cache.make_room(300)
+    assert cache.bytes == 600 and cache.get(0) is None and cache.get(1) is None and cache.get(2) is not None
+    cache.make_room(5000)  # never fits: everything goes
+    assert cache.bytes == 0 and len(cache) == 0
+
+
+def test_a_set_about_to_be_built_first_makes_room_in_a_full_cache(explorer):
+    subject = explorer.subject
+    model_bytes = sum(t.numel() * t.element_size() for t in subject.params.values())
+    cache = param_cache.TensorCache(max_bytes=2 * model_bytes)
+    for i in range(12):
+        cache.put(("another model", i), torch.zeros(model_bytes // 32))  # float32: an eighth of the model each
+    assert cache.bytes > 1.4 * model_bytes
+    built_on = []
+    original_make_room = cache.make_room
+    cache.make_room = lambda incoming: (original_make_room(incoming), built_on.append(cache.bytes + incoming))
+    scramble, _ = explorer.scramble_for(ALL)
+    params = param_cache.transformed_params(subject, scramble, ALL, ("this model",), cache)
+    assert built_on and built_on[0] <= cache.max_bytes  # what was kept plus what was built fit the bound
+    assert cache.bytes <= cache.max_bytes
+    assert all(torch.equal(params[n], t) for n, t in subject.transformed_params(scramble).items())
