@@ -6,7 +6,8 @@ So each transformed tensor is cached under (model, dtype, parameter, the keys th
 one key then recomputes just the tensors that key reaches and shares every other tensor; a fresh set of
 keys costs one pass over the weights, as before.
 
-The cache holds at most CACHE_BYTES of tensors (env TSE_PARAMS_CACHE_MB, default 640 MiB), evicting
+The cache holds at most CACHE_BYTES of tensors (env TSE_PARAMS_CACHE_MB, default 640 MiB; the app lowers it to
+the bytes of the models it has loaded, at least 128 MiB: fit_bound_to_models), evicting
 the least recently used; one tensor larger than the bound is computed and not kept. That bound includes
 the residual-first intermediates (see _transform): a weight permuted on its residual axes only, kept under
 the channels key, from which a change of any other key re-gathers just its own axes. They are kept only for a
@@ -142,6 +143,17 @@ class TensorCache:
 
 
 TENSORS = TensorCache()
+# A server with only small models loaded gets a smaller bound: the loaded weights' bytes, at least this much.
+MIN_CACHE_BYTES = 128 * 2**20
+
+
+def fit_bound_to_models(loaded_weight_bytes: int, cache: TensorCache = TENSORS) -> int:
+    """Bound the cache by the weights a process has loaded (at least MIN_CACHE_BYTES, at most CACHE_BYTES): the
+    memory goal is 2x the loaded weights + 1 GiB, and a classroom on three small models cannot spend 640 MiB on
+    other sessions' transformed copies. Returns the bound; entries over it go at the next put."""
+    cache.max_bytes = min(CACHE_BYTES, max(MIN_CACHE_BYTES, loaded_weight_bytes))
+    cache.make_room(0)
+    return cache.max_bytes
 
 
 def transformed_params(subject, scramble: Scramble, keys_by_symmetry: dict[str, int], scope: tuple,

@@ -6,6 +6,8 @@ import threading
 
 import streamlit as st
 
+from perm_core import param_cache
+from perm_core.stateless import own_parameters
 from perm_core.zoo import DTYPES, LoadedModel, load_model
 from ui import weights_audit
 
@@ -26,7 +28,14 @@ def shared_model(name: str, dtype_name: str = "float32") -> LoadedModel:
                                                                                      text=message))
         progress.empty()
     weights_audit.track(name, dtype_name, loaded.model)  # only with TSE_WEIGHTS_HASH_FILE set
+    with _LOADING:
+        _loaded_bytes[(name, dtype_name)] = sum(p.numel() * p.element_size() for p in own_parameters(loaded.model).values())
+        param_cache.fit_bound_to_models(sum(_loaded_bytes.values()))
     return loaded
+
+
+# Bytes of each model loaded in this process, by (name, dtype): the parameter cache's bound follows their sum.
+_loaded_bytes: dict[tuple[str, str], int] = {}
 
 
 def use_navigation_registry() -> None:
