@@ -5,6 +5,7 @@ from pathlib import Path
 import streamlit as st
 
 from ui.errors import show_unexpected
+from ui.resources import long_lived_objects_frozen
 from ui.sidebar import end_run, render_sidebar
 from ui.state import publish
 
@@ -38,4 +39,5 @@ except Exception as error:  # noqa: BLE001 - st.stop/st.rerun are BaseExceptions
     show_unexpected(error)
 finally:  # also when a page calls st.stop(): the next run renders the sidebar afresh, the URL keeps the view
     end_run()
+    long_lived_objects_frozen()
     publish()

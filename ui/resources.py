@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 
 import streamlit as st
@@ -29,9 +30,27 @@ def shared_model(name: str, dtype_name: str = "float32") -> LoadedModel:
         progress.empty()
     weights_audit.track(name, dtype_name, loaded.model)  # only with TSE_WEIGHTS_HASH_FILE set
     with _LOADING:
-        _loaded_bytes[(name, dtype_name)] = sum(p.numel() * p.element_size() for p in own_parameters(loaded.model).values())
+        weights = own_parameters(loaded.model).values()
+        _loaded_bytes[(name, dtype_name)] = sum(p.numel() * p.element_size() for p in weights)
         param_cache.fit_bound_to_models(sum(_loaded_bytes.values()))
+        keep_out_of_gc()
     return loaded
+
+
+def keep_out_of_gc() -> None:
+    """Move every object alive now (modules, models, tokenizers: the process's long-lived objects) out of the
+    garbage collector's sight. Streamlit runs a full collection after every script run (runner.postScriptGC),
+    and walking some 450,000 long-lived objects cost 0.2-0.35 s of every rerun, under the GIL, so a classroom's
+    sessions queued behind it. Frozen objects are still freed by reference counting."""
+    gc.collect()
+    gc.freeze()
+
+
+@st.cache_resource(show_spinner=False)
+def long_lived_objects_frozen() -> bool:
+    """Once per process, after the first run has imported the app's modules."""
+    keep_out_of_gc()
+    return True
 
 
 # Bytes of each model loaded in this process, by (name, dtype): the parameter cache's bound follows their sum.

@@ -34,3 +34,16 @@ def test_loading_a_model_in_the_app_fits_the_bound():
         assert param_cache.TENSORS.max_bytes == expected
     finally:
         param_cache.TENSORS.max_bytes = saved
+
+
+def test_the_app_freezes_its_long_lived_objects_so_the_collection_after_each_run_is_cheap():
+    import gc
+
+    from ui import resources
+
+    resources.keep_out_of_gc()
+    assert gc.get_freeze_count() > 10_000  # torch, transformers, streamlit and the loaded models
+    garbage = []
+    garbage.append(garbage)  # a cycle made after the freeze is still collected
+    del garbage
+    assert gc.collect() >= 1
