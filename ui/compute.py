@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import os
+import threading
 
 import streamlit as st
 import torch
@@ -44,19 +45,38 @@ def page_run(page: str, settings, compute):
     return _caches()["pages"].get_or_compute((page, settings), compute)
 
 
+# Explore's model runs at once, process-wide (TSE_CONCURRENT_RUNS, default 2: the cores). The server's Python runs
+# one thread at a time and a model one forward at a time, so more at once only holds more transformed parameter
+# sets and traces alive while they wait: 30 sessions opening one link held 30 of them (6 GiB).
+_RUNS = threading.BoundedSemaphore(max(1, int(os.environ.get("TSE_CONCURRENT_RUNS", "2"))))
+
+
+def _computed_once(cache: TensorCache, key, compute):
+    """The cached value, or compute it holding one of the run slots; a session that waited for a slot first looks
+    again, since the session ahead of it may have computed the same thing (thirty students on one link)."""
+    value = cache.get(key)
+    if value is None:
+        with _RUNS:
+            value = cache.get(key)
+            if value is None:
+                value = compute()
+                cache.put(key, value)
+    return value
+
+
 def exploration(model_name: str, dtype_name: str, device: str, input_id: str, _model, _inputs) -> Exploration:
     def build():
         model = model_on(model_name, dtype_name, device, _model)
         inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in _inputs.items()}
         return Exploration(model, inputs, model_id=f"{model_name}/{device}")
 
-    return _caches()["explorations"].get_or_compute((model_name, dtype_name, device, input_id), build)
+    return _computed_once(_caches()["explorations"], (model_name, dtype_name, device, input_id), build)
 
 
 def explore_result(model_name: str, dtype_name: str, device: str, input_id: str, keys: tuple, control: str | None,
                    _exploration: Exploration) -> ExploreResult:
-    return _caches()["results"].get_or_compute((model_name, dtype_name, device, input_id, keys, control),
-                                               lambda: _exploration.run(dict(keys), control))
+    return _computed_once(_caches()["results"], (model_name, dtype_name, device, input_id, keys, control),
+                          lambda: _exploration.run(dict(keys), control))
 
 
 def mlp_result(model_name: str, dtype_name: str, device: str, input_id: str, keys: tuple, control: str | None,
@@ -69,5 +89,5 @@ def mlp_result(model_name: str, dtype_name: str, device: str, input_id: str, key
         params, _ = _exploration.params_for(_result.scramble, dict(keys), control)
         return mlp_view(_exploration, _result, params, layer)
 
-    return _caches()["results"].get_or_compute((model_name, dtype_name, device, input_id, keys, control, "mlp",
-                                                layer), build)
+    return _computed_once(_caches()["results"], (model_name, dtype_name, device, input_id, keys, control, "mlp", layer),
+                          build)

@@ -47,3 +47,35 @@ def test_the_app_freezes_its_long_lived_objects_so_the_collection_after_each_run
     garbage.append(garbage)  # a cycle made after the freeze is still collected
     del garbage
     assert gc.collect() >= 1
+
+
+def test_explore_runs_at_most_two_at_once_and_a_waiting_session_reuses_what_the_one_ahead_computed():
+    import threading
+    import time
+
+    from ui import compute
+
+    cache = param_cache.TensorCache(max_bytes=2**20)
+    running, most, calls, lock = [0], [0], [], threading.Lock()
+
+    def work(key):
+        def run():
+            with lock:
+                running[0] += 1
+                most[0] = max(most[0], running[0])
+                calls.append(key)
+            time.sleep(0.01 if key == 1 else 0.2)  # the shared link's run ends long before the others
+            with lock:
+                running[0] -= 1
+            return torch.full((4,), float(key))
+        return compute._computed_once(cache, key, run)
+
+    keys = [1, 2, 3, 4, 5, 1, 1, 1]  # five different runs; three more sessions on the first one's link
+    threads = [threading.Thread(target=work, args=(k,)) for k in keys]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert most[0] == 2
+    assert sorted(calls) == [1, 2, 3, 4, 5]
+    assert all(torch.equal(cache.get(k), torch.full((4,), float(k))) for k in range(1, 6))
