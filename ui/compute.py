@@ -45,18 +45,27 @@ def page_run(page: str, settings, compute):
     return _caches()["pages"].get_or_compute((page, settings), compute)
 
 
-# Explore's model runs at once, process-wide (TSE_CONCURRENT_RUNS, default 2: the cores). The server's Python runs
-# one thread at a time and a model one forward at a time, so more at once only holds more transformed parameter
-# sets and traces alive while they wait: 30 sessions opening one link held 30 of them (6 GiB).
-_RUNS = threading.BoundedSemaphore(max(1, int(os.environ.get("TSE_CONCURRENT_RUNS", "2"))))
+# Explore's runs of one model at once (TSE_CONCURRENT_RUNS, default 2: the cores). The server's Python runs one
+# thread at a time and a model one forward at a time, so more at once only holds more transformed parameter sets
+# and traces alive while they wait: 30 sessions opening one link held 30 of them. Per model, so a digits-vit run
+# never queues behind a slower model's.
+_SLOTS_PER_MODEL = max(1, int(os.environ.get("TSE_CONCURRENT_RUNS", "2")))
+_slots: dict[str, threading.BoundedSemaphore] = {}
+_slots_guard = threading.Lock()
+
+
+def _slots_of(model_name: str) -> threading.BoundedSemaphore:
+    with _slots_guard:
+        return _slots.setdefault(model_name, threading.BoundedSemaphore(_SLOTS_PER_MODEL))
 
 
 def _computed_once(cache: TensorCache, key, compute):
-    """The cached value, or compute it holding one of the run slots; a session that waited for a slot first looks
-    again, since the session ahead of it may have computed the same thing (thirty students on one link)."""
+    """The cached value, or compute it holding one of its model's run slots (key[0] names the model); a session
+    that waited for a slot first looks again, since the one ahead of it may have computed the same thing
+    (thirty students on one link)."""
     value = cache.get(key)
     if value is None:
-        with _RUNS:
+        with _slots_of(key[0]):
             value = cache.get(key)
             if value is None:
                 value = compute()

@@ -49,7 +49,7 @@ def test_the_app_freezes_its_long_lived_objects_so_the_collection_after_each_run
     assert gc.collect() >= 1
 
 
-def test_explore_runs_at_most_two_at_once_and_a_waiting_session_reuses_what_the_one_ahead_computed():
+def test_explore_runs_at_most_two_of_a_model_at_once_and_a_waiting_session_reuses_what_the_one_ahead_computed():
     import threading
     import time
 
@@ -68,7 +68,7 @@ def test_explore_runs_at_most_two_at_once_and_a_waiting_session_reuses_what_the_
             with lock:
                 running[0] -= 1
             return torch.full((4,), float(key))
-        return compute._computed_once(cache, key, run)
+        return compute._computed_once(cache, ("a model", key), run)
 
     keys = [1, 2, 3, 4, 5, 1, 1, 1]  # five different runs; three more sessions on the first one's link
     threads = [threading.Thread(target=work, args=(k,)) for k in keys]
@@ -78,4 +78,5 @@ def test_explore_runs_at_most_two_at_once_and_a_waiting_session_reuses_what_the_
         thread.join()
     assert most[0] == 2
     assert sorted(calls) == [1, 2, 3, 4, 5]
-    assert all(torch.equal(cache.get(k), torch.full((4,), float(k))) for k in range(1, 6))
+    assert all(torch.equal(cache.get(("a model", k)), torch.full((4,), float(k))) for k in range(1, 6))
+    assert compute._slots_of("another model") is not compute._slots_of("a model")  # models never queue together
