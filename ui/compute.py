@@ -34,15 +34,20 @@ def _megabytes(variable: str, default: int) -> int:
 @st.cache_resource(show_spinner=False)
 def _caches() -> dict[str, TensorCache]:
     return {"explorations": TensorCache(_megabytes("TSE_EXPLORATIONS_CACHE_MB", 192)),
-            "results": TensorCache(_megabytes("TSE_RESULTS_CACHE_MB", 192)),
-            "pages": TensorCache(_megabytes("TSE_PAGES_CACHE_MB", 128))}
+            "results": TensorCache(_megabytes("TSE_RESULTS_CACHE_MB", 192))}
+
+
+@st.cache_resource(show_spinner=False)
+def _page_cache() -> TensorCache:
+    """Apart from Explore's caches: a bad setting of one breaks only the pages that use it."""
+    return TensorCache(_megabytes("TSE_PAGES_CACHE_MB", 128))
 
 
 def page_run(page: str, settings, compute):
     """A finished run of another page (a gradient comparison, an authorization, a fusion ...) by its settings,
     shared by sessions and bounded by bytes (TSE_PAGES_CACHE_MB): counted entries of unknown size
     let a classroom's keys pile up gigabytes. `compute` runs outside any lock, so it can draw progress."""
-    return _caches()["pages"].get_or_compute((page, settings), compute)
+    return _page_cache().get_or_compute((page, settings), compute)
 
 
 # Explore's runs of one model at once (TSE_CONCURRENT_RUNS, default 2: the cores). The server's Python runs one
