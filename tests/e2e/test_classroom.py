@@ -14,11 +14,31 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 from benchmarks.classroom_drivers import WsVisitor
 from benchmarks.classroom_report import ServerProcess
 from benchmarks.streamlit_ws import SIDEBAR, StreamlitSession
 from tests.e2e.conftest import ROOT
+
+
+def run_apart(coroutine):
+    """asyncio.run in a thread of its own: in the full suite Playwright's sync API keeps an event loop running in
+    this thread, and asyncio.run refuses to start inside it."""
+    outcome = {}
+
+    def target():
+        try:
+            outcome["value"] = asyncio.run(coroutine)
+        except BaseException as error:  # noqa: BLE001 - re-raised in the test's thread
+            outcome["error"] = error
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def run_classroom(tmp_path, *options: str) -> dict:
@@ -98,7 +118,7 @@ def test_ws_session_keeps_widget_states_and_reads_exceptions(tmp_path):
         await session.close()
 
     with ServerProcess(tmp_path / "tiny.log", {}, script=tmp_path / "tiny.py", cwd=tmp_path) as server:
-        asyncio.run(visit(server.url))
+        run_apart(visit(server.url))
 
 
 def test_ws_driver_reads_the_apps_error_messages(app_url):
@@ -115,7 +135,7 @@ def test_ws_driver_reads_the_apps_error_messages(app_url):
         await explore.close()
         return on_check, on_explore
 
-    on_check, on_explore = asyncio.run(visit())
+    on_check, on_explore = run_apart(visit())
     bad_key = "Channels key: A key must be a whole number from 0 to 2**64-1, got 'abc'."
     assert bad_key in on_check["errors"]
     assert any("model=no-such-model" in alert and "not a valid value" in alert for alert in on_check["sidebar"])
