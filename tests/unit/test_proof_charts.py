@@ -4,8 +4,6 @@ tolerances are drawn per tensor."""
 
 import math
 
-import numpy as np
-
 from perm_core import figures
 
 ROWS = [{"layer": i, "kind": "hidden state", "abs": 10.0 ** (i - 2), "rel": 10.0 ** (-9 + i),
@@ -100,12 +98,3 @@ def test_difference_map_of_a_large_tensor_keeps_the_largest_cell_of_each_block()
     z = np.asarray(figures.difference_map(original, restored, "t").data[0].z, dtype=float)
     assert z.size < original.size and np.isclose(z.max(), np.log10(0.5), atol=1e-5)
     assert (z == z.max()).sum() == 1
-
-
-def test_every_figure_is_drawn_on_the_white_template_set_once_for_the_process():
-    import plotly.io as pio
-
-    assert pio.templates.default == "plotly_white" and "template" not in figures.LAYOUT
-    for fig in (figures.heatmap(np.eye(4), "eye"), figures.bars(["a", "b"], [1.0, 2.0], "bars")):
-        sent = fig.to_plotly_json()["layout"]["template"]["layout"]
-        assert sent["plot_bgcolor"] == pio.templates["plotly_white"].layout.plot_bgcolor == "white"
