@@ -53,7 +53,7 @@ class CheckResult:
     passed: bool
     max_abs_error: float
     max_rel_error: float
-    tolerance: float  # the base tolerance of the dtype; float32 tensors may have their own (see tensors)
+    tolerance: float  # the base tolerance of the dtype; a tensor may have its own, raised by its round-off (tensors)
     tensors: list[TensorError]
     moved: float = math.nan  # the most-moved activation (or activation gradient; parameter gradients, then weights,
     # only where none moved enough), relative: proof the transform moved something
