@@ -22,6 +22,7 @@ writes model.safetensors + config.json (save_pretrained, safetensors) and metric
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -72,28 +73,36 @@ def normalize_pixels(raw: torch.Tensor) -> torch.Tensor:
     return (raw / PIXEL_SCALE - PIXEL_MEAN) / PIXEL_STD
 
 
-def split_indices() -> tuple[np.ndarray, np.ndarray]:
-    """Indices into load_digits() of the fixed train and test split."""
+@functools.cache
+def _load_digits() -> tuple[torch.Tensor, torch.Tensor]:
+    """(raw images [1797, 1, 8, 8] 0..16, targets), read once per process: the app draws a digit on every
+    rerun, and reading the bundled file costs 15 ms of the server's one GIL. Callers only index it (a copy)."""
     from sklearn.datasets import load_digits
+
+    data = load_digits()
+    return torch.tensor(data.images, dtype=torch.float32).unsqueeze(1), torch.tensor(data.target, dtype=torch.long)
+
+
+@functools.cache
+def _split_indices() -> tuple[np.ndarray, np.ndarray]:
     from sklearn.model_selection import train_test_split
 
-    target = load_digits().target
-    train_idx, test_idx = train_test_split(
-        np.arange(len(target)), test_size=TEST_FRACTION, stratify=target, random_state=SPLIT_SEED
-    )
-    return train_idx, test_idx
+    target = _load_digits()[1].numpy()
+    return tuple(train_test_split(np.arange(len(target)), test_size=TEST_FRACTION, stratify=target,
+                                  random_state=SPLIT_SEED))
+
+
+def split_indices() -> tuple[np.ndarray, np.ndarray]:
+    """Indices into load_digits() of the fixed train and test split."""
+    return tuple(indices.copy() for indices in _split_indices())
 
 
 def digits_split(raw: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(train_x, train_y, test_x, test_y); x is float32 [N, 1, 8, 8], normalized unless raw=True."""
-    from sklearn.datasets import load_digits
-
-    data = load_digits()
-    train_idx, test_idx = split_indices()
-    images = torch.tensor(data.images, dtype=torch.float32).unsqueeze(1)  # [1797, 1, 8, 8], 0..16
+    images, target = _load_digits()
+    train_idx, test_idx = _split_indices()
     if not raw:
         images = normalize_pixels(images)
-    target = torch.tensor(data.target, dtype=torch.long)
     return images[train_idx], target[train_idx], images[test_idx], target[test_idx]
 
 
