@@ -13,6 +13,8 @@ from __future__ import annotations
 import copy
 import os
 import threading
+import time
+from contextlib import contextmanager
 
 import streamlit as st
 import torch
@@ -43,11 +45,34 @@ def _page_cache() -> TensorCache:
     return TensorCache(_megabytes("TSE_PAGES_CACHE_MB", 128))
 
 
+# The other pages' runs at once, process-wide (TSE_PAGE_RUNS, default 2): a Check, a gradient comparison or an
+# SGD lockstep holds several model-sized sets while it runs, and ten students pressing Run check together held
+# gigabytes. Process-wide, not per model: these pages have their own model lists, and each run is long anyway.
+_PAGE_RUNS = max(1, int(os.environ.get("TSE_PAGE_RUNS", "2")))
+_page_slots = threading.BoundedSemaphore(_PAGE_RUNS)
+
+
+@contextmanager
+def page_slot():
+    """Hold one of the page run slots. A visitor who has to wait is told why, and the notice is redrawn every
+    half second, which is where Streamlit can stop this run if the visitor leaves."""
+    if not _page_slots.acquire(blocking=False):
+        notice, start = st.empty(), time.monotonic()
+        while not _page_slots.acquire(timeout=0.5):
+            notice.info(f"Waiting for a free run slot: this server runs {_PAGE_RUNS} of these at once, for all "
+                        f"its visitors ({time.monotonic() - start:.0f} s so far).", icon=":material/hourglass:")
+        notice.empty()
+    try:
+        yield
+    finally:
+        _page_slots.release()
+
+
 def page_run(page: str, settings, compute):
     """A finished run of another page (a gradient comparison, an authorization, a fusion ...) by its settings,
     shared by sessions and bounded by bytes (TSE_PAGES_CACHE_MB): counted entries of unknown size
-    let a classroom's keys pile up gigabytes. `compute` runs outside any lock, so it can draw progress."""
-    return _page_cache().get_or_compute((page, settings), compute)
+    let a classroom's keys pile up gigabytes. Computed in a page slot, outside any lock (it can draw progress)."""
+    return _computed_once(_page_cache(), (page, settings), compute, page_slot)
 
 
 # Explore's runs of one model at once (TSE_CONCURRENT_RUNS, default 2: the cores). The server's Python runs one
@@ -64,13 +89,13 @@ def _slots_of(model_name: str) -> threading.BoundedSemaphore:
         return _slots.setdefault(model_name, threading.BoundedSemaphore(_SLOTS_PER_MODEL))
 
 
-def _computed_once(cache: TensorCache, key, compute):
-    """The cached value, or compute it holding one of its model's run slots (key[0] names the model); a session
-    that waited for a slot first looks again, since the one ahead of it may have computed the same thing
-    (thirty students on one link)."""
+def _computed_once(cache: TensorCache, key, compute, slot=None):
+    """The cached value, or compute it holding a run slot (by default one of its model's: key[0] names the
+    model); a session that waited for a slot first looks again, since the one ahead of it may have computed the
+    same thing (thirty students on one link)."""
     value = cache.get(key)
     if value is None:
-        with _slots_of(key[0]):
+        with slot() if slot else _slots_of(key[0]):
             value = cache.get(key)
             if value is None:
                 value = compute()

@@ -80,3 +80,42 @@ def test_explore_runs_at_most_two_of_a_model_at_once_and_a_waiting_session_reuse
     assert sorted(calls) == [1, 2, 3, 4, 5]
     assert all(torch.equal(cache.get(("a model", k)), torch.full((4,), float(k))) for k in range(1, 6))
     assert compute._slots_of("another model") is not compute._slots_of("a model")  # models never queue together
+
+
+def test_other_pages_run_at_most_two_at_once_process_wide_and_a_failed_run_frees_its_slot():
+    import threading
+    import time
+
+    import pytest
+
+    from ui import compute
+
+    running, most, lock = [0], [0], threading.Lock()
+
+    def work(page, key):
+        def run():
+            with lock:
+                running[0] += 1
+                most[0] = max(most[0], running[0])
+            time.sleep(0.1)
+            with lock:
+                running[0] -= 1
+            return torch.full((2,), float(key))
+        assert torch.equal(compute.page_run(page, ("slot test", key), run), torch.full((2,), float(key)))
+
+    threads = [threading.Thread(target=work, args=(page, key)) for key in range(3)
+               for page in ("check-like", "rotation-like")]  # six runs of two pages and several "models"
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert most[0] == compute._PAGE_RUNS == 2
+
+    def fail():
+        raise RuntimeError("a run that fails")
+
+    for _ in range(compute._PAGE_RUNS + 1):  # each failure gives its slot back, or the third would wait forever
+        with pytest.raises(RuntimeError):
+            compute.page_run("failing", ("slot test",), fail)
+    assert compute._page_slots.acquire(blocking=False)
+    compute._page_slots.release()
