@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -232,7 +232,14 @@ class Control:
     symmetry: str
     name: str
     description: str
-    scramble: Scramble  # applied to the model; un-scrambling still uses the intended element
+    make: Callable[[], Scramble] = field(repr=False, compare=False)
+
+    @functools.cached_property
+    def scramble(self) -> Scramble:
+        """Applied to the model; un-scrambling still uses the intended element. Drawn when first asked for:
+        the Explore page lists every control of every symmetry on each rerun, and drawing them all (a QR per
+        head per layer for the rotation controls) was a tenth of a classroom server's time."""
+        return self.make()
 
 
 def _mismatched_qk(element: Scramble) -> Scramble:
@@ -258,69 +265,86 @@ def _nontrivial_tokens(element: Scramble, fixed_tokens: int) -> Scramble:
 
 
 def controls(name: str, key: int, g: Geometry, n_tokens: int | None = None) -> list[Control]:
-    """Near misses of each symmetry; every one of them must visibly break the model."""
-    element = build(name, key, g, n_tokens)
+    """Near misses of each symmetry; every one of them must visibly break the model. Each is drawn when it is
+    first applied (Control.scramble); the key and the symmetry are checked now."""
+    key = keys.validate_key(key)
+    if name not in SYMMETRIES:
+        raise ValueError(f"unknown symmetry {name!r}; choose from {', '.join(SYMMETRIES)}")
+    if name == "tokens" and not n_tokens:
+        raise ValueError("the tokens symmetry needs the number of input tokens")
+
+    def element() -> Scramble:
+        return build(name, key, g, n_tokens)
+
     found = []
     if name == "tokens":
         if n_tokens - g.fixed_tokens >= 2:
-            moving = _nontrivial_tokens(element, g.fixed_tokens)
+            def moving() -> Scramble:
+                return _nontrivial_tokens(element(), g.fixed_tokens)
+
             found.append(Control(name, "positions_not_moved", "tokens shuffled but their positions not",
-                                 moving.with_controls(positions_follow_tokens=False)))
+                                 lambda: moving().with_controls(positions_follow_tokens=False)))
             if g.sliding_window and n_tokens > g.sliding_window:  # shorter inputs never reach the window
                 from perm_core.tokens import WINDOW_NOT_MOVED
 
                 found.append(Control(name, "window_not_moved",
                                      "sliding window counted in sequence order, not in the moved positions",
-                                     moving.with_controls(skip_tags=frozenset({WINDOW_NOT_MOVED}))))
+                                     lambda: moving().with_controls(skip_tags=frozenset({WINDOW_NOT_MOVED}))))
     elif name == "channels":
         found.append(Control(name, "norms_not_permuted", "forget to permute the LayerNorm/RMSNorm weights",
-                             element.with_controls(skip_tags=frozenset({"norm"}))))
-        rotation_of_resid = BlockOrthogonal(keys.orthogonal(key, 1, g.d_model, "channels/rotation"))
-        found.append(Control(name, "residual_rotation", "a general rotation of the residual stream",
-                             Scramble({("resid", None): (rotation_of_resid,)})))
+                             lambda: element().with_controls(skip_tags=frozenset({"norm"}))))
+        found.append(Control(name, "residual_rotation", "a general rotation of the residual stream", lambda: Scramble(
+            {("resid", None): (BlockOrthogonal(keys.orthogonal(key, 1, g.d_model, "channels/rotation")),)})))
     elif name == "heads":
         if g.n_kv_heads > 1:
             found.append(Control(name, "keys_moved_wrongly", "query heads and key/value heads out of step",
-                                 _heads_out_of_step(element, g)))
+                                 lambda: _heads_out_of_step(element(), g)))
         if g.n_kv_heads == g.n_heads:
-            across = Permutation(keys.permutation(key, g.n_heads * g.head_dim, "heads/across"))
             found.append(Control(name, "qk_across_heads", "one Q/K channel permutation that crosses heads",
-                                 Scramble(_per_layer(g, lambda layer: {"q": (across,), "k": (across,)}))))
+                                 lambda: _across_heads(key, g)))
         if g.n_kv_heads == 1 and g.n_heads > 1:  # one key/value head: nothing to move out of step
             found.append(Control(name, "output_not_permuted", "query heads permuted, output projection not",
-                                 element.with_controls(skip_tags=frozenset({"attn.o"}))))
+                                 lambda: element().with_controls(skip_tags=frozenset({"attn.o"}))))
         if g.shared_head_bias and max(len(stack) for stack in g.stacks()) > 1:
             found.append(Control(name, "heads_differ_per_layer",
                                  "each layer its own head order, with one position bias shared by the stack",
-                                 _heads_differ_per_layer(element, g)))
+                                 lambda: _heads_differ_per_layer(element(), g)))
     elif name == "head_channels":
-        qk = head_channels(key, g, permute_qk=True)
+        def qk() -> Scramble:
+            return head_channels(key, g, permute_qk=True)
+
         found.append(Control(name, "keys_not_permuted", "query channels permuted, key channels not",
-                             _mismatched_qk(qk)))
+                             lambda: _mismatched_qk(qk())))
         if g.rope:
             found.append(Control(name, "qk_channels_with_rope", "Q/K channel permutation on a RoPE model", qk))
         if g.partial_rotary:
             found.append(Control(name, "rotary_channels_moved",
                                  "the rotary Q/K channels permuted (the same way in Q and K)",
-                                 _rotary_channels_moved(key, g)))
+                                 lambda: _rotary_channels_moved(key, g)))
     elif name == "mlp":
         found.append(Control(name, "output_not_permuted", "MLP input side permuted, output projection not",
-                             element.with_controls(skip_tags=frozenset({"mlp.out"}))))
+                             lambda: element().with_controls(skip_tags=frozenset({"mlp.out"}))))
     elif name == "rotation":
         found.append(Control(name, "keys_rotated_differently", "Q rotated by R, K by another rotation",
-                             rotation(key, g, k_key=keys.validate_key(key) ^ 0x5EED)))
+                             lambda: rotation(key, g, k_key=keys.validate_key(key) ^ 0x5EED)))
         if g.rope:
             found.append(Control(name, "general_rotation_with_rope",
-                                 "a general Q/K rotation on a RoPE model", rotation(key, g, general_qk=True)))
+                                 "a general Q/K rotation on a RoPE model",
+                                 lambda: rotation(key, g, general_qk=True)))
         if g.partial_rotary and not g.qk_norm:
             found.append(Control(name, "planes_across_the_whole_head",
                                  "Q/K rotated in planes (i, i + head_dim/2) as if RoPE rotated the whole head",
-                                 rotation(key, g, whole_head_rotary=True)))
+                                 lambda: rotation(key, g, whole_head_rotary=True)))
         if g.qk_norm:
             found.append(Control(name, "plane_rotation_with_qk_norm" if g.rope else "general_rotation_with_qk_norm",
                                  "a Q/K rotation that mixes channels with different Q/K norm gains",
-                                 rotation(key, g, qk="planes" if g.rope else "general")))
+                                 lambda: rotation(key, g, qk="planes" if g.rope else "general")))
     return found
+
+
+def _across_heads(key: int, g: Geometry) -> Scramble:
+    across = Permutation(keys.permutation(key, g.n_heads * g.head_dim, "heads/across"))
+    return Scramble(_per_layer(g, lambda layer: {"q": (across,), "k": (across,)}))
 
 
 def _rotary_channels_moved(key: int, g: Geometry) -> Scramble:
