@@ -127,6 +127,8 @@ class Exploration:
         self.subject = Subject(model, inputs)
         self.model_id = model_id or weights_id(model)
         self.original: dict[str, Record] = self.subject.trace()
+        # The original model's MLP activations of the blocks viewed so far (perm_core.mlp_view), by module.
+        self.mlp_originals: dict[str, torch.Tensor] = {}
 
     @property
     def geometry(self):

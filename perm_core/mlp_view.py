@@ -37,17 +37,29 @@ def output_projection(explorer: Exploration, layer: int) -> str:
     raise ValueError(f"block {layer} of {subject.family.name} has no MLP output projection")
 
 
+class _Captured(Exception):
+    """Raised by the hook once it holds the activation: the blocks after it (and a language model's head) would
+    compute nothing that is shown."""
+
+
 def _activation(explorer: Exploration, params: dict, scramble: Scramble, module_name: str) -> torch.Tensor:
     subject = explorer.subject
     captured = {}
+
+    def capture(_module, args):
+        captured["x"] = args[0].detach()
+        raise _Captured
+
     module = subject.model.get_submodule(module_name)
     with model_lock(subject.model):  # a shared model: the hook must see this run only
-        handle = module.register_forward_pre_hook(lambda _m, args: captured.setdefault("x", args[0].detach()))
+        handle = module.register_forward_pre_hook(capture)
         try:
             with torch.no_grad():
                 functional_call(subject.model, params, args=(),
                                 kwargs=model_inputs(subject.inputs, subject.geometry, scramble, subject.dtype),
                                 strict=False)
+        except _Captured:
+            pass
         finally:
             handle.remove()
     if "x" not in captured:
@@ -55,10 +67,19 @@ def _activation(explorer: Exploration, params: dict, scramble: Scramble, module_
     return captured["x"]
 
 
+def _original_activation(explorer: Exploration, module_name: str) -> torch.Tensor:
+    """The original model's activation, kept on the exploration (one per block shown): every key change of
+    every session on this model and input needs the same one."""
+    kept = explorer.mlp_originals
+    if module_name not in kept:
+        kept[module_name] = _activation(explorer, explorer.subject.params, Scramble(), module_name)
+    return kept[module_name]
+
+
 def mlp_view(explorer: Exploration, result: ExploreResult, params: dict, layer: int) -> MlpView:
     """params: the scrambled model's parameters (Exploration.params_for of the same element)."""
     module = output_projection(explorer, layer)
-    original = _activation(explorer, explorer.subject.params, Scramble(), module)
+    original = _original_activation(explorer, module)
     scrambled = _activation(explorer, params, result.scramble, module)
     g = explorer.geometry
     in_decoder = layer >= g.n_layers - g.n_decoder_layers  # an encoder-decoder's decoder tokens never move

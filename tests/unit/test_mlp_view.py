@@ -45,3 +45,42 @@ def test_a_broken_mlp_shows_in_the_view():
 def test_the_output_projection_is_named_by_the_spec():
     assert output_projection(explored("llama"), 1) == "model.layers.1.mlp.down_proj"
     assert output_projection(explored("bert"), 0) == "bert.encoder.layer.0.output.dense"
+
+
+def test_the_original_activation_is_computed_once_and_every_forward_stops_at_the_shown_block(monkeypatch):
+    """Every key change of every session needs the same original activation; and a forward that reached the
+    shown block has computed everything shown. The values are those of a full forward."""
+    from perm_core import mlp_view as view_module
+
+    explorer = explored("gpt2")
+    model = explorer.subject.model
+    reached = []
+    handles = [block.register_forward_pre_hook(lambda _m, _a, i=i: reached.append(i))
+               for i, block in enumerate(model.transformer.h)]
+    calls = []
+    real_call = view_module.functional_call
+    monkeypatch.setattr(view_module, "functional_call", lambda *a, **k: calls.append(1) or real_call(*a, **k))
+    try:
+        views = []
+        for key, forwards in ((7, 2), (8, 1)):  # the second key change reuses the original activation
+            keys = {"mlp": key, "channels": 3}
+            result = explorer.run(keys)
+            params, _ = explorer.params_for(result.scramble, keys, None)
+            reached.clear()
+            views.append(mlp_view(explorer, result, params, 0))
+            assert reached == [0] * forwards  # block 0 shown: no forward went on to block 1
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert len(calls) == 3 and len(model.transformer.h) > 1
+
+    captured = []
+    handle = model.transformer.h[0].mlp.c_proj.register_forward_pre_hook(lambda _m, a: captured.append(a[0]))
+    try:
+        with torch.no_grad():
+            model(**explorer.subject.inputs)  # a full forward of the original model
+    finally:
+        handle.remove()
+    assert torch.equal(views[0].original, captured[0][0]) and torch.equal(views[1].original, captured[0][0])
+    assert views[0].max_rel_error <= 1e-12 and views[1].max_rel_error <= 1e-12
+    assert not torch.equal(views[0].scrambled, views[1].scrambled)
