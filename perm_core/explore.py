@@ -150,16 +150,16 @@ class Exploration:
                                                         self.n_tokens))
         return element, chosen
 
-    def params_for(self, scramble: Scramble, keys_by_symmetry: dict[str, int], control: str | None):
+    def params_for(self, scramble: Scramble, keys_by_symmetry: dict[str, int], control: str | None, names=None):
         """(transformed params, a callable measuring how far they moved): tensors come from the shared
-        byte-bounded cache, so changing one key rebuilds only the tensors that key reaches."""
+        byte-bounded cache, so changing one key rebuilds only the tensors that key reaches. names: only these."""
         if scramble.is_identity:
-            return self.subject.params, {}
+            return ({n: self.subject.params[n] for n in names} if names is not None else self.subject.params), {}
         keys = dict(keys_by_symmetry)
         if control:  # a control's symmetry acts even when the sidebar has it switched off
             keys.setdefault(control.split("/")[0], 0)
         scope = (self.model_id, str(self.subject.dtype), self.n_tokens, control)
-        params = param_cache.transformed_params(self.subject, scramble, keys, scope)
+        params = param_cache.transformed_params(self.subject, scramble, keys, scope, names=names)
         return params, lambda: self.subject.weight_movement(params)
 
     def run(self, keys_by_symmetry: dict[str, int], control: str | None = None) -> ExploreResult:
@@ -315,7 +315,7 @@ def weight_view(explorer: Exploration, result: ExploreResult, keys_by_symmetry: 
     inverse gives them back."""
     from perm_core.spec import apply_axes
 
-    params, _ = explorer.params_for(result.scramble, keys_by_symmetry, control)
+    params, _ = explorer.params_for(result.scramble, keys_by_symmetry, control, names={name})
     claim = explorer.subject.claims[name]
     scrambled = params[name]
     back = apply_axes(scrambled, claim.rule.axes, result.scramble.inverse(), claim.layer,

@@ -157,11 +157,12 @@ def fit_bound_to_models(loaded_weight_bytes: int, cache: TensorCache = TENSORS) 
 
 
 def transformed_params(subject, scramble: Scramble, keys_by_symmetry: dict[str, int], scope: tuple,
-                       cache: TensorCache = TENSORS) -> dict[str, torch.Tensor]:
+                       cache: TensorCache = TENSORS, names=None) -> dict[str, torch.Tensor]:
     """The scrambled parameter dict, tensor by tensor from the cache where the keys that reach it match.
 
     scope: what else identifies the model's weights and this element (model id, dtype, n_tokens, control).
-    Tensors nothing acts on are the model's own, shared and never copied.
+    Tensors nothing acts on are the model's own, shared and never copied. names: only these parameters (a page
+    that shows one weight matrix), each the same tensor the whole dict would hold.
     """
     params, missing = {}, {}
     # Intermediates pay only where a transformed model and its intermediates both fit the bound; beyond it they
@@ -169,6 +170,8 @@ def transformed_params(subject, scramble: Scramble, keys_by_symmetry: dict[str, 
     weight_bytes = sum(t.numel() * t.element_size() for t in subject.params.values())
     keep_intermediates = 2 * weight_bytes <= cache.max_bytes
     for name, tensor in subject.params.items():
+        if names is not None and name not in names:
+            continue
         claim = subject.claims[name]
         roles = roles_of(claim.rule.axes)
         reaching = tuple(sorted((s, keys_by_symmetry[s]) for role in roles

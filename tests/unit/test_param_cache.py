@@ -110,3 +110,20 @@ def test_a_set_about_to_be_built_first_makes_room_in_a_full_cache(explorer):
     assert built_on and built_on[0] <= cache.max_bytes  # what was kept plus what was built fit the bound
     assert cache.bytes <= cache.max_bytes
     assert all(torch.equal(params[n], t) for n, t in subject.transformed_params(scramble).items())
+
+
+def test_one_weight_asked_for_is_the_only_one_built_and_equals_the_full_set(explorer):
+    """The Explore page's weight panel shows one matrix: it must not rebuild the model's whole set."""
+    from perm_core.explore import weight_names, weight_view
+
+    scramble, _ = explorer.scramble_for(ALL)
+    full = explorer.subject.transformed_params(scramble)
+    name = weight_names(explorer, 1)[0]
+    param_cache.TENSORS.clear()
+    one, _ = explorer.params_for(scramble, ALL, None, names={name})
+    assert list(one) == [name] and torch.equal(one[name], full[name])
+    assert not torch.equal(one[name], explorer.subject.params[name])
+    assert param_cache.TENSORS.bytes <= 3 * one[name].numel() * one[name].element_size()  # it and intermediates
+    result = explorer.run(ALL)
+    original, scrambled, back = weight_view(explorer, result, ALL, None, name)
+    assert torch.equal(scrambled, full[name]) and torch.allclose(back, original, rtol=0, atol=1e-12)
