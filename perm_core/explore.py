@@ -9,6 +9,7 @@ tensors its symmetry reaches.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -23,7 +24,7 @@ from perm_core.verify import BROKEN_AT, MOVED_AT, TOLERANCE, Subject, TensorErro
 class ExploreResult:
     scramble: Scramble
     scrambled: dict[str, Record]  # the transformed model on the scrambled input
-    restored: dict[str, torch.Tensor]  # the inverse applied to what the scrambled run produced
+    restored: Mapping[str, torch.Tensor]  # the inverse applied to what the scrambled run produced (Unscrambled)
     errors: list[TensorError]
     dtype: torch.dtype
     control: symmetries.Control | None = None
@@ -171,10 +172,10 @@ class Exploration:
         built = time.perf_counter()
         scrambled = self.subject.trace(scramble, params=params)
         traced = time.perf_counter()
-        restored = self.subject.unscramble(scrambled, scramble)
-        errors = self.subject.errors(self.original, restored)
+        errors = self.subject.errors(self.original, self.subject.unscramble(scrambled, scramble))
         moved, what = self.subject.movement(self.original, scrambled, weights_moved)
         done = time.perf_counter()
+        restored = self.subject.unscramble_lazily(scrambled, scramble)  # kept: redrawn per tensor when shown
         return ExploreResult(scramble, scrambled, restored, errors, self.subject.dtype, chosen,
                              {"params": built - started, "trace": traced - built, "compare": done - traced},
                              moved, what)

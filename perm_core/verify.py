@@ -164,9 +164,10 @@ class Subject:
         return run(self.model, params, kwargs, self.geometry, self.claims, backward=backward)
 
     def unscramble(self, records: dict[str, Record], scramble: Scramble) -> dict[str, torch.Tensor]:
-        inverse = _inverse_of_spaces(scramble, records)
-        return {name: apply_axes(r.tensor, r.axes, inverse, r.layer, self.geometry.patch_size)
-                for name, r in records.items()}
+        return dict(self.unscramble_lazily(records, scramble))
+
+    def unscramble_lazily(self, records: dict[str, Record], scramble: Scramble) -> Unscrambled:
+        return Unscrambled(records, _inverse_of_spaces(scramble, records), self.geometry.patch_size)
 
     def roundoff(self, original: dict[str, Record]) -> dict[str, float]:
         """Each tensor's float32 round-off: its distance from the same run in float64 (see compare.py); for a
@@ -239,6 +240,25 @@ class Subject:
             return 0.0, ""
         what = max(moved, key=lambda n: moved[n] if math.isfinite(moved[n]) else -1.0)
         return moved[what], what
+
+
+class Unscrambled(Mapping):
+    """The inverse applied to a scrambled run's records, each tensor when it is asked for (the same tensor
+    Subject.unscramble gives). A kept result holds the scrambled trace only, half the bytes, and a page draws
+    a few of its tensors: thirty sessions rendering their results held every un-scrambled copy too."""
+
+    def __init__(self, records: dict[str, Record], inverse: Scramble, patch_size):
+        self._records, self._inverse, self._patch_size = records, inverse, patch_size
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        record = self._records[name]
+        return apply_axes(record.tensor, record.axes, self._inverse, record.layer, self._patch_size)
+
+    def __iter__(self):
+        return iter(self._records)
+
+    def __len__(self) -> int:
+        return len(self._records)
 
 
 def _inverse_of_spaces(scramble: Scramble, records: dict[str, Record]) -> Scramble:

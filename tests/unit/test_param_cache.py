@@ -127,3 +127,15 @@ def test_one_weight_asked_for_is_the_only_one_built_and_equals_the_full_set(expl
     result = explorer.run(ALL)
     original, scrambled, back = weight_view(explorer, result, ALL, None, name)
     assert torch.equal(scrambled, full[name]) and torch.allclose(back, original, rtol=0, atol=1e-12)
+
+
+def test_a_kept_result_holds_the_scrambled_trace_once_and_restores_each_tensor_when_asked(explorer):
+    """Thirty sessions rendering their results held every un-scrambled copy as well: now a result costs the
+    scrambled trace (plus its element), and each un-scrambled tensor is the one the eager inverse gives."""
+    result = explorer.run(ALL)
+    trace_bytes = param_cache.tensor_bytes(result.scrambled)
+    assert trace_bytes <= param_cache.tensor_bytes(result) <= 1.25 * trace_bytes + 2**20
+    eager = explorer.subject.unscramble(result.scrambled, result.scramble)
+    assert list(result.restored) == list(eager) and len(result.restored) == len(eager) >= 6
+    assert all(torch.equal(result.restored[name], eager[name]) for name in eager)
+    assert result.passed and not torch.equal(result.restored["embed"], result.scrambled["embed"].tensor)
