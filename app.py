@@ -4,7 +4,6 @@ from pathlib import Path
 
 import streamlit as st
 
-from ui.compute import end_render_turn
 from ui.errors import show_unexpected
 from ui.resources import give_back_freed_memory, long_lived_objects_frozen
 from ui.sidebar import end_run, render_sidebar
@@ -40,7 +39,6 @@ try:
 except Exception as error:  # noqa: BLE001 - st.stop/st.rerun are BaseExceptions and pass; a bug is logged
     show_unexpected(error)
 finally:  # also when a page calls st.stop(): the next run renders the sidebar afresh, the URL keeps the view
-    end_render_turn()
     end_run()
     long_lived_objects_frozen()
     publish()

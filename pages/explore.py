@@ -7,7 +7,7 @@ from perm_core.explore import BROKEN_AT, control_options, kind_label, layer_of, 
 from perm_core.inputs import token_labels
 from perm_core.tokens import shuffle_patches
 from ui import explore_panels as panels
-from ui.compute import exploration, explore_result, mlp_result, take_render_turn
+from ui.compute import exploration, explore_result, mlp_result
 from ui.export import chart
 from ui.sidebar import SYMMETRY_LABELS, ensure_view
 from ui.state import publish, seed
@@ -23,7 +23,6 @@ if view is None or not view.ready:
     st.info("Fix the input or the keys in the sidebar to see the model.")
     st.stop()
 view.show_messages()
-take_render_turn()  # until the end of this run (app.py)
 
 with st.spinner("Running the original model (cached per model, input and dtype) ..."):
     explorer = exploration(view.model_name, view.dtype_name, view.device, view.input_id, view.loaded.model,

@@ -68,35 +68,6 @@ def page_slot():
         _page_slots.release()
 
 
-# Explore renders at once, process-wide (TSE_EXPLORE_RENDERS, default 2). A rerun is mostly Python under the
-# server's one GIL: thirty sessions drawing at once each got a thirtieth of it, and a run holding a model's lock
-# crawled while the rest queued behind it. Taking turns, each render finishes at nearly its own speed.
-_RENDERS = max(1, int(os.environ.get("TSE_EXPLORE_RENDERS", "2")))
-_render_slots = threading.BoundedSemaphore(_RENDERS)
-_this_run = threading.local()  # Streamlit runs each script run in a thread of its own
-
-
-def take_render_turn() -> None:
-    """Wait for one of the render slots; end_render_turn (app.py, after every run) gives it back. While it
-    waits the page says so, redrawn every quarter second: where Streamlit can stop a run whose visitor left."""
-    if getattr(_this_run, "turn", False):
-        return
-    if not _render_slots.acquire(blocking=False):
-        notice, start = st.empty(), time.monotonic()
-        while not _render_slots.acquire(timeout=0.25):
-            waited = time.monotonic() - start
-            notice.caption(f"The server is busy with other visitors: your turn comes next ({waited:.0f} s)."
-                           if waited >= 1 else "")
-        notice.empty()
-    _this_run.turn = True
-
-
-def end_render_turn() -> None:
-    if getattr(_this_run, "turn", False):
-        _this_run.turn = False
-        _render_slots.release()
-
-
 def page_run(page: str, settings, compute):
     """A finished run of another page (a gradient comparison, an authorization, a fusion ...) by its settings,
     shared by sessions and bounded by bytes (TSE_PAGES_CACHE_MB): counted entries of unknown size
