@@ -167,6 +167,10 @@ class BrowserVisitor:
             await self.page.wait_for_timeout(800)
         await self.page.wait_for_function(SHOWN_JS, arg=shown, timeout=timeout)
         await self.page.wait_for_function(IDLE_JS, timeout=timeout, polling=100)
+        # As wait_for_app: the status widget can be gone for a moment while the run still draws (a snapshot
+        # once missed the metrics under the verdict), so it must stay gone.
+        await self.page.wait_for_timeout(500)
+        await self.page.wait_for_function(IDLE_JS, timeout=timeout, polling=100)
 
 
 DRIVERS = {"ws": WsDriver, "browser": BrowserDriver}
