@@ -27,12 +27,13 @@ import json
 import math
 import os
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from perm_core.threads import torch_threads
 
 PIXEL_SCALE = 16.0  # digits pixels are counts of "on" pixels in a 4x4 block: 0..16
 PIXEL_MEAN = 0.305
@@ -145,17 +146,6 @@ def random_shift(
     return torch.where(keep[:, None, None, None], shifted, x)
 
 
-@contextmanager
-def _torch_threads(n: int):
-    # The reference machines have 2 cores; more threads than cores only adds contention.
-    previous = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
-
-
 def train_digits(
     seed: int,
     out_dir: str | os.PathLike,
@@ -176,7 +166,7 @@ def train_digits(
 
     out_dir = Path(out_dir)
     started = time.perf_counter()
-    with _torch_threads(min(2, os.cpu_count() or 1)):
+    with torch_threads(min(2, os.cpu_count() or 1)):
         torch.manual_seed(seed)  # HF's init draws from the global generator
         model = ViTForImageClassification(digits_vit_config()).train()
         train_x, train_y, _, _ = digits_split()

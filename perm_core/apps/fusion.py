@@ -16,7 +16,6 @@ Design (documented choices):
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from functools import cache
 
@@ -28,6 +27,7 @@ from perm_core import digits
 from perm_core.apps.matching import METHODS, align, distance, match_residual
 from perm_core.spec import Scramble
 from perm_core.stateless import functional_call, own_dtype
+from perm_core.threads import one_thread  # noqa: F401 - Rotation and the tests take it from here too
 from perm_core.verify import BROKEN_AT, TOLERANCE, Subject, worst_rel
 
 Progress = Callable[[float, str], None] | None
@@ -83,17 +83,6 @@ class FusionResult:
 def cached_split():
     """digits_split() costs seconds (scikit-learn's loader); the split is fixed, so load it once."""
     return digits.digits_split()
-
-
-@contextmanager
-def one_thread():
-    # These tensors are tiny: on a shared 2-core machine one thread runs ~5x faster than two.
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
 
 
 def evaluate_params(model, params: dict, images: torch.Tensor, labels: torch.Tensor) -> tuple[float, float]:

@@ -35,7 +35,8 @@ import torch.nn.functional as F
 
 from perm_core import keys
 from perm_core.apps.split_learning import DEFAULT_KEY, DEFAULT_SEED, Progress, channel_permutation, shuffle_patch_tokens
-from perm_core.digits import PIXEL_MEAN, PIXEL_STD, _torch_threads, digits_split
+from perm_core.digits import PIXEL_MEAN, PIXEL_STD, digits_split
+from perm_core.threads import torch_threads
 
 PROTECTIONS = ("none", "tokens", "channels", "both")
 PROTECTION_LABELS = {
@@ -160,7 +161,7 @@ def run_attack(seed: int = DEFAULT_SEED, key: int = DEFAULT_KEY, epochs: int = D
         raise ValueError("epochs must be at least 1 and the number of victims between 1 and 360")
     key = keys.validate_key(key)
     started = time.perf_counter()
-    with _torch_threads(1), torch.no_grad():  # tiny models: one thread is fastest on a shared machine
+    with torch_threads(1), torch.no_grad():  # tiny models: one thread is fastest on a shared machine
         embeddings = load_model("digits-vit").model.vit.embeddings.eval()
         train_x, _, test_x, _ = digits_split()
         victims_x = test_x[:n_victims]
@@ -187,7 +188,7 @@ def run_attack(seed: int = DEFAULT_SEED, key: int = DEFAULT_KEY, epochs: int = D
 
     attacker_tokens = torch.Generator().manual_seed(seed)
     t, d = auxiliary.shape[1:]
-    with _torch_threads(1):
+    with torch_threads(1):
         plain_decoder = train_decoder(make_decoder(t, d, seed), lambda idx: auxiliary[idx], train_x, epochs, seed, tick)
         shuffle_decoder = train_decoder(make_decoder(t, d, seed + 1),
                                         lambda idx: shuffle_patch_tokens(auxiliary[idx], attacker_tokens),

@@ -33,7 +33,8 @@ import torch.nn.functional as F
 
 from perm_core import keys
 from perm_core.compare import worst
-from perm_core.digits import _torch_threads, digits_split, digits_vit_config
+from perm_core.digits import digits_split, digits_vit_config
+from perm_core.threads import torch_threads
 
 Progress = Callable[[float, str], None]
 DEFAULT_EPOCHS = 10  # a short run; the page and the CLI report the held-out accuracy it reaches
@@ -138,7 +139,7 @@ def train_split(seed: int = DEFAULT_SEED, key: int = DEFAULT_KEY, epochs: int = 
     key = keys.validate_key(key)
     started = time.perf_counter()
     result = SplitTraining(seed, key, epochs, batch_size, lr)
-    with _torch_threads(1):  # a model this small runs fastest on one thread (2 threads: 10x slower on a busy machine)
+    with torch_threads(1):  # a model this small runs fastest on one thread (2 threads: 10x slower on a busy machine)
         torch.manual_seed(seed)  # HF's init draws from the global generator
         plain = ViTForImageClassification(digits_vit_config()).to(dtype).train()
         channels = channel_permutation(key, plain.config.hidden_size)
