@@ -172,10 +172,10 @@ class Exploration:
         built = time.perf_counter()
         scrambled = self.subject.trace(scramble, params=params)
         traced = time.perf_counter()
-        errors = self.subject.errors(self.original, self.subject.unscramble(scrambled, scramble))
+        restored = self.subject.unscramble_lazily(scrambled, scramble)  # kept: each tensor redrawn when shown
+        errors = self.subject.errors(self.original, dict(restored))  # every tensor once, for the comparison
         moved, what = self.subject.movement(self.original, scrambled, weights_moved)
         done = time.perf_counter()
-        restored = self.subject.unscramble_lazily(scrambled, scramble)  # kept: redrawn per tensor when shown
         return ExploreResult(scramble, scrambled, restored, errors, self.subject.dtype, chosen,
                              {"params": built - started, "trace": traced - built, "compare": done - traced},
                              moved, what)

@@ -199,12 +199,11 @@ def permutation_figure(index, title: str, max_points: int = 4096) -> go.Figure:
     step = max(1, math.ceil(n / max_points))
     new_positions = np.arange(0, n, step)
     note = f" (every {step}th row)" if step > 1 else ""
-    return go.Figure(go.Scattergl(x=index[new_positions].astype(np.float32), y=new_positions.astype(np.float32),
-                                  mode="markers", marker=dict(size=max(2, min(12, 360 // max(n, 1))),
-                                                              symbol="square", color="#4c78a8")),
-                     layout={**LAYOUT, "height": 300, "title": dict(text=title + note, font=dict(size=13)),
-                             "xaxis": dict(title="original index", range=[-0.5, n - 0.5]),
-                             "yaxis": dict(title="new position", range=[n - 0.5, -0.5])})
+    return _figure(go.Scattergl(x=index[new_positions].astype(np.float32), y=new_positions.astype(np.float32),
+                                mode="markers", marker=dict(size=max(2, min(12, 360 // max(n, 1))), symbol="square",
+                                                            color="#4c78a8")),
+                   title + note, 300, xaxis=dict(title="original index", range=[-0.5, n - 0.5]),
+                   yaxis=dict(title="new position", range=[n - 0.5, -0.5]))
 
 
 def payload_bytes(figures) -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import gc
 import threading
 import time
@@ -56,14 +55,8 @@ def long_lived_objects_frozen() -> bool:
     return True
 
 
-def _libc_malloc_trim():
-    try:
-        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), "malloc_trim", None)
-    except OSError:  # no C library by that name (not Linux): nothing to give back this way
-        return None
-
-
-_MALLOC_TRIM = _libc_malloc_trim()
+# glibc's malloc_trim among the symbols the process already has; None elsewhere (macOS): nothing to give back.
+_MALLOC_TRIM = getattr(ctypes.CDLL(None), "malloc_trim", None)
 _last_trim = [float("-inf")]
 _trim_guard = threading.Lock()
 

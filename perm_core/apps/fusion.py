@@ -27,7 +27,7 @@ from perm_core import digits
 from perm_core.apps.matching import METHODS, align, distance, match_residual
 from perm_core.spec import Scramble
 from perm_core.stateless import functional_call, own_dtype
-from perm_core.threads import one_thread  # noqa: F401 - Rotation and the tests take it from here too
+from perm_core.threads import one_thread
 from perm_core.verify import BROKEN_AT, TOLERANCE, Subject, worst_rel
 
 Progress = Callable[[float, str], None] | None

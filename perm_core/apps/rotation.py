@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 import torch
 
 from perm_core import symmetries
-from perm_core.apps.fusion import one_thread
 from perm_core.spec import Concat, Scramble, apply_axes
 from perm_core.stateless import model_lock
+from perm_core.threads import one_thread
 from perm_core.verify import BROKEN_AT, TOLERANCE, Subject, TensorError, worst_rel
 
 _HOOK_LOCK = threading.Lock()  # the model may be shared by several app sessions: one capture at a time
