@@ -8,6 +8,7 @@ k_norm included (Gemma's gain is 1 + weight, so these are far from uniform).
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from dataclasses import replace
 
@@ -192,6 +193,7 @@ def gemma(tmp_path_factory):
         loaded = zoo.load_model("gemma3-270m", progress=lambda f, m: calls.append((f, m)))
         yield loaded, calls, time.perf_counter() - started, cache
     finally:
+        shutil.rmtree(cache, ignore_errors=True)  # 1.1 GB, needed by this module only
         if previous is None:
             os.environ.pop("TRANSFORMER_SYMMETRY_CACHE", None)
         else:
