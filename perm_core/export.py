@@ -23,10 +23,32 @@ def figure_title(fig: go.Figure) -> str:
     return re.sub(r"<[^>]+>", " ", text).strip()
 
 
+def _digest(value, sha) -> None:
+    if isinstance(value, np.ndarray):
+        sha.update(f"{value.dtype}{value.shape}".encode())
+        sha.update(np.ascontiguousarray(value).tobytes())
+    elif isinstance(value, dict):
+        for key in sorted(value):
+            sha.update(key.encode())
+            _digest(value[key], sha)
+    elif isinstance(value, list | tuple):
+        sha.update(b"[")
+        for item in value:
+            _digest(item, sha)
+        sha.update(b"]")
+    else:
+        sha.update(repr(value).encode())
+
+
 def file_stem(fig: go.Figure) -> str:
-    """A readable, unique file name: the title as a slug plus a digest of what the chart shows."""
-    slug = re.sub(r"[^a-z0-9]+", "-", figure_title(fig).lower()).strip("-")[:60] or "chart"
-    return f"{slug}-{hashlib.sha1(fig.to_json().encode()).hexdigest()[:8]}"
+    """A readable, unique file name: the title as a slug plus a digest of what the chart shows (its title and
+    traces; arrays are read in place, where a JSON dump would encode every chart a second time per rerun)."""
+    title = figure_title(fig)
+    slug = re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")[:60] or "chart"
+    sha = hashlib.sha1(title.encode())
+    for trace in fig.data:
+        _digest(trace.to_plotly_json(), sha)
+    return f"{slug}-{sha.hexdigest()[:8]}"
 
 
 def figure_image(fig: go.Figure, fmt: str, scale: float = 2.0) -> bytes:

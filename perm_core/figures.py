@@ -6,6 +6,7 @@ visible) and sent as float32, so one page render stays far below 2 MB of chart d
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -33,6 +34,18 @@ def _white_template() -> go.layout.Template:
 
 TEMPLATE = _white_template()
 LAYOUT = dict(margin=dict(l=10, r=10, t=40, b=10), height=300, template=TEMPLATE)
+_RAW_LAYOUT = {**LAYOUT, "template": TEMPLATE.to_plotly_json()}
+
+
+@functools.cache
+def _colorscale(name: str) -> tuple:
+    """plotly.py's scale for a name, as validation would write it (plotly.js has other colours under some of
+    the same names, so a name must not reach the browser as it is)."""
+    return tuple(tuple(stop) for stop in go.Heatmap(colorscale=name).to_plotly_json()["colorscale"])
+
+
+def _axis(title: str = "", **options) -> dict:
+    return dict(title=dict(text=title), **options)
 
 
 def to_numpy(array) -> np.ndarray:
@@ -102,17 +115,22 @@ def titled(fig: go.Figure, text: str, height: int, size: int = 13) -> go.Figure:
 
 
 def _figure(data, title: str, height: int, **layout) -> go.Figure:
-    """A figure with its whole layout given at once: every update_layout validates again, and a figure made
-    without a template first gets the process's default one copied in, only to have it replaced."""
-    return go.Figure(data, layout={**LAYOUT, **_title_layout(title, height), **layout})
+    """A figure with its whole layout given at once, as plain dicts that plotly does not validate. Validation
+    took 4 of a heatmap's 5 ms (the template's copy above all), and an Explore rerun draws two dozen figures
+    under the server's one GIL. So these dicts are written as validation would leave them (axis titles as
+    dicts, colour scales resolved by _colorscale); tests/unit/test_figure_template.py validates every chart
+    and finds nothing changed."""
+    return go.Figure(data if isinstance(data, list) else [data],
+                     layout={**_RAW_LAYOUT, **_title_layout(title, height), **layout}, _validate=False)
 
 
 def heatmap(matrix, title: str, x_title: str = "", y_title: str = "", colorscale: str = "RdBu",
             symmetric: bool = True, zmax: float | None = None, y_labels=None, wrap: int | None = None,
-            x_labels=None) -> go.Figure:
+            x_labels=None, height: int = LAYOUT["height"], y_ticks: bool = True) -> go.Figure:
     """wrap: the title's line length, for a chart in a narrow column (see wrap_title). y_labels / x_labels:
     a name per row / column (tokens), drawn when every row / column is shown and there are at most
-    MAX_LABELS (more do not fit a third of a 1024-pixel window; positions are numbered then)."""
+    MAX_LABELS (more do not fit a third of a 1024-pixel window; positions are numbered then). y_ticks: False
+    for a single row (an embedding drawn as one strip)."""
     values = to_numpy(matrix)
     values, row_step, col_step = decimate(values)
     if zmax is None:
@@ -121,45 +139,75 @@ def heatmap(matrix, title: str, x_title: str = "", y_title: str = "", colorscale
     note = f"<br>(shown in {row_step}x{col_step} blocks)" if row_step * col_step > 1 else ""
     x = np.arange(values.shape[1]) * col_step
     y = np.arange(values.shape[0]) * row_step
-    trace = go.Heatmap(z=values.astype(np.float32), x=x, y=y, colorscale=colorscale, zmin=zmin, zmax=zmax,
-                       colorbar=dict(thickness=10))
-    yaxis, xaxis = dict(autorange="reversed", title=y_title), dict(title=x_title)
+    trace = dict(type="heatmap", z=values.astype(np.float32), x=x, y=y, colorscale=_colorscale(colorscale),
+                 zmin=zmin, zmax=zmax, colorbar=dict(thickness=10))
+    yaxis, xaxis = _axis(y_title, autorange="reversed"), _axis(x_title)
+    if not y_ticks:
+        yaxis.update(showticklabels=False)
     if y_labels is not None and row_step == 1 and len(y_labels) <= MAX_LABELS:
         yaxis.update(tickmode="array", tickvals=list(y), ticktext=list(y_labels), tickfont=dict(size=9))
     if x_labels is not None and col_step == 1 and len(x_labels) <= MAX_LABELS:
         xaxis.update(tickmode="array", tickvals=list(x), ticktext=list(x_labels), tickangle=-60,
                      tickfont=dict(size=9))
-    return _figure(trace, (wrap_title(title, wrap) if wrap else title) + note, LAYOUT["height"], xaxis=xaxis,
-                   yaxis=yaxis)
+    return _figure(trace, (wrap_title(title, wrap) if wrap else title) + note, height, xaxis=xaxis, yaxis=yaxis)
 
 
 def bars(labels, values, title: str, x_title: str = "", color: str = "#4c78a8") -> go.Figure:
-    return _figure(go.Bar(x=list(values), y=list(labels), orientation="h", marker_color=color,
-                          text=[f"{v:.3f}" for v in values], textposition="auto"),
-                   title, 260, yaxis=dict(autorange="reversed", type="category"), xaxis=dict(title=x_title))
+    return _figure(dict(type="bar", x=list(values), y=list(labels), orientation="h", marker=dict(color=color),
+                        text=[f"{v:.3f}" for v in values], textposition="auto"),
+                   title, 260, yaxis=dict(autorange="reversed", type="category"), xaxis=_axis(x_title))
+
+
+def _threshold_parts(value: float, label: str, color: str, row: int | None, position: str, dash: str,
+                     yanchor: str) -> tuple[dict, dict]:
+    """The line and the label of a threshold (see threshold), as plotly's add_hline and add_annotation write them."""
+    axis = "y" if (row or 1) == 1 else f"y{row}"
+    line = dict(type="line", x0=0, x1=1, xref="x domain", y0=value, y1=value, yref=axis,
+                line=dict(color=color, dash=dash))
+    text = dict(x=1 if position == "right" else 0, xref="x domain", xanchor=position, y=math.log10(value),
+                yref=axis, yanchor=yanchor, text=label, showarrow=False, font=dict(color=color, size=11))
+    return line, text
 
 
 def threshold(fig: go.Figure, value: float, label: str, color: str = "gray", row: int | None = None,
               position: str = "right", dash: str = "dash", yanchor: str = "bottom") -> None:
     """A horizontal threshold on a log axis with its label on the line. On a log axis an annotation's y is
     log10 of the value (plotly's add_hline label is placed as if the axis were linear, decades away)."""
-    fig.add_hline(y=value, line=dict(color=color, dash=dash), **({"row": row, "col": 1} if row else {}))
-    axis = "y" if (row or 1) == 1 else f"y{row}"
-    fig.add_annotation(x=1 if position == "right" else 0, xref="x domain", xanchor=position, y=math.log10(value),
-                       yref=axis, yanchor=yanchor, text=label, showarrow=False, font=dict(color=color, size=11))
+    line, text = _threshold_parts(value, label, color, row, position, dash, yanchor)
+    fig.add_shape(line)
+    fig.add_annotation(text)
 
 
-def _two_panels(title: str, height: int) -> go.Figure:
+@functools.cache
+def _two_panels_base() -> str:
+    """make_subplots' layout of the two error panels (shared x, log y), once per process, as JSON."""
     from plotly.subplots import make_subplots
 
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08, row_heights=[0.62, 0.38],
                         subplot_titles=("relative error: the verdict, judged against the tolerance",
                                         "absolute error: for reference (scale-dependent, no tolerance)"))
     fig.update_annotations(font=dict(size=11))  # the panel titles
-    fig.update_layout(**{**LAYOUT, "height": height}, title=dict(text=title, font=dict(size=13)))
     fig.update_yaxes(type="log", exponentformat="e", row=1, col=1, title="relative")
     fig.update_yaxes(type="log", exponentformat="e", row=2, col=1, title="absolute")
-    return fig
+    return pio.to_json(fig.layout, validate=False)
+
+
+def _two_panels(title: str, height: int, traces: list[dict], thresholds: list[tuple[dict, dict]],
+                xaxes: tuple[dict, dict], **layout) -> go.Figure:
+    """Relative errors on top, absolute below; traces name their panel by "row" (1 or 2)."""
+    import json
+
+    base = json.loads(_two_panels_base())
+    for axis, extra in zip(("xaxis", "xaxis2"), xaxes, strict=True):
+        base[axis].update(extra)
+    for trace in traces:
+        row = trace.pop("row")
+        trace.update(xaxis="x" if row == 1 else "x2", yaxis="y" if row == 1 else "y2")
+    annotations = base.pop("annotations") + [text for _, text in thresholds]
+    shapes = [line for line, _ in thresholds]
+    return go.Figure(traces, layout={**base, **_RAW_LAYOUT, "height": height, "annotations": annotations,
+                                     "title": dict(text=title, font=dict(size=13)),
+                                     **({"shapes": shapes} if shapes else {}), **layout}, _validate=False)
 
 
 def error_chart(rows: list[dict], title: str, tolerance: float | None = None,
@@ -167,7 +215,7 @@ def error_chart(rows: list[dict], title: str, tolerance: float | None = None,
     """rows: {"layer": int, "kind": str, "abs": float, "rel": float, optional "tolerance": the tensor's own}.
     Relative errors (what the verdict judges) against the tolerance on top; absolute errors on their own axis
     below. Exact zeros sit at FLOOR. Tensors held to a raised (float32 round-off) tolerance get a marker."""
-    fig = _two_panels(title, 460)
+    traces = []
     kinds = sorted({r["kind"] for r in rows}, key=lambda k: (k not in COLORS, k))
     for kind in kinds:
         mine = sorted((r for r in rows if r["kind"] == kind), key=lambda r: r["layer"])
@@ -175,21 +223,24 @@ def error_chart(rows: list[dict], title: str, tolerance: float | None = None,
         color = COLORS.get(kind.split(" ")[0] if kind.startswith("output") else kind, "#2ca02c")
         for row, measure in ((1, "rel"), (2, "abs")):
             ys = [max(r[measure], FLOOR) for r in mine]
-            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=f"{kind} ({measure})",
-                                     legendgroup=kind, showlegend=row == 1, line=dict(color=color)), row=row, col=1)
+            traces.append(dict(type="scatter", x=xs, y=ys, mode="lines+markers", name=f"{kind} ({measure})",
+                               legendgroup=kind, showlegend=row == 1, line=dict(color=color), row=row))
     raised = [r for r in rows if tolerance and r.get("tolerance", tolerance) > tolerance]
     if raised:
-        fig.add_trace(go.Scatter(x=[r["layer"] for r in raised], y=[r["tolerance"] for r in raised], mode="markers",
-                                 name="raised own tolerance", marker=dict(symbol="line-ew-open", size=12,
-                                                                          color="gray")), row=1, col=1)
+        traces.append(dict(type="scatter", x=[r["layer"] for r in raised], y=[r["tolerance"] for r in raised],
+                           mode="markers", name="raised own tolerance",
+                           marker=dict(symbol="line-ew-open", size=12, color="gray"), row=1))
+    thresholds = []
     if tolerance:
-        threshold(fig, tolerance, f"tolerance {tolerance:.0e}", "gray", 1, "right")
+        thresholds.append(_threshold_parts(tolerance, f"tolerance {tolerance:.0e}", "gray", 1, "right", "dash",
+                                           "bottom"))
     if broken_at:
-        threshold(fig, broken_at, f"broken above {broken_at:.0e}", "#e45756", 1, "left")
-    fig.update_layout(legend=dict(orientation="h", y=-0.12))
-    fig.update_xaxes(dtick=1)
-    fig.update_xaxes(title="layer (-1 = embeddings, outputs after the last block)", row=2, col=1)
-    return fig
+        thresholds.append(_threshold_parts(broken_at, f"broken above {broken_at:.0e}", "#e45756", 1, "left", "dash",
+                                           "bottom"))
+    return _two_panels(title, 460, traces, thresholds,
+                       (dict(dtick=1), dict(dtick=1, title=dict(text="layer (-1 = embeddings, outputs after the "
+                                                                      "last block)"))),
+                       legend=dict(orientation="h", y=-0.12))
 
 
 def permutation_figure(index, title: str, max_points: int = 4096) -> go.Figure:
@@ -199,11 +250,11 @@ def permutation_figure(index, title: str, max_points: int = 4096) -> go.Figure:
     step = max(1, math.ceil(n / max_points))
     new_positions = np.arange(0, n, step)
     note = f" (every {step}th row)" if step > 1 else ""
-    return _figure(go.Scattergl(x=index[new_positions].astype(np.float32), y=new_positions.astype(np.float32),
-                                mode="markers", marker=dict(size=max(2, min(12, 360 // max(n, 1))), symbol="square",
-                                                            color="#4c78a8")),
-                   title + note, 300, xaxis=dict(title="original index", range=[-0.5, n - 0.5]),
-                   yaxis=dict(title="new position", range=[n - 0.5, -0.5]))
+    return _figure(dict(type="scattergl", x=index[new_positions].astype(np.float32),
+                        y=new_positions.astype(np.float32), mode="markers",
+                        marker=dict(size=max(2, min(12, 360 // max(n, 1))), symbol="square", color="#4c78a8")),
+                   title + note, 300, xaxis=_axis("original index", range=[-0.5, n - 0.5]),
+                   yaxis=_axis("new position", range=[n - 0.5, -0.5]))
 
 
 def payload_bytes(figures) -> int:
@@ -262,20 +313,18 @@ def tensor_error_chart(names, abs_errors, rel_errors, title: str, tolerance: flo
     order = sorted(range(len(names)), key=lambda i: -rel_errors[i])[:max_bars]
     order.sort()
     xs = [names[i] for i in order]
-    fig = _two_panels(title + (f" (worst {max_bars} of {len(names)})" if len(names) > max_bars else ""), 480)
-    fig.add_trace(go.Bar(x=xs, y=[max(rel_errors[i], FLOOR) for i in order], name="max rel error",
-                         marker_color="#4c78a8"), row=1, col=1)
+    traces = [dict(type="bar", x=xs, y=[max(rel_errors[i], FLOOR) for i in order], name="max rel error",
+                   marker=dict(color="#4c78a8"), row=1)]
     if tolerances is not None and any(t != tolerance for t in tolerances):
-        fig.add_trace(go.Scatter(x=xs, y=[tolerances[i] for i in order], mode="markers", name="own tolerance",
-                                 marker=dict(symbol="line-ew-open", size=12, color="gray")), row=1, col=1)
-    fig.add_trace(go.Scatter(x=xs, y=[max(abs_errors[i], FLOOR) for i in order], mode="markers",
-                             name="max abs error", marker=dict(color="#f58518", size=5)), row=2, col=1)
-    if tolerance:
-        threshold(fig, tolerance, f"tolerance {tolerance:.0e}", "gray", 1, "right")
-    fig.update_layout(legend=dict(orientation="h", y=-0.12))
-    fig.update_xaxes(showticklabels=False, row=1, col=1)
-    fig.update_xaxes(showticklabels=len(order) <= 60, row=2, col=1)
-    return fig
+        traces.append(dict(type="scatter", x=xs, y=[tolerances[i] for i in order], mode="markers",
+                           name="own tolerance", marker=dict(symbol="line-ew-open", size=12, color="gray"), row=1))
+    traces.append(dict(type="scatter", x=xs, y=[max(abs_errors[i], FLOOR) for i in order], mode="markers",
+                       name="max abs error", marker=dict(color="#f58518", size=5), row=2))
+    thresholds = [_threshold_parts(tolerance, f"tolerance {tolerance:.0e}", "gray", 1, "right", "dash", "bottom")
+                  ] if tolerance else []
+    return _two_panels(title + (f" (worst {max_bars} of {len(names)})" if len(names) > max_bars else ""), 480,
+                       traces, thresholds, (dict(showticklabels=False), dict(showticklabels=len(order) <= 60)),
+                       legend=dict(orientation="h", y=-0.12))
 
 
 # Transparent where the class token does not look, opaque hot colours where it does: the photo stays visible.
@@ -319,12 +368,13 @@ def attention_overlay(rgb, grid, patch_size: int, title: str, zmax: float | None
     if zmax is None:
         zmax = float(np.nanmax(grid)) if grid.size else 1.0
     patch_number = np.arange(grid.size, dtype=np.int32).reshape(grid.shape)  # row-major, as the tokens
-    heat = go.Heatmap(
-        z=grid.astype(np.float32), x0=(step - 1) / 2, dx=step, y0=(step - 1) / 2, dy=step, zmin=0.0,
-        zmax=zmax or 1.0, colorscale=HEAT, customdata=patch_number, name=name,
+    heat = dict(
+        type="heatmap", z=grid.astype(np.float32), x0=(step - 1) / 2, dx=step, y0=(step - 1) / 2, dy=step,
+        zmin=0.0, zmax=zmax or 1.0, colorscale=HEAT, customdata=patch_number, name=name,
         colorbar=dict(orientation="h", thickness=8, len=1.0, y=-0.02, yanchor="top", tickfont=dict(size=10)),
         hovertemplate="patch %{customdata}: %{z:.4f}<extra></extra>")
-    return _figure([go.Image(source=image_data_uri(rgb, exact=small), hoverinfo="skip"), heat], title, 330,
+    image = dict(type="image", source=image_data_uri(rgb, exact=small), hoverinfo="skip")
+    return _figure([image, heat], title, 330,
                    xaxis=dict(visible=False, range=[-0.5, rgb.shape[1] - 0.5], constrain="domain"),
                    yaxis=dict(visible=False, range=[rgb.shape[0] - 0.5, -0.5], scaleanchor="x", constrain="domain"))
 
@@ -341,20 +391,18 @@ def head_grid_figure(maps, layers, title: str, holds=None, zmax: float | None = 
             tiled[i * step:i * step + cells, h * step:h * step + cells] = maps[i, h]
     zmax = zmax if zmax is not None else float(np.nanmax(maps)) or 1.0
     height = max(260, 24 * n_layers + 90)
-    fig = _figure(go.Heatmap(z=tiled, colorscale="Viridis", zmin=0.0, zmax=zmax, colorbar=dict(thickness=10),
-                             hoverongaps=False), title, height,
-                  xaxis=dict(tickmode="array", tickvals=[h * step + cells / 2 - 0.5 for h in range(n_heads)],
-                             ticktext=[str(h) for h in range(n_heads)], title="head", showgrid=False),
-                  yaxis=dict(tickmode="array", tickvals=[i * step + cells / 2 - 0.5 for i in range(n_layers)],
-                             ticktext=[str(layer) for layer in layers], title="layer", autorange="reversed",
-                             showgrid=False))
-    if holds is not None:
-        for i in range(n_layers):
-            for h in range(n_heads):
-                if holds[i][h] != h:
-                    fig.add_annotation(x=h * step + cells / 2 - 0.5, y=i * step + cells / 2 - 0.5, showarrow=False,
-                                       text=f"<b>{holds[i][h]}</b>", font=dict(color="white", size=11))
-    return fig
+    moved = [] if holds is None else [
+        dict(x=h * step + cells / 2 - 0.5, y=i * step + cells / 2 - 0.5, showarrow=False, text=f"<b>{holds[i][h]}</b>",
+             font=dict(color="white", size=11))
+        for i in range(n_layers) for h in range(n_heads) if holds[i][h] != h]
+    return _figure(dict(type="heatmap", z=tiled, colorscale=_colorscale("Viridis"), zmin=0.0, zmax=zmax,
+                        colorbar=dict(thickness=10), hoverongaps=False), title, height,
+                   xaxis=_axis("head", tickmode="array", tickvals=[h * step + cells / 2 - 0.5 for h in range(n_heads)],
+                               ticktext=[str(h) for h in range(n_heads)], showgrid=False),
+                   yaxis=_axis("layer", tickmode="array",
+                               tickvals=[i * step + cells / 2 - 0.5 for i in range(n_layers)],
+                               ticktext=[str(layer) for layer in layers], autorange="reversed", showgrid=False),
+                   **({"annotations": moved} if moved else {}))
 
 
 def paired_bars(labels, first, second, names: tuple[str, str], title: str, log: bool = False,
@@ -384,9 +432,8 @@ def difference_map(original, restored, title: str, x_title: str = "channel", y_t
         values = np.array([[full[i * row_step:(i + 1) * row_step, j * col_step:(j + 1) * col_step].max()
                             for j in range(cols)] for i in range(rows)])
     ticks = list(range(-18, 1, 3))
-    return _figure(go.Heatmap(z=values.astype(np.float32), colorscale="Magma", zmin=-18, zmax=0,
-                              x=np.arange(values.shape[1]) * col_step, y=np.arange(values.shape[0]) * row_step,
-                              colorbar=dict(thickness=10, tickvals=ticks, ticktext=[f"1e{t}" for t in ticks]),
-                              hovertemplate="row %{y}, column %{x}: 10^%{z:.1f}<extra></extra>"),
-                   title + note, LAYOUT["height"], yaxis=dict(autorange="reversed", title=y_title),
-                   xaxis=dict(title=x_title))
+    return _figure(dict(type="heatmap", z=values.astype(np.float32), colorscale=_colorscale("Magma"), zmin=-18,
+                        zmax=0, x=np.arange(values.shape[1]) * col_step, y=np.arange(values.shape[0]) * row_step,
+                        colorbar=dict(thickness=10, tickvals=ticks, ticktext=[f"1e{t}" for t in ticks]),
+                        hovertemplate="row %{y}, column %{x}: 10^%{z:.1f}<extra></extra>"),
+                   title + note, LAYOUT["height"], yaxis=_axis(y_title, autorange="reversed"), xaxis=_axis(x_title))

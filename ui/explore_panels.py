@@ -89,9 +89,7 @@ def outputs(view, explorer, result) -> None:
             similarity = cosine(values, reference)
             what = "class-token embedding" if kind == "image-embedding" else "sentence embedding"
             fig = figures.heatmap(values[None], f"{label}:<br>{what}<br>cos to original {similarity:.6f}",
-                                  f"channel (of {len(values)})", "")
-            figures.titled(fig, fig.layout.title.text, 170)
-            fig.update_yaxes(showticklabels=False)
+                                  f"channel (of {len(values)})", "", height=170, y_ticks=False)
         chart(fig, width="stretch", key=f"output-{label}", where=col)
     if kind == "classes":
         st.latex(r"\text{the class token stays first and the head reads it: } y' = y")

@@ -31,6 +31,14 @@ def test_file_names_differ_for_different_charts_and_are_readable():
     assert first.startswith("class-probabilities-key-7-") and first != second
 
 
+def test_file_names_follow_every_cell_of_a_heatmap():
+    matrix = np.random.default_rng(0).random((40, 30))
+    nudged = matrix.copy()
+    nudged[39, 29] += 1e-3  # one cell, after float32
+    stems = [export.file_stem(figures.heatmap(m, "hidden state")) for m in (matrix, matrix.copy(), nudged)]
+    assert stems[0] == stems[1] != stems[2]
+
+
 def test_png_and_svg_are_valid_images_of_the_chart():
     fig = figures.paired_bars(["a", "b"], [1.0, 2.0], [2.0, 1.0], ("original", "shuffled"), "export check")
     png = export.figure_image(fig, "png")

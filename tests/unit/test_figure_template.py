@@ -1,7 +1,10 @@
 """Every chart carries plotly_white's look whatever the process's default template is (Streamlit sets its own
 when imported), cut down to the keys and trace types these charts use."""
 
+import json
+
 import numpy as np
+import plotly.graph_objects as go
 import plotly.io as pio
 import pytest
 
@@ -39,3 +42,40 @@ def test_the_template_is_cut_down():
     mine = figures.TEMPLATE.to_plotly_json()
     assert not {"polar", "scene", "geo", "ternary"} & set(mine["layout"])
     assert set(mine["data"]) == {"bar", "heatmap", "histogram", "scatter", "scattergl"} < set(white["data"])
+
+
+def as_sent(fig) -> dict:
+    """The chart as Streamlit sends it to the browser (it serializes without validating)."""
+    return json.loads(pio.to_json(fig, validate=False))
+
+
+def more_figures():
+    rng = np.random.default_rng(1)
+    tokens = ["<s>", "the", "cat"]
+    return [figures.heatmap(rng.random((3, 3)), "labelled", "channel", "token", y_labels=tokens, x_labels=tokens),
+            figures.heatmap(rng.random((1, 40)), "strip", "channel", "", height=170, y_ticks=False),
+            figures.heatmap(rng.random((400, 300)), "decimated", colorscale="Viridis", symmetric=False),
+            figures.head_grid_figure(rng.random((1, 3, 2, 2)), [5], "no head moved", holds=[[0, 1, 2]]),
+            figures.permutation_figure(rng.permutation(10_000), "long"),
+            figures.error_chart([{"layer": -1, "kind": "output logits", "abs": 0.0, "rel": 0.0},
+                                 {"layer": 0, "kind": "attention map", "abs": 1e-9, "rel": 2e-7, "tolerance": 1e-5}],
+                                "raised<br>broken", tolerance=1e-6, broken_at=1e-2),
+            figures.tensor_error_chart(["a", "b", "c"], [1e-7, 0.0, 1e-3], [1e-8, 0.0, 1e-4], "tensors", 1e-6,
+                                       tolerances=[1e-6, 1e-5, 1e-6], max_bars=2)]
+
+
+def test_validating_a_chart_changes_nothing_the_browser_gets():
+    """Charts are built unvalidated for speed (figures._figure): every property must already be as plotly's
+    validation writes it. A shorthand it would expand (an axis title as a plain string, a colour scale's name,
+    which plotly.js reads as other colours) or a misspelt property it would refuse makes this fail."""
+    for fig in sample_figures() + more_figures():
+        validated = go.Figure(fig.to_dict())
+        assert as_sent(validated) == as_sent(fig), fig.layout.title.text
+
+
+def test_the_unvalidated_check_can_fail():
+    shorthand = go.Figure([dict(type="heatmap", z=[[1.0]], colorscale="RdBu")],
+                          layout=dict(xaxis=dict(title="x")), _validate=False)
+    assert as_sent(go.Figure(shorthand.to_dict())) != as_sent(shorthand)
+    with pytest.raises(ValueError, match="colorscal"):
+        go.Figure(go.Figure([dict(type="heatmap", z=[[1.0]], colorscal="RdBu")], _validate=False).to_dict())
