@@ -41,9 +41,16 @@ control = top[0].selectbox(
     help="A near miss of a symmetry that must break the model; the charts below show the break.")
 control = None if control == "none" else control
 
-with st.spinner("Running the scrambled model ..."):
+seed("layer", geometry.n_layers - 1, int, valid=lambda v: 0 <= v < geometry.n_layers)
+seed("head", 0, int, valid=lambda v: 0 <= v < geometry.n_heads)
+if st.session_state.get("layer", 0) >= geometry.n_layers:
+    st.session_state["layer"] = geometry.n_layers - 1
+if st.session_state.get("head", 0) >= geometry.n_heads:
+    st.session_state["head"] = 0
+
+with st.spinner("Running the scrambled model ..."):  # the MLP-neuron view's block is recorded in the same run
     result = explore_result(view.model_name, view.dtype_name, view.device, view.input_id,
-                            tuple(sorted(view.keys.items())), control, explorer)
+                            tuple(sorted(view.keys.items())), control, explorer, st.session_state["layer"])
 verdict = result.verdict()
 if control:
     (top[1].error if result.worst_rel > BROKEN_AT else top[1].warning)(verdict)
@@ -87,12 +94,6 @@ st.latex(r"\begin{gathered}\text{tokens: } X \mapsto P X,\qquad \text{channels: 
          r"f_{\theta'}(P X Q) = P\, f_\theta(X)\, Q\end{gathered}")  # two lines: fits a 1024-pixel window
 
 # --- hidden states and attention ---
-seed("layer", geometry.n_layers - 1, int, valid=lambda v: 0 <= v < geometry.n_layers)
-seed("head", 0, int, valid=lambda v: 0 <= v < geometry.n_heads)
-if st.session_state.get("layer", 0) >= geometry.n_layers:
-    st.session_state["layer"] = geometry.n_layers - 1
-if st.session_state.get("head", 0) >= geometry.n_heads:
-    st.session_state["head"] = 0
 
 
 def layer_and_head() -> tuple[int, int]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from perm_core import param_cache, symmetries
+from perm_core.capture import capturing, output_projection
 from perm_core.spec import Scramble
 from perm_core.trace import Record
 from perm_core.verify import BROKEN_AT, MOVED_AT, TOLERANCE, Subject, TensorError, worst_abs, worst_rel
@@ -31,6 +32,7 @@ class ExploreResult:
     seconds: dict = field(default_factory=dict)
     moved: float = 0.0  # how far the scrambled world is from the original before un-scrambling (relative)
     moved_what: str = ""
+    mlp_inputs: dict[int, torch.Tensor] = field(default_factory=dict)  # block -> MLP activation, recorded in the run
 
     @property
     def worst_rel(self) -> float:
@@ -163,14 +165,32 @@ class Exploration:
         params = param_cache.transformed_params(self.subject, scramble, keys, scope, names=names)
         return params, lambda: self.subject.weight_movement(params)
 
-    def run(self, keys_by_symmetry: dict[str, int], control: str | None = None) -> ExploreResult:
+    def _mlp_module(self, layer: int | None) -> str | None:
+        if layer is None or not 0 <= layer < self.geometry.n_layers:
+            return None
+        try:
+            return output_projection(self.subject, layer)
+        except ValueError:  # a block without an MLP: nothing to record
+            return None
+
+    def run(self, keys_by_symmetry: dict[str, int], control: str | None = None,
+            mlp_layer: int | None = None) -> ExploreResult:
+        """mlp_layer: also record that block's MLP activation in the traced run (the MLP-neuron view's, which
+        would otherwise take a forward of its own)."""
         import time
 
         started = time.perf_counter()
         scramble, chosen = self.scramble_for(keys_by_symmetry, control)
         params, weights_moved = self.params_for(scramble, keys_by_symmetry, control)
         built = time.perf_counter()
-        scrambled = self.subject.trace(scramble, params=params)
+        mlp_inputs = {}
+        module = self._mlp_module(mlp_layer)
+        if module is None:
+            scrambled = self.subject.trace(scramble, params=params)
+        else:
+            with capturing(self.subject.model, module) as box:
+                scrambled = self.subject.trace(scramble, params=params)
+            mlp_inputs[mlp_layer] = box["input"]
         traced = time.perf_counter()
         restored = self.subject.unscramble_lazily(scrambled, scramble)  # kept: each tensor redrawn when shown
         errors = self.subject.errors(self.original, dict(restored))  # every tensor once, for the comparison
@@ -178,7 +198,7 @@ class Exploration:
         done = time.perf_counter()
         return ExploreResult(scramble, scrambled, restored, errors, self.subject.dtype, chosen,
                              {"params": built - started, "trace": traced - built, "compare": done - traced},
-                             moved, what)
+                             moved, what, mlp_inputs)
 
 
 def bits_summary(keys_by_symmetry: dict[str, int], geometry, n_tokens: int) -> dict[str, float]:

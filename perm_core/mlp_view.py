@@ -2,7 +2,8 @@
 
 The activation is the input of the block's MLP output projection (the spec's "mlp.out" weight), so one
 forward pre-hook finds it in every family: [B, T, d_mlp] with axes (None, tokens, mlp of that block).
-Recorded only when a page asks for it, by one forward of each model with only that hook.
+The scrambled one is recorded during Explore's own traced run when the page names the block beforehand
+(Exploration.run's mlp_layer); otherwise, and for the original, by a forward that stops at that block.
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ from dataclasses import dataclass
 
 import torch
 
+from perm_core import capture
 from perm_core.compare import relative_differences
 from perm_core.explore import Exploration, ExploreResult
 from perm_core.spec import Scramble, apply_axes
-from perm_core.stateless import functional_call, model_lock
+from perm_core.stateless import functional_call
 from perm_core.tokens import model_inputs
 
 
@@ -30,41 +32,23 @@ class MlpView:
 
 
 def output_projection(explorer: Exploration, layer: int) -> str:
-    subject = explorer.subject
-    for name, claim in subject.claims.items():
-        if claim.layer == layer and claim.rule.tag == "mlp.out" and subject.params[name].dim() == 2:
-            return name.rsplit(".", 1)[0]
-    raise ValueError(f"block {layer} of {subject.family.name} has no MLP output projection")
-
-
-class _Captured(Exception):
-    """Raised by the hook once it holds the activation: the blocks after it (and a language model's head) would
-    compute nothing that is shown."""
+    return capture.output_projection(explorer.subject, layer)
 
 
 def _activation(explorer: Exploration, params: dict, scramble: Scramble, module_name: str) -> torch.Tensor:
+    """One forward that stops once it reached the module (nothing after it is shown)."""
     subject = explorer.subject
-    captured = {}
-
-    def capture(_module, args):
-        captured["x"] = args[0].detach()
-        raise _Captured
-
-    module = subject.model.get_submodule(module_name)
-    with model_lock(subject.model):  # a shared model: the hook must see this run only
-        handle = module.register_forward_pre_hook(capture)
+    with capture.capturing(subject.model, module_name, stop=True) as box:
         try:
             with torch.no_grad():
                 functional_call(subject.model, params, args=(),
                                 kwargs=model_inputs(subject.inputs, subject.geometry, scramble, subject.dtype),
                                 strict=False)
-        except _Captured:
+        except capture.Captured:
             pass
-        finally:
-            handle.remove()
-    if "x" not in captured:
+    if "input" not in box:
         raise RuntimeError(f"{module_name} was not called in the forward pass")
-    return captured["x"]
+    return box["input"]
 
 
 def _original_activation(explorer: Exploration, module_name: str) -> torch.Tensor:
@@ -76,11 +60,16 @@ def _original_activation(explorer: Exploration, module_name: str) -> torch.Tenso
     return kept[module_name]
 
 
-def mlp_view(explorer: Exploration, result: ExploreResult, params: dict, layer: int) -> MlpView:
-    """params: the scrambled model's parameters (Exploration.params_for of the same element)."""
+def mlp_view(explorer: Exploration, result: ExploreResult, params: dict | None, layer: int) -> MlpView:
+    """params: the scrambled model's parameters (Exploration.params_for of the same element); None when the
+    result recorded this block's activation in its own run."""
     module = output_projection(explorer, layer)
     original = _original_activation(explorer, module)
-    scrambled = _activation(explorer, params, result.scramble, module)
+    scrambled = result.mlp_inputs.get(layer)
+    if scrambled is None:
+        if params is None:
+            raise ValueError(f"block {layer}'s MLP was not recorded in this run: give the scrambled parameters")
+        scrambled = _activation(explorer, params, result.scramble, module)
     g = explorer.geometry
     in_decoder = layer >= g.n_layers - g.n_decoder_layers  # an encoder-decoder's decoder tokens never move
     axes = (None, None if in_decoder and g.n_decoder_layers else "tokens", ("mlp", layer))

@@ -14,7 +14,7 @@ import copy
 import os
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import streamlit as st
 import torch
@@ -113,20 +113,25 @@ def exploration(model_name: str, dtype_name: str, device: str, input_id: str, _m
 
 
 def explore_result(model_name: str, dtype_name: str, device: str, input_id: str, keys: tuple, control: str | None,
-                   _exploration: Exploration) -> ExploreResult:
+                   _exploration: Exploration, mlp_layer: int | None = None) -> ExploreResult:
+    """mlp_layer: the block whose MLP neurons the page will show, recorded in the same run (a result made for
+    another block still serves: mlp_result then runs that block's forward)."""
     return _computed_once(_caches()["results"], (model_name, dtype_name, device, input_id, keys, control),
-                          lambda: _exploration.run(dict(keys), control))
+                          lambda: _exploration.run(dict(keys), control, mlp_layer))
 
 
 def mlp_result(model_name: str, dtype_name: str, device: str, input_id: str, keys: tuple, control: str | None,
                layer: int, _exploration: Exploration, _result: ExploreResult):
-    """The MLP-neuron view of one block (two hooked forwards), cached beside the result it belongs to: a rerun
-    that changes nothing else (a chart export, another weight matrix) runs no model."""
+    """The MLP-neuron view of one block, cached beside the result it belongs to: a rerun that changes nothing
+    else (a chart export, another weight matrix) runs no model. When the result recorded this block in its own
+    run, no forward runs and no run slot is waited for."""
     from perm_core.mlp_view import mlp_view
 
+    recorded = layer in _result.mlp_inputs
+
     def build():
-        params, _ = _exploration.params_for(_result.scramble, dict(keys), control)
+        params = None if recorded else _exploration.params_for(_result.scramble, dict(keys), control)[0]
         return mlp_view(_exploration, _result, params, layer)
 
     return _computed_once(_caches()["results"], (model_name, dtype_name, device, input_id, keys, control, "mlp", layer),
-                          build)
+                          build, slot=nullcontext if recorded else None)

@@ -84,3 +84,55 @@ def test_the_original_activation_is_computed_once_and_every_forward_stops_at_the
     assert torch.equal(views[0].original, captured[0][0]) and torch.equal(views[1].original, captured[0][0])
     assert views[0].max_rel_error <= 1e-12 and views[1].max_rel_error <= 1e-12
     assert not torch.equal(views[0].scrambled, views[1].scrambled)
+
+
+@pytest.mark.parametrize("family", family_names())
+def test_the_run_records_the_shown_block_as_its_own_forward_would(family):
+    """Explore names the MLP view's block before its run: the traced forward records the activation, and the view
+    built from it equals the one a forward of its own gives, bit for bit."""
+    explorer = explored(family)
+    keys = {"mlp": 7, "channels": 3}
+    layer = explorer.geometry.n_layers - 1
+    recorded = explorer.run(keys, mlp_layer=layer)
+    assert set(recorded.mlp_inputs) == {layer}
+    from_run = mlp_view(explorer, recorded, None, layer)
+    plain = explorer.run(keys)
+    assert plain.mlp_inputs == {}
+    own_forward = mlp_view(explorer, plain, explorer.params_for(plain.scramble, keys, None)[0], layer)
+    for field in ("original", "scrambled", "restored"):
+        assert torch.equal(getattr(from_run, field), getattr(own_forward, field)), field
+    assert from_run.max_rel_error == own_forward.max_rel_error <= 1e-12
+    with pytest.raises(ValueError, match="not recorded"):
+        mlp_view(explorer, recorded, None, 0)
+
+
+def test_a_capture_sees_its_own_thread_only():
+    """The hook stays on the shared model; a forward in another thread, while this thread captures, leaves the
+    capture alone and is itself unchanged."""
+    import threading
+
+    from perm_core.capture import capturing
+
+    explorer = explored("gpt2")
+    model, inputs = explorer.subject.model, explorer.subject.inputs
+    with torch.no_grad():
+        expected = model(**inputs).logits
+    module = output_projection(explorer, 0)
+    other = {}
+
+    def forward_elsewhere():
+        with torch.no_grad():
+            other["logits"] = model(**inputs).logits
+
+    with capturing(model, module) as box:
+        thread = threading.Thread(target=forward_elsewhere)
+        thread.start()
+        thread.join()
+        assert "input" not in box  # the other thread's forward passed the hook unrecorded
+        with torch.no_grad():
+            mine = model(**inputs).logits
+    assert box["input"].shape[-1] == explorer.geometry.d_mlp
+    assert torch.equal(other["logits"], expected) and torch.equal(mine, expected)
+    with torch.no_grad():
+        model(**inputs)  # after the capture, nothing records
+    assert len(model.get_submodule(module)._forward_pre_hooks) == 1
