@@ -41,6 +41,15 @@ def own_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         return dict(model.named_parameters())
 
 
+_dtypes: weakref.WeakKeyDictionary[torch.nn.Module, torch.dtype] = weakref.WeakKeyDictionary()
+
+
 def own_dtype(model: torch.nn.Module) -> torch.dtype:
-    with model_lock(model):
-        return next(model.parameters()).dtype
+    """Read under the model's lock once, then remembered: a shared model keeps the dtype it was loaded in, and
+    every rerun of a page asks (the sidebar's image input), where waiting for the lock meant waiting for
+    whichever session's forward held it, seconds under a classroom's load."""
+    dtype = _dtypes.get(model)
+    if dtype is None:
+        with model_lock(model):
+            dtype = _dtypes[model] = next(model.parameters()).dtype
+    return dtype

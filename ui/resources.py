@@ -10,7 +10,7 @@ import time
 import streamlit as st
 
 from perm_core import param_cache
-from perm_core.stateless import own_parameters
+from perm_core.stateless import own_dtype, own_parameters
 from perm_core.zoo import DTYPES, LoadedModel, load_model
 from ui import weights_audit
 
@@ -33,6 +33,7 @@ def shared_model(name: str, dtype_name: str = "float32") -> LoadedModel:
     weights_audit.track(name, dtype_name, loaded.model)  # only with TSE_WEIGHTS_HASH_FILE set
     with _LOADING:
         weights = own_parameters(loaded.model).values()
+        own_dtype(loaded.model)  # remembered from now on, so no rerun waits for a forward to read it
         _loaded_bytes[(name, dtype_name)] = sum(p.numel() * p.element_size() for p in weights)
         param_cache.fit_bound_to_models(sum(_loaded_bytes.values()))
         keep_out_of_gc()

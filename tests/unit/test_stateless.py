@@ -100,3 +100,29 @@ def test_readers_see_the_models_own_parameters_while_another_session_runs_float6
     assert seen["unlocked"] == torch.float64
     assert seen["dtype"] == torch.float32
     assert all(seen["params"][k] is own[k] for k in own)
+
+
+def test_a_known_dtype_is_answered_while_another_session_holds_the_model():
+    """Every rerun of an image page reads the model's dtype: once known, it must not wait for another session's
+    forward (which holds the model's lock with float64 tensors swapped in)."""
+    model = SlowLinear()
+    assert own_dtype(model) == torch.float32  # learnt once, as shared_model does after loading
+    holding, answered = threading.Event(), threading.Event()
+    seen = {}
+
+    def session():
+        with model_lock(model):
+            model.linear.weight.data = model.linear.weight.data.double()  # a swapped-in float64 copy
+            holding.set()
+            seen["answered while held"] = answered.wait(10)
+            model.linear.weight.data = model.linear.weight.data.float()
+
+    thread = threading.Thread(target=session)
+    thread.start()
+    holding.wait(10)
+    seen["dtype"] = own_dtype(model)
+    answered.set()
+    thread.join()
+    assert seen == {"dtype": torch.float32, "answered while held": True}
+    fresh = SlowLinear().double()
+    assert own_dtype(fresh) == torch.float64  # each model its own
