@@ -426,11 +426,11 @@ def difference_map(original, restored, title: str, x_title: str = "channel", y_t
     relative = np.abs(to_numpy(restored).astype(np.float64) - reference) / scale
     values, row_step, col_step = decimate(np.log10(np.maximum(relative, FLOOR)))
     note = f"<br>(largest cell of {row_step}x{col_step} blocks)" if row_step * col_step > 1 else ""
-    if row_step * col_step > 1:  # decimate takes one cell per block; the largest one is what matters here
-        full = np.log10(np.maximum(relative, FLOOR))
+    if row_step * col_step > 1:  # decimate averages each block; the largest cell is what matters here
         rows, cols = values.shape
-        values = np.array([[full[i * row_step:(i + 1) * row_step, j * col_step:(j + 1) * col_step].max()
-                            for j in range(cols)] for i in range(rows)])
+        padded = np.full((rows * row_step, cols * col_step), -np.inf)
+        padded[:relative.shape[0], :relative.shape[1]] = np.log10(np.maximum(relative, FLOOR))
+        values = padded.reshape(rows, row_step, cols, col_step).max(axis=(1, 3))
     ticks = list(range(-18, 1, 3))
     return _figure(dict(type="heatmap", z=values.astype(np.float32), colorscale=_colorscale("Magma"), zmin=-18,
                         zmax=0, x=np.arange(values.shape[1]) * col_step, y=np.arange(values.shape[0]) * row_step,
