@@ -164,20 +164,22 @@ def transformed_params(subject, scramble: Scramble, keys_by_symmetry: dict[str, 
     Tensors nothing acts on are the model's own, shared and never copied. names: only these parameters (a page
     that shows one weight matrix), each the same tensor the whole dict would hold.
     """
-    params, missing = {}, {}
+    params, missing, set_bytes = {}, {}, 0
     # Intermediates pay only where a transformed model and its intermediates take at most half the bound; beyond
     # it they evict the transformed tensors a repeated key needs (and every other model's): dinov2-s's 165 MiB
     # filled a classroom's 170 MiB bound alone, so each run rebuilt what the one before had kept.
     weight_bytes = sum(t.numel() * t.element_size() for t in subject.params.values())
     keep_intermediates = 4 * weight_bytes <= cache.max_bytes
     for name, tensor in subject.params.items():
-        if names is not None and name not in names:
-            continue
         claim = subject.claims[name]
         roles = roles_of(claim.rule.axes)
         reaching = tuple(sorted((s, keys_by_symmetry[s]) for role in roles
                                 for s in SYMMETRIES_OF_ROLE.get(role, ()) if s in keys_by_symmetry))
-        if not reaching or claim.rule.tag in scramble.skip_tags:
+        moved = reaching and claim.rule.tag not in scramble.skip_tags
+        set_bytes += tensor.numel() * tensor.element_size() if moved else 0
+        if names is not None and name not in names:
+            continue
+        if not moved:
             params[name] = tensor
             continue
         key = (scope, name, reaching)
@@ -187,11 +189,15 @@ def transformed_params(subject, scramble: Scramble, keys_by_symmetry: dict[str, 
     # What is about to be built counts against the bound now: a gemma3-270m set (1 GiB) is not built on top of
     # a full cache of other models' tensors.
     cache.make_room(sum(subject.params[n].numel() * subject.params[n].element_size() for n in missing))
+    # A set larger than the bound is never kept whole, and a kept part saves little: the next element needs the
+    # rest, and gemma3-270m's 1.07 GiB set left 383 MiB of fragments beside the next session's whole new set.
+    keep = set_bytes <= cache.max_bytes
     for name, key in missing.items():
         tensor, claim = subject.params[name], subject.claims[name]
         params[name] = (_transform(tensor, claim, scramble, keys_by_symmetry, (scope, name), cache)
                         if keep_intermediates else apply_axes(tensor, claim.rule.axes, scramble, claim.layer))
-        cache.put(key, params[name])
+        if keep:
+            cache.put(key, params[name])
     return params
 
 
