@@ -117,11 +117,13 @@ CHUNK = 1 << 18
 
 def _max_abs_difference(a: torch.Tensor, b: torch.Tensor) -> float:
     """max |a - b| over every element; NaN if either holds a NaN (max propagates it, slice by slice)."""
-    if not a.numel():
+    n = a.numel()
+    if not n:
         return 0.0
+    if n <= CHUNK and a.dtype == b.dtype:  # one slice: four torch calls, where each call must win the GIL back
+        return torch.sub(a, b).abs_().max().item()
     dtype = a.dtype if a.dtype == b.dtype else torch.float64  # near-equal floats subtract exactly in their own
     flat_a, flat_b = a.reshape(-1), b.reshape(-1)
-    n = flat_a.numel()
     buffer = torch.empty(min(CHUNK, n), dtype=dtype)
     maxima = torch.empty((n + CHUNK - 1) // CHUNK, dtype=dtype)
     for i, start in enumerate(range(0, n, CHUNK)):

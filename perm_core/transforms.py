@@ -23,7 +23,9 @@ class Permutation:
         return self.index.numel()
 
     def apply(self, tensor: torch.Tensor, axis: int) -> torch.Tensor:
-        index = self.index.to(tensor.device)
+        # Each torch call gives up the GIL and must win it back: under thirty sessions a no-op .to() costs
+        # milliseconds, so only a tensor on another device moves its index.
+        index = self.index if self.index.device == tensor.device else self.index.to(tensor.device)
         if tensor.dim() >= 2 and axis in (-1, tensor.dim() - 1) and tensor.is_contiguous():
             # The last axis (a weight's input channels, an activation's channels or key tokens): gather is
             # 1.6-5x faster here than index_select's last-axis path (float32 and float64, 768 to 30522 rows);
@@ -56,7 +58,9 @@ class BlockOrthogonal:
         return self.blocks.shape[0] * self.blocks.shape[1]
 
     def apply(self, tensor: torch.Tensor, axis: int) -> torch.Tensor:
-        blocks = self.blocks.to(device=tensor.device, dtype=tensor.dtype)
+        blocks = self.blocks
+        if blocks.device != tensor.device or blocks.dtype != tensor.dtype:
+            blocks = blocks.to(device=tensor.device, dtype=tensor.dtype)
         moved = rearrange(tensor.movedim(axis, -1), "... (n b) -> ... n b", n=blocks.shape[0])
         rotated = torch.einsum("...nj,nij->...ni", moved, blocks)
         return rearrange(rotated, "... n b -> ... (n b)").movedim(-1, axis)

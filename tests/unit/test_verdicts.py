@@ -64,6 +64,24 @@ def test_sliced_reductions_of_large_tensors_equal_the_plain_ones_and_never_drop_
         assert not math.isfinite(largest_magnitude(original))
 
 
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("shape", [(1,), (7, 5), (2, 3, 64)])
+def test_the_one_slice_path_equals_the_plain_reduction_and_never_drops_non_finite(bad, shape):
+    """Tensors of at most one slice take four torch calls instead of the sliced loop: same value, same NaN."""
+    from perm_core.compare import _max_abs_difference
+
+    generator = torch.Generator().manual_seed(4)
+    original = torch.randn(shape, generator=generator)
+    restored = original + 1e-3 * torch.randn(shape, generator=generator)
+    assert _max_abs_difference(original, restored) == (original - restored).abs().max().item() > 0
+    assert _max_abs_difference(original, original.clone()) == 0.0
+    strided = torch.randn(shape[::-1], generator=generator).T  # a non-contiguous view
+    shifted = strided.contiguous() + 0.25
+    assert _max_abs_difference(strided, shifted) == (strided - shifted).abs().max().item() > 0.2
+    restored.view(-1)[-1] = bad
+    assert not math.isfinite(_max_abs_difference(original, restored))
+
+
 def test_non_finite_in_the_original_fails_too():
     original = {"a": torch.tensor([1.0, math.nan], dtype=torch.float64)}
     errors = tensor_errors(original, {"a": torch.tensor([1.0, math.nan], dtype=torch.float64)})
