@@ -147,7 +147,17 @@ class BrowserVisitor:
         await self._settled(shown)
 
     async def snapshot(self) -> dict:
-        return await self.page.evaluate(SNAPSHOT_JS)
+        """What the page shows once it stays the same for half a second: a page that still draws (the status
+        widget can vanish before the last elements arrive) once gave a different text than the same run alone."""
+        shown = await self.page.evaluate(SNAPSHOT_JS)
+        for _ in range(20):
+            await self.page.wait_for_timeout(500)
+            await self.page.wait_for_function(IDLE_JS, timeout=TIMEOUT_S * 1000, polling=100)
+            again = await self.page.evaluate(SNAPSHOT_JS)
+            if again == shown:
+                return shown
+            shown = again
+        return shown
 
     @property
     def query(self) -> str:
