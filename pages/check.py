@@ -78,6 +78,7 @@ st.dataframe(pd.DataFrame([{"symmetry": c.symmetry, "direction": c.direction, "m
 st.subheader("Negative controls")
 # A static table wraps long control names and results instead of clipping them in a narrow window.
 st.table(pd.DataFrame([{"control": f"{c.symmetry}: {c.description}", "max rel error": f"{c.max_rel_error:.1e}",
+                        "measured on": c.measured_on,
                         "result": "broken, as it must" if c.broken else "NOT BROKEN"} for c in report.controls]),
          hide_index=True)
 if report.restricted:

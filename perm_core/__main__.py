@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 
@@ -27,9 +28,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     from perm_core.families import UnsupportedModelError
+    from perm_core.malloc import keep_freed_memory
     from perm_core.spec import UnclaimedParameterError
 
     args = build_parser().parse_args(argv)
+    if os.environ.get("TSE_KEEP_FREED_MEMORY", "1") != "0":  # 0: glibc's defaults, for a benchmark's baseline
+        keep_freed_memory()
     try:
         return args.run(args)
     except (UsageError, UnsupportedModelError, UnclaimedParameterError) as error:

@@ -12,6 +12,9 @@ from contextlib import contextmanager
 
 import torch
 
+from perm_core.stateless import functional_call
+from perm_core.tokens import model_inputs
+
 _WANTED = threading.local()  # .request: (module, box, stop) of the capture in progress in this thread
 _HOOKING = threading.Lock()
 
@@ -58,3 +61,19 @@ def output_projection(subject, layer: int) -> str:
         if claim.layer == layer and claim.rule.tag == "mlp.out" and subject.params[name].dim() == 2:
             return name.rsplit(".", 1)[0]
     raise ValueError(f"block {layer} of {subject.family.name} has no MLP output projection")
+
+
+def stopped_input(subject, params: dict, scramble, module_name: str) -> torch.Tensor:
+    """The module's input from one forward of `params` on the subject's input under `scramble`, stopped once it
+    reached the module (nothing after it is computed)."""
+    with capturing(subject.model, module_name, stop=True) as box:
+        try:
+            with torch.no_grad():
+                functional_call(subject.model, params, args=(),
+                                kwargs=model_inputs(subject.inputs, subject.geometry, scramble, subject.dtype),
+                                strict=False)
+        except Captured:
+            pass
+    if "input" not in box:
+        raise RuntimeError(f"{module_name} was not called in the forward pass")
+    return box["input"]

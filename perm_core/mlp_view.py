@@ -16,8 +16,6 @@ from perm_core import capture
 from perm_core.compare import relative_differences
 from perm_core.explore import Exploration, ExploreResult
 from perm_core.spec import Scramble, apply_axes
-from perm_core.stateless import functional_call
-from perm_core.tokens import model_inputs
 
 
 @dataclass
@@ -36,19 +34,7 @@ def output_projection(explorer: Exploration, layer: int) -> str:
 
 
 def _activation(explorer: Exploration, params: dict, scramble: Scramble, module_name: str) -> torch.Tensor:
-    """One forward that stops once it reached the module (nothing after it is shown)."""
-    subject = explorer.subject
-    with capture.capturing(subject.model, module_name, stop=True) as box:
-        try:
-            with torch.no_grad():
-                functional_call(subject.model, params, args=(),
-                                kwargs=model_inputs(subject.inputs, subject.geometry, scramble, subject.dtype),
-                                strict=False)
-        except capture.Captured:
-            pass
-    if "input" not in box:
-        raise RuntimeError(f"{module_name} was not called in the forward pass")
-    return box["input"]
+    return capture.stopped_input(explorer.subject, params, scramble, module_name)
 
 
 def _original_activation(explorer: Exploration, module_name: str) -> torch.Tensor:

@@ -99,8 +99,10 @@ def format_report(report) -> str:
     lines += ["", f"{'negative control':<40} {'max rel err':>12}  result"]
     for c in report.controls:
         lines.append(f"{c.symmetry + ': ' + c.name:<40} {c.max_rel_error:>12.2e}  "
-                     f"{'broken (as it must be)' if c.broken else 'NOT BROKEN'}")
+                     f"{'broken (as it must be)' if c.broken else 'NOT BROKEN'}"
+                     + ("" if c.measured_on == "every traced tensor" else f", on {c.measured_on}"))
     lines += ["", "moved: how far the scramble moved its most-moved weight or tensor (relative; a check "
               "needs >= 0.1)", "err/tol: the worst tensor's error over its own tolerance (a pass needs <= 1)",
+              "a control is first run up to block 1's MLP; it runs in full where that shows no break",
               "PASSED" if report.passed else "FAILED"]
     return "\n".join(lines)

@@ -50,7 +50,7 @@ def test_check_json_shape_and_exit_zero():
         assert all(set(t) >= {"name", "max_abs_error", "max_rel_error", "tolerance", "finite"} for t in c["tensors"])
     assert report["controls"]
     for c in report["controls"]:
-        assert set(c) == {"symmetry", "name", "broken", "max_rel_error"}
+        assert set(c) == {"symmetry", "name", "broken", "max_rel_error", "measured_on"}
         assert c["broken"] and c["max_rel_error"] > 1e-2
 
 

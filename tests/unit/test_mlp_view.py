@@ -50,7 +50,7 @@ def test_the_output_projection_is_named_by_the_spec():
 def test_the_original_activation_is_computed_once_and_every_forward_stops_at_the_shown_block(monkeypatch):
     """Every key change of every session needs the same original activation; and a forward that reached the
     shown block has computed everything shown. The values are those of a full forward."""
-    from perm_core import mlp_view as view_module
+    from perm_core import capture as view_module  # the stopped forward of the MLP view
 
     explorer = explored("gpt2")
     model = explorer.subject.model

@@ -1,0 +1,77 @@
+"""A negative control is first measured at block 1's MLP activation and runs in full only where that shows no
+break. The early measure must itself be able to fail: a true symmetry measured the same way is at round-off, and
+a model too shallow for it, or a control that does not break early, falls back to the full traced run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from perm_core import symmetries, verify
+from perm_core.numerics import use_exact_numerics
+from perm_core.random_models import DEFAULT_CLASSES, build_random_model, random_config, random_inputs, randomize_
+from perm_core.symmetries import Control
+from perm_core.verify import BROKEN_AT, Subject, run_control
+
+FAMILIES = ("vit", "bert", "gpt2", "llama", "dinov2", "gemma3", "t5")
+
+
+def subject_of(family: str) -> Subject:
+    model, _ = build_random_model(family, dtype=torch.float64, seed=4)
+    return Subject(model, random_inputs(family, model, seed=4))
+
+
+def full_run(subject: Subject, control: Control, original) -> float:
+    restored = subject.unscramble(subject.trace(control.scramble), control.scramble)
+    return verify.worst_rel(verify.tensor_errors(original, restored, subject.floor_reasons))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_control_breaks_early_and_the_full_run_agrees(family):
+    subject = subject_of(family)
+    original = subject.trace()
+    names = [n for n in symmetries.SYMMETRIES if n not in subject.geometry.not_holding()]
+    controls = [c for n in names for c in symmetries.controls(n, 21, subject.geometry, subject.n_tokens)]
+    assert len(controls) >= 5
+    for control in controls:
+        result = run_control(subject, control, original)
+        # on these random weights every control already breaks at block 1, so the early path is what runs here
+        assert result.broken and result.measured_on == "block 1's MLP activation", (control.name, result)
+        assert result.max_rel_error > BROKEN_AT
+        assert full_run(subject, control, original) > BROKEN_AT, control.name  # the full run breaks too
+
+
+@pytest.mark.parametrize("family", ("gpt2", "llama", "t5"))
+def test_a_true_symmetry_measured_early_is_at_round_off(family):
+    """The negative control of the early measure: the intended element applied as intended is not a break."""
+    subject = subject_of(family)
+    for name in ("channels", "heads", "mlp"):
+        element = subject.build({name: 21})
+        amount, where = verify._early_break(subject, Control(name, "intended", "the symmetry itself",
+                                                              lambda e=element: e))
+        assert where == "block 1's MLP activation"
+        assert amount < 1e-12, (name, amount)
+
+
+def test_a_control_that_does_not_break_early_is_decided_by_the_full_run(monkeypatch):
+    subject = subject_of("llama")
+    original = subject.trace()
+    control = next(c for c in symmetries.controls("mlp", 21, subject.geometry) if c.name == "output_not_permuted")
+    monkeypatch.setattr(verify, "_early_break", lambda *_: (0.0, "block 1's MLP activation"))
+    result = run_control(subject, control, original)
+    assert result.measured_on == "every traced tensor"
+    assert result.broken and result.max_rel_error == pytest.approx(full_run(subject, control, original))
+
+
+def test_a_one_block_model_runs_its_controls_in_full():
+    config = random_config("gpt2")
+    config.n_layer = 1
+    model = randomize_(getattr(transformers, DEFAULT_CLASSES["gpt2"])(config).to(torch.float64), seed=4).eval()
+    use_exact_numerics(model)
+    subject = Subject(model, random_inputs("gpt2", model, seed=4))
+    original = subject.trace()
+    control = symmetries.controls("mlp", 3, subject.geometry)[0]
+    assert verify._early_break(subject, control) is None
+    result = run_control(subject, control, original)
+    assert result.measured_on == "every traced tensor" and result.broken
