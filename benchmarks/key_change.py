@@ -9,7 +9,8 @@ one key     the same with one key changed while the others stay (mlp; tokens): o
             key reaches are rebuilt
 cache       the bytes the shared tensor cache (perm_core.param_cache) holds at the end, against its bound
 check       (--check) `check` in float64, every symmetry both directions and every control, against a
-            bare float32 forward
+            bare float32 forward; freed memory is kept as the CLI keeps it (perm_core.malloc), and from
+            then on for every later model of the run too
 Text models run on 128 tokens, image models on one 224x224 image. Timings are medians; each ratio is
 the median over repeats of one timed case divided by the mean of the bare forwards just before and after
 it, because timings here swing by several times while other work runs.
@@ -29,6 +30,7 @@ import torch  # noqa: E402
 
 from perm_core.explore import Exploration  # noqa: E402
 from perm_core.families import family_of  # noqa: E402
+from perm_core.malloc import keep_freed_memory  # noqa: E402
 from perm_core.param_cache import TENSORS  # noqa: E402
 from perm_core.spec import Scramble  # noqa: E402
 from perm_core.symmetries import SYMMETRIES  # noqa: E402
@@ -109,6 +111,7 @@ def measure(name: str, repeats: int, with_check: bool) -> dict:
     row["cache_mb"] = TENSORS.bytes / 2**20
     row["passed"] = explorer.run({s: next(counter) for s in SYMMETRIES}).passed
     if with_check:
+        keep_freed_memory()  # as the CLI does; from here on for the whole process
         started = time.perf_counter()
         report = check(load_model(name, dtype=torch.float64).model, inputs, key=1, model_name=name)
         row["check_s"], row["check_passed"] = time.perf_counter() - started, report.passed

@@ -97,11 +97,14 @@ def relative_differences(reference: dict[str, torch.Tensor], other: dict[str, to
     """name -> (max abs difference, relative difference, both finite), for names in both."""
     found = {}
     for name, ref in reference.items():
-        if name not in other or other[name].shape != ref.shape:
+        # Fetched once: `other` may build each tensor when asked (verify.Unscrambled), and then frees it here.
+        mine = other.get(name) if name in other else None
+        if mine is None or mine.shape != ref.shape:
             continue
         # In the tensors' own dtype: near-equal floats subtract exactly (Sterbenz), and one pass is
         # enough for finiteness too, since NaN propagates through max and inf - inf is NaN.
-        diff = _max_abs_difference(ref, other[name])
+        diff = _max_abs_difference(ref, mine)
+        del mine
         if not (math.isfinite(diff) and math.isfinite(scale[name])):
             found[name] = (math.inf, math.inf, False)
             continue
@@ -156,9 +159,16 @@ def tensor_errors(original: dict, restored: dict[str, torch.Tensor], floor_reaso
         return []
     dtype = next(iter(reference.values())).dtype
     scale = scale if scale is not None else scales(reference, floor_reasons, dtype)
+    return judged(relative_differences(reference, restored, scale), dtype, floor_reasons, roundoff)
+
+
+def judged(differences: dict[str, tuple[float, float, bool]], dtype: torch.dtype, floor_reasons: dict[str, str],
+           roundoff: dict[str, float] | None = None) -> list[TensorError]:
+    """Errors with tolerances from `relative_differences`' result: a caller that raises the tolerances after a
+    first verdict (a measured round-off) judges the same differences again instead of comparing again."""
     base = TOLERANCE.get(dtype, TOLERANCE[torch.float32])
     errors = []
-    for name, (diff, rel, finite) in relative_differences(reference, restored, scale).items():
+    for name, (diff, rel, finite) in differences.items():
         tolerance = base
         if roundoff is not None and dtype == torch.float32 and name in roundoff:
             tolerance = min(max(base, ROUNDOFF_SAFETY * roundoff[name]), ROUNDOFF_CAP)

@@ -193,7 +193,7 @@ class Exploration:
             mlp_inputs[mlp_layer] = box["input"]
         traced = time.perf_counter()
         restored = self.subject.unscramble_lazily(scrambled, scramble)  # kept: each tensor redrawn when shown
-        errors = self.subject.errors(self.original, dict(restored), scramble)  # every tensor once
+        errors = self.subject.errors(self.original, restored, scramble)  # each built, compared and dropped
         moved, what = self.subject.movement(self.original, scrambled, weights_moved)
         done = time.perf_counter()
         return ExploreResult(scramble, scrambled, restored, errors, self.subject.dtype, chosen,

@@ -12,7 +12,8 @@ from __future__ import annotations
 import ctypes
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-_KEEP = 1 << 40  # larger than any allocation here: never mmap, never trim
+# mallopt takes an int: the largest (2 GiB - 1) is above any single tensor the CLI allocates
+_KEEP = 2**31 - 1
 
 _MALLOPT = getattr(ctypes.CDLL(None), "mallopt", None)  # glibc; None elsewhere (macOS), where nothing changes
 
@@ -22,6 +23,4 @@ def keep_freed_memory() -> bool:
     if _MALLOPT is None:
         return False
     _MALLOPT.argtypes = (ctypes.c_int, ctypes.c_int)
-    # mallopt takes an int: the largest it holds (2 GiB - 1) is above any single tensor the CLI allocates
-    limit = min(_KEEP, 2**31 - 1)
-    return bool(_MALLOPT(M_MMAP_THRESHOLD, limit)) and bool(_MALLOPT(M_TRIM_THRESHOLD, limit))
+    return bool(_MALLOPT(M_MMAP_THRESHOLD, _KEEP)) and bool(_MALLOPT(M_TRIM_THRESHOLD, _KEEP))

@@ -23,6 +23,7 @@ from perm_core.compare import (
     TOLERANCE,
     TensorError,
     json_safe,
+    judged,
     largest_magnitude,
     measure_roundoff,
     relative_differences,
@@ -200,16 +201,21 @@ class Subject:
         reorders sums, so the scrambled run can round more than the original: a smollm2 layer-norm gradient
         at 1.1e-4 whose original float32 round-off was 1e-5)."""
         names = [n for n in original if n in restored]
-        first = getattr(original[names[0]], "tensor", original[names[0]]) if names else None
-        scale = self._scales(original, names, first.dtype if first is not None else self.dtype)
-        errors = tensor_errors(original, restored, self.floor_reasons, scale=scale)
+        if not names:
+            return []
+        reference = {n: getattr(original[n], "tensor", original[n]) for n in names}
+        dtype = reference[names[0]].dtype
+        # Compared once, each restored tensor built, compared and dropped in turn (`restored` may be Unscrambled):
+        # a float64 check's gradients alone are a model-sized set, and memory first touched is slow to fault in.
+        differences = relative_differences(reference, restored, self._scales(original, names, dtype))
+        errors = judged(differences, dtype, self.floor_reasons)
         if self.dtype in (torch.float32, torch.float64) and any(e.finite and not e.passed for e in errors):
             roundoff = self.roundoff(original)
-            errors = tensor_errors(original, restored, self.floor_reasons, roundoff, scale)
+            errors = judged(differences, dtype, self.floor_reasons, roundoff)
             if scramble is not None and any(e.finite and not e.passed for e in errors):
                 own = self._scrambled_roundoff(restored, scramble)
                 roundoff = {n: max(roundoff.get(n, 0.0), own.get(n, 0.0)) for n in {*roundoff, *own}}
-                errors = tensor_errors(original, restored, self.floor_reasons, roundoff, scale)
+                errors = judged(differences, dtype, self.floor_reasons, roundoff)
         return errors
 
     def _scrambled_roundoff(self, restored: dict[str, torch.Tensor], scramble: Scramble) -> dict[str, float]:
@@ -233,15 +239,17 @@ class Subject:
             self._scales_of[key] = cached
         return cached[1]
 
-    def weight_movement(self, params: dict[str, torch.Tensor], enough: float = MOVED_AT) -> dict[str, float]:
+    def weight_movement(self, params: Mapping[str, torch.Tensor], enough: float = MOVED_AT) -> dict[str, float]:
         """'weight NAME' -> relative change (own scale) of parameters the scramble touched, smallest first,
         stopping at the first that moved by `enough`: one moved weight is the proof, and a full pass over
-        every weight would cost as much as building them."""
-        changed = sorted((n for n, p in params.items() if p is not self.params[n] and p.shape == self.params[n].shape),
-                         key=lambda n: params[n].numel())
+        every weight would cost as much as building them. `params` may build each tensor when asked
+        (TransformedOnDemand): then only the tensors up to the first moved one are built."""
         moved = {}
-        for name in changed:
-            before, after = self.params[name].detach(), params[name].detach()
+        for name in sorted(params, key=lambda n: self.params[n].numel()):
+            after = params[name]
+            if after is self.params[name] or after.shape != self.params[name].shape:
+                continue
+            before, after = self.params[name].detach(), after.detach()
             _, rel, _ = relative_differences({name: before}, {name: after}, {name: largest_magnitude(before)})[name]
             moved[f"weight {name}"] = rel
             if rel >= enough:
@@ -268,6 +276,30 @@ class Subject:
         return moved[what], what
 
 
+class TransformedOnDemand(Mapping):
+    """The scrambled parameter dict, each tensor built when it is asked for (the same tensor transform_params
+    gives): a check does not keep a model-sized set alive through its comparisons for the few weights it may
+    ask for."""
+
+    def __init__(self, subject: Subject, scramble: Scramble):
+        self._subject, self._scramble = subject, scramble
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        tensor, claim = self._subject.params[name], self._subject.claims[name]
+        if claim.rule.tag in self._scramble.skip_tags:
+            return tensor
+        return apply_axes(tensor, claim.rule.axes, self._scramble, claim.layer)
+
+    def __contains__(self, name) -> bool:  # Mapping's own would build the tensor to answer
+        return name in self._subject.params
+
+    def __iter__(self):
+        return iter(self._subject.params)
+
+    def __len__(self) -> int:
+        return len(self._subject.params)
+
+
 class Unscrambled(Mapping):
     """The inverse applied to a scrambled run's records, each tensor when it is asked for (the same tensor
     Subject.unscramble gives). A kept result holds the scrambled trace only, half the bytes, and a page draws
@@ -279,6 +311,9 @@ class Unscrambled(Mapping):
     def __getitem__(self, name: str) -> torch.Tensor:
         record = self._records[name]
         return apply_axes(record.tensor, record.axes, self._inverse, record.layer, self._patch_size)
+
+    def __contains__(self, name) -> bool:  # Mapping's own would un-scramble the tensor to answer
+        return name in self._records
 
     def __iter__(self):
         return iter(self._records)
@@ -318,9 +353,10 @@ def _summarize(symmetry, direction, errors, tolerance, moved, moved_what, note="
 
 def check_scramble(subject: Subject, scramble: Scramble, label: str, original: dict[str, Record],
                    backward: bool = True) -> list[CheckResult]:
-    params = subject.transformed_params(scramble)
-    scrambled = subject.trace(scramble, backward=backward, params=params)
-    errors = subject.errors(original, subject.unscramble(scrambled, scramble), scramble)
+    scrambled = subject.trace(scramble, backward=backward, params=subject.transformed_params(scramble))
+    # The transformed set is not kept through the comparison (a model's worth of memory): the weights'
+    # movement, asked only when no traced tensor moved, rebuilds it.
+    errors = subject.errors(original, subject.unscramble_lazily(scrambled, scramble), scramble)
     tolerance = TOLERANCE.get(subject.dtype, TOLERANCE[torch.float32])
     grads = {n: r for n, r in scrambled.items() if n.startswith("grad.")}
     forward = {n: r for n, r in scrambled.items() if not n.startswith("grad.")}
@@ -329,7 +365,7 @@ def check_scramble(subject: Subject, scramble: Scramble, label: str, original: d
 
     def weights():
         if not weights_found:
-            weights_found.update(subject.weight_movement(params))
+            weights_found.update(subject.weight_movement(TransformedOnDemand(subject, scramble)))
         return weights_found
 
     def parameter_gradients_then_weights(records):
