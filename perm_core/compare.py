@@ -98,7 +98,7 @@ def relative_differences(reference: dict[str, torch.Tensor], other: dict[str, to
     found = {}
     for name, ref in reference.items():
         # Fetched once: `other` may build each tensor when asked (verify.Unscrambled), and then frees it here.
-        mine = other.get(name) if name in other else None
+        mine = other.get(name)
         if mine is None or mine.shape != ref.shape:
             continue
         # In the tensors' own dtype: near-equal floats subtract exactly (Sterbenz), and one pass is

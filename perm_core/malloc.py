@@ -16,11 +16,12 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 _KEEP = 2**31 - 1
 
 _MALLOPT = getattr(ctypes.CDLL(None), "mallopt", None)  # glibc; None elsewhere (macOS), where nothing changes
+if _MALLOPT is not None:
+    _MALLOPT.argtypes = (ctypes.c_int, ctypes.c_int)
 
 
 def keep_freed_memory() -> bool:
     """Serve large allocations from the heap and keep what is freed there for the next one; True if set."""
     if _MALLOPT is None:
         return False
-    _MALLOPT.argtypes = (ctypes.c_int, ctypes.c_int)
     return bool(_MALLOPT(M_MMAP_THRESHOLD, _KEEP)) and bool(_MALLOPT(M_TRIM_THRESHOLD, _KEEP))

@@ -185,11 +185,11 @@ def transform_params(params: dict[str, torch.Tensor], spec: FamilySpec, scramble
                      claims: dict[str, Claim] | None = None) -> dict[str, torch.Tensor]:
     """The parameter dict of the transformed model. Untouched tensors are shared, never copied."""
     claims = claims or spec.claim_all(params)
-    transformed = {}
-    for name, tensor in params.items():
-        claim = claims[name]
-        if claim.rule.tag in scramble.skip_tags:
-            transformed[name] = tensor
-        else:
-            transformed[name] = apply_axes(tensor, claim.rule.axes, scramble, claim.layer)
-    return transformed
+    return {name: transform_param(tensor, claims[name], scramble) for name, tensor in params.items()}
+
+
+def transform_param(tensor: torch.Tensor, claim: Claim, scramble: Scramble) -> torch.Tensor:
+    """One parameter of the transformed model: the same tensor where a control's element skips its tag."""
+    if claim.rule.tag in scramble.skip_tags:
+        return tensor
+    return apply_axes(tensor, claim.rule.axes, scramble, claim.layer)

@@ -34,7 +34,16 @@ from perm_core.compare import (
     worst_rel,
 )
 from perm_core.families import Family, Geometry, family_of
-from perm_core.spec import LAYERED_ROLES, Claim, Concat, FamilySpec, Scramble, apply_axes, transform_params
+from perm_core.spec import (
+    LAYERED_ROLES,
+    Claim,
+    Concat,
+    FamilySpec,
+    Scramble,
+    apply_axes,
+    transform_param,
+    transform_params,
+)
 from perm_core.stateless import own_parameters
 from perm_core.tokens import model_inputs, n_tokens
 from perm_core.trace import Record, run
@@ -285,10 +294,7 @@ class TransformedOnDemand(Mapping):
         self._subject, self._scramble = subject, scramble
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        tensor, claim = self._subject.params[name], self._subject.claims[name]
-        if claim.rule.tag in self._scramble.skip_tags:
-            return tensor
-        return apply_axes(tensor, claim.rule.axes, self._scramble, claim.layer)
+        return transform_param(self._subject.params[name], self._subject.claims[name], self._scramble)
 
     def __contains__(self, name) -> bool:  # Mapping's own would build the tensor to answer
         return name in self._subject.params
@@ -355,7 +361,7 @@ def check_scramble(subject: Subject, scramble: Scramble, label: str, original: d
                    backward: bool = True) -> list[CheckResult]:
     scrambled = subject.trace(scramble, backward=backward, params=subject.transformed_params(scramble))
     # The transformed set is not kept through the comparison (a model's worth of memory): the weights'
-    # movement, asked only when no traced tensor moved, rebuilds it.
+    # movement, asked only when no traced tensor moved, builds the few tensors it looks at again.
     errors = subject.errors(original, subject.unscramble_lazily(scrambled, scramble), scramble)
     tolerance = TOLERANCE.get(subject.dtype, TOLERANCE[torch.float32])
     grads = {n: r for n, r in scrambled.items() if n.startswith("grad.")}
