@@ -45,11 +45,14 @@ def families() -> list[str]:
 
 def family_row(family: str, key: int = MATRIX_KEY) -> Row:
     from perm_core.random_models import build_random_model, random_inputs
+    from perm_core.threads import one_thread
     from perm_core.verify import check
 
-    model, _ = build_random_model(family, dtype=torch.float64, seed=3)
-    report = check(model, random_inputs(family, model, seed=3), SYMMETRIES, key=key, model_name=f"random:{family}",
-                   include_combined=False)
+    # one thread: the round-off shown is then the same whatever the process's thread count (2.2e-15 vs 2.3e-15 on gpt2)
+    with one_thread():
+        model, _ = build_random_model(family, dtype=torch.float64, seed=3)
+        report = check(model, random_inputs(family, model, seed=3), SYMMETRIES, key=key,
+                       model_name=f"random:{family}", include_combined=False)
     row = Row(family, f"random:{family}", type(model).__name__, report.passed)
     for symmetry in SYMMETRIES:
         checks = [c for c in report.checks if c.symmetry == symmetry]
