@@ -42,7 +42,9 @@ def invariant_loss(primary: torch.Tensor) -> torch.Tensor:
 
 
 def run(model, params: dict, kwargs: dict, g: Geometry, claims: dict[str, Claim] | None = None,
-        backward: bool = False) -> dict[str, Record]:
+        backward: bool = False, on_param_grad=None) -> dict[str, Record]:
+    """on_param_grad(name, Record): with backward, each parameter's gradient is handed over as backward produces it
+    and not kept (no grad.param.* records): a float64 check then never holds a second model-sized set."""
     if backward:
         params = {name: p.detach().requires_grad_(True) for name, p in params.items()}
         if "pixel_values" in kwargs:
@@ -53,7 +55,7 @@ def run(model, params: dict, kwargs: dict, g: Geometry, claims: dict[str, Claim]
                                                             "output_attentions": True}, strict=False)
         records = _forward_records(out, model, g)
         if backward:
-            records.update(_backward_records(out, records, params, kwargs, claims, g))
+            records.update(_backward_records(out, records, params, kwargs, claims, g, on_param_grad))
     for record in records.values():
         record.tensor = record.tensor.detach()
     return records
@@ -108,7 +110,7 @@ def primary_output(records: dict[str, Record]) -> torch.Tensor:
     raise ValueError("the model produced neither logits nor a last hidden state")
 
 
-def _backward_records(out, records, params, kwargs, claims, g: Geometry) -> dict[str, Record]:
+def _backward_records(out, records, params, kwargs, claims, g: Geometry, on_param_grad=None) -> dict[str, Record]:
     loss = invariant_loss(primary_output(records))
     image = "pixel_values" in kwargs
     hidden_names = [n for n in records if n in ("embed", "decoder.embed") or n.endswith(".hidden")]
@@ -116,7 +118,10 @@ def _backward_records(out, records, params, kwargs, claims, g: Geometry) -> dict
     targets = [records[n].tensor for n in hidden_names] + list(params.values())
     if image:
         targets.append(kwargs["pixel_values"])
-    grads = torch.autograd.grad(loss, targets, allow_unused=True)
+    if on_param_grad is None:
+        grads = torch.autograd.grad(loss, targets, allow_unused=True)
+    else:
+        grads = _streamed_grads(loss, targets, params, claims, on_param_grad)
     result = {}
     for name, grad in zip(hidden_names, grads, strict=False):
         # For text the embedding output is the model's input; for images the pixels are.
@@ -129,3 +134,25 @@ def _backward_records(out, records, params, kwargs, claims, g: Geometry) -> dict
     if image and grads[-1] is not None:
         result["grad.input"] = Record(grads[-1], PIXELS)
     return result
+
+
+def _streamed_grads(loss, targets, params: dict, claims, on_param_grad) -> list:
+    """torch.autograd.grad's list, with every parameter's entry None: each is handed to on_param_grad as soon
+    as it is accumulated, then dropped, so its memory serves the next one."""
+    def hand_over(name):
+        def hook(leaf):
+            grad, leaf.grad = leaf.grad, None
+            on_param_grad(name, Record(grad, claims[name].rule.axes, claims[name].layer))
+        return hook
+
+    leaves = set(map(id, params.values()))
+    handles = [leaf.register_post_accumulate_grad_hook(hand_over(name)) for name, leaf in params.items()]
+    others = [t for t in targets if id(t) not in leaves]
+    for tensor in others:
+        tensor.retain_grad()
+    try:
+        torch.autograd.backward(loss, inputs=targets)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return [None if id(t) in leaves else t.grad for t in targets]

@@ -166,7 +166,8 @@ class Subject:
         return transform_params(self.params, self.spec, scramble, self.claims)
 
     def trace(self, scramble: Scramble | None = None, backward: bool = False,
-              params: dict[str, torch.Tensor] | None = None, dtype: torch.dtype | None = None) -> dict[str, Record]:
+              params: dict[str, torch.Tensor] | None = None, dtype: torch.dtype | None = None,
+              on_param_grad=None) -> dict[str, Record]:
         scramble = scramble or Scramble()
         if params is None:
             params = self.params if scramble.is_identity else self.transformed_params(scramble)
@@ -174,7 +175,8 @@ class Subject:
         if dtype != self.dtype:
             params = {name: p.to(dtype) for name, p in params.items()}
         kwargs = model_inputs(self.inputs, self.geometry, scramble, dtype)
-        return run(self.model, params, kwargs, self.geometry, self.claims, backward=backward)
+        return run(self.model, params, kwargs, self.geometry, self.claims, backward=backward,
+                   on_param_grad=on_param_grad)
 
     def unscramble(self, records: dict[str, Record], scramble: Scramble) -> dict[str, torch.Tensor]:
         return dict(self.unscramble_lazily(records, scramble))
@@ -204,19 +206,22 @@ class Subject:
         return cached[1]
 
     def errors(self, original: dict[str, Record], restored: dict[str, torch.Tensor],
-               scramble: Scramble | None = None) -> list[TensorError]:
+               scramble: Scramble | None = None, measured: dict | None = None) -> list[TensorError]:
         """Per-tensor errors; a tensor over its dtype's tolerance gets what its measured round-off allows: the
         original run's and, given the `scramble` that `restored` comes from, that run's own (a permutation
         reorders sums, so the scrambled run can round more than the original: a smollm2 layer-norm gradient
         at 1.1e-4 whose original float32 round-off was 1e-5)."""
-        names = [n for n in original if n in restored]
+        measured = measured or {}
+        names = [n for n in original if n in restored or n in measured]
         if not names:
             return []
-        reference = {n: getattr(original[n], "tensor", original[n]) for n in names}
-        dtype = reference[names[0]].dtype
+        reference = {n: getattr(original[n], "tensor", original[n]) for n in names if n not in measured}
+        dtype = getattr(original[names[0]], "tensor", original[names[0]]).dtype
         # Compared once, each restored tensor built, compared and dropped in turn (`restored` may be Unscrambled):
         # a float64 check's gradients alone are a model-sized set, and memory first touched is slow to fault in.
-        differences = relative_differences(reference, restored, self._scales(original, names, dtype))
+        # `measured`: differences already taken (parameter gradients compared as backward made them).
+        found = relative_differences(reference, restored, self._scales(original, names, dtype))
+        differences = {n: measured[n] if n in measured else found[n] for n in names if n in measured or n in found}
         errors = judged(differences, dtype, self.floor_reasons)
         if self.dtype in (torch.float32, torch.float64) and any(e.finite and not e.passed for e in errors):
             roundoff = self.roundoff(original)
@@ -357,12 +362,46 @@ def _summarize(symmetry, direction, errors, tolerance, moved, moved_what, note="
                        moved, moved_what, note)
 
 
+class StreamedGradients:
+    """Each parameter gradient of a scrambled run, compared with the original's as backward hands it over and then
+    dropped: its difference after un-scrambling, and its movement before (only until one moved enough, as
+    weight_movement stops at the first moved weight)."""
+
+    def __init__(self, subject: Subject, scramble: Scramble, original: dict[str, Record]):
+        self.subject, self.original = subject, original
+        self.inverse = _inverse_of_spaces(scramble, original)
+        self.scale = subject._scales(original, list(original), subject.dtype)
+        self.differences: dict[str, tuple[float, float, bool]] = {}
+        self.moved: dict[str, float] = {}
+
+    def __call__(self, parameter: str, record: Record) -> None:
+        name = f"grad.param.{parameter}"
+        if name not in self.original:
+            return
+        reference = {name: self.original[name].tensor}
+        restored = apply_axes(record.tensor, record.axes, self.inverse, record.layer, self.subject.geometry.patch_size)
+        self.differences.update(relative_differences(reference, {name: restored}, self.scale))
+        del restored
+        if max(self.moved.values(), default=0.0) < MOVED_AT and name not in self.subject.floor_reasons:
+            for _, rel, finite in relative_differences(reference, {name: record.tensor}, self.scale).values():
+                if finite:
+                    self.moved[name] = rel
+
+
 def check_scramble(subject: Subject, scramble: Scramble, label: str, original: dict[str, Record],
-                   backward: bool = True) -> list[CheckResult]:
-    scrambled = subject.trace(scramble, backward=backward, params=subject.transformed_params(scramble))
+                   backward: bool = True, stream: bool = True) -> list[CheckResult]:
+    """stream: parameter gradients are compared as backward makes them (StreamedGradients); should any tensor
+    fail, the check is run again with every gradient kept, so a round-off fallback sees them all."""
+    streamed = StreamedGradients(subject, scramble, original) if backward and stream else None
+    scrambled = subject.trace(scramble, backward=backward, params=subject.transformed_params(scramble),
+                              on_param_grad=streamed)
     # The transformed set is not kept through the comparison (a model's worth of memory): the weights'
     # movement, asked only when no traced tensor moved, builds the few tensors it looks at again.
-    errors = subject.errors(original, subject.unscramble_lazily(scrambled, scramble), scramble)
+    errors = subject.errors(original, subject.unscramble_lazily(scrambled, scramble), scramble,
+                            streamed.differences if streamed else None)
+    if streamed is not None and not (errors and all(e.passed for e in errors)):
+        del scrambled, errors
+        return check_scramble(subject, scramble, label, original, backward, stream=False)
     tolerance = TOLERANCE.get(subject.dtype, TOLERANCE[torch.float32])
     grads = {n: r for n, r in scrambled.items() if n.startswith("grad.")}
     forward = {n: r for n, r in scrambled.items() if not n.startswith("grad.")}
@@ -382,12 +421,22 @@ def check_scramble(subject: Subject, scramble: Scramble, label: str, original: d
             return {what: amount} if what else {}
         return moved
 
+    def streamed_gradients_then_weights():
+        found = dict(streamed.moved)
+        if not max(found.values(), default=0.0) >= MOVED_AT:
+            found.update(weights())
+        if not found:
+            return {}
+        what = max(found, key=lambda n: found[n] if math.isfinite(found[n]) else -1.0)
+        return {what: found[what]}
+
     results = []
     for direction, records in directions:
         if direction == "backward":
             parameter_grads = {n: r for n, r in records.items() if n.startswith("grad.param.")}
             activation_grads = {n: r for n, r in records.items() if n not in parameter_grads}
             moved, what = subject.movement(original, activation_grads,
+                                           streamed_gradients_then_weights if streamed else
                                            parameter_gradients_then_weights(parameter_grads))
         else:
             moved, what = subject.movement(original, records, weights)
