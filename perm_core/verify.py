@@ -284,10 +284,15 @@ class Subject:
                 moved[name] = rel
         if weights is not None and not max(moved.values(), default=0.0) >= MOVED_AT:
             moved.update(weights() if callable(weights) else weights)
-        if not moved:
-            return 0.0, ""
-        what = max(moved, key=lambda n: moved[n] if math.isfinite(moved[n]) else -1.0)
-        return moved[what], what
+        return most_moved(moved)
+
+
+def most_moved(moved: dict[str, float]) -> tuple[float, str]:
+    """(amount, what) of the tensor that moved most, a non-finite amount counting least; (0.0, "") if none."""
+    if not moved:
+        return 0.0, ""
+    what = max(moved, key=lambda n: moved[n] if math.isfinite(moved[n]) else -1.0)
+    return moved[what], what
 
 
 class TransformedOnDemand(Mapping):
@@ -379,9 +384,8 @@ class StreamedGradients:
         if name not in self.original:
             return
         reference = {name: self.original[name].tensor}
-        restored = apply_axes(record.tensor, record.axes, self.inverse, record.layer, self.subject.geometry.patch_size)
-        self.differences.update(relative_differences(reference, {name: restored}, self.scale))
-        del restored
+        restored = Unscrambled({name: record}, self.inverse, self.subject.geometry.patch_size)
+        self.differences.update(relative_differences(reference, restored, self.scale))
         if max(self.moved.values(), default=0.0) < MOVED_AT and name not in self.subject.floor_reasons:
             for _, rel, finite in relative_differences(reference, {name: record.tensor}, self.scale).values():
                 if finite:
@@ -425,10 +429,8 @@ def check_scramble(subject: Subject, scramble: Scramble, label: str, original: d
         found = dict(streamed.moved)
         if not max(found.values(), default=0.0) >= MOVED_AT:
             found.update(weights())
-        if not found:
-            return {}
-        what = max(found, key=lambda n: found[n] if math.isfinite(found[n]) else -1.0)
-        return {what: found[what]}
+        amount, what = most_moved(found)
+        return {what: amount} if what else {}
 
     results = []
     for direction, records in directions:
