@@ -6,15 +6,17 @@ So each transformed tensor is cached under (model, dtype, parameter, the keys th
 one key then recomputes just the tensors that key reaches and shares every other tensor; a fresh set of
 keys costs one pass over the weights, as before.
 
+A changed key's tensor that is a pure gather of its original (no rotation acts on it) is derived from the kept
+tensor of the previous element, gathered along only the axes whose index changed: the MLP key re-gathers an MLP
+weight along its MLP axis alone, one pass instead of two, and the values are the very same (a gather of a gather
+is a gather). Nothing extra is kept for it (the residual-first intermediates this replaced took up to a model's
+weights more).
+
 The cache holds at most CACHE_BYTES of tensors (env TSE_PARAMS_CACHE_MB, default 640 MiB; the app lowers it to
-the bytes of the models it has loaded, at least 128 MiB: fit_bound_to_models), evicting
-the least recently used; one tensor larger than the bound is computed and not kept. That bound includes
-the residual-first intermediates (see _transform): a weight permuted on its residual axes only, kept under
-the channels key, from which a change of any other key re-gathers just its own axes. They are kept only for a
-model whose weights fit the bound twice over (dinov2-s, MiniLM and the digits ViTs at the default bound; not the
-110M-parameter base models: TSE_PARAMS_CACHE_MB=1024 buys them faster single-key changes for 384 MiB more).
-The default keeps a server with every zoo model loaded within 2x their float32 weights + 1 GiB
-(benchmarks/memory_tour.py).
+the bytes of the models it has loaded, at least 128 MiB: fit_bound_to_models), evicting the least recently used;
+one tensor larger than the bound is computed and not kept, and a model's set larger than the bound is built per
+run and not kept at all. The default keeps a server with every zoo model loaded within 2x their float32 weights
++ 1 GiB (benchmarks/memory_tour.py).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from collections import OrderedDict
 import torch
 
 from perm_core.spec import Concat, Scramble, apply_axes
-from perm_core.transforms import Permutation
+from perm_core.transforms import Permutation, composed
 
 CACHE_BYTES = int(float(os.environ.get("TSE_PARAMS_CACHE_MB", "640")) * 2**20)
 
@@ -92,6 +94,10 @@ class TensorCache:
         self.max_bytes = max_bytes
         self._items: OrderedDict = OrderedDict()
         self._sizes: dict = {}
+        # Kin: entries put with a group (one parameter of one model) and the gather indices that made them from
+        # the original, so that a sibling can be derived from a kept one (see transformed_params).
+        self._kin: dict = {}  # group -> {key: indices}, most recent last
+        self._group_of: dict = {}  # key -> group
         self._lock = threading.Lock()
         self.bytes = 0
         self.hits = self.misses = 0
@@ -107,7 +113,8 @@ class TensorCache:
                 self.hits += 1
             return value
 
-    def put(self, key, value) -> None:
+    def put(self, key, value, group=None, indices=None) -> None:
+        """group, indices: value is the original of `group` gathered by `indices` (see kin)."""
         size = value.numel() * value.element_size() if isinstance(value, torch.Tensor) else tensor_bytes(value)
         with self._lock:
             self.misses += 1
@@ -116,17 +123,31 @@ class TensorCache:
             self._items[key] = value
             self._sizes[key] = size
             self.bytes += size
-            while self.bytes > self.max_bytes:
-                evicted, _ = self._items.popitem(last=False)
-                self.bytes -= self._sizes.pop(evicted)
+            if group is not None and indices is not None:
+                self._kin.setdefault(group, {})[key] = indices
+                self._group_of[key] = group
+            self._evict_over(0)
+
+    def kin(self, group) -> list[tuple]:
+        """(value, indices) of every kept entry of `group`, most recently put first."""
+        with self._lock:
+            return [(self._items[key], indices) for key, indices in reversed(self._kin.get(group, {}).items())]
+
+    def _evict_over(self, incoming: int) -> None:
+        while self._items and self.bytes + incoming > self.max_bytes:
+            evicted, _ = self._items.popitem(last=False)
+            self.bytes -= self._sizes.pop(evicted)
+            group = self._group_of.pop(evicted, None)
+            if group is not None:
+                del self._kin[group][evicted]
+                if not self._kin[group]:
+                    del self._kin[group]
 
     def make_room(self, incoming: int) -> None:
         """Evict least recently used entries until `incoming` more bytes fit the bound (all, if they never fit):
         tensors about to be built count against the bound while they are built, not only once they are kept."""
         with self._lock:
-            while self._items and self.bytes + incoming > self.max_bytes:
-                evicted, _ = self._items.popitem(last=False)
-                self.bytes -= self._sizes.pop(evicted)
+            self._evict_over(incoming)
 
     def get_or_compute(self, key, compute):
         value = self.get(key)
@@ -139,6 +160,8 @@ class TensorCache:
         with self._lock:
             self._items.clear()
             self._sizes.clear()
+            self._kin.clear()
+            self._group_of.clear()
             self.bytes = 0
 
 
@@ -156,20 +179,19 @@ def fit_bound_to_models(loaded_weight_bytes: int, cache: TensorCache = TENSORS) 
     return cache.max_bytes
 
 
+
+
 def transformed_params(subject, scramble: Scramble, keys_by_symmetry: dict[str, int], scope: tuple,
                        cache: TensorCache = TENSORS, names=None) -> dict[str, torch.Tensor]:
     """The scrambled parameter dict, tensor by tensor from the cache where the keys that reach it match.
 
     scope: what else identifies the model's weights and this element (model id, dtype, n_tokens, control).
     Tensors nothing acts on are the model's own, shared and never copied. names: only these parameters (a page
-    that shows one weight matrix), each the same tensor the whole dict would hold.
+    that shows one weight matrix), each the same tensor the whole dict would hold. A missing tensor that is a
+    pure gather of its original is derived, where it can be, from a kept one of the same parameter
+    (`_derive`): a changed MLP key re-gathers the MLP weights along their MLP axis alone.
     """
     params, missing, set_bytes = {}, {}, 0
-    # Intermediates pay only where a transformed model and its intermediates take at most half the bound; beyond
-    # it they evict the transformed tensors a repeated key needs (and every other model's): dinov2-s's 165 MiB
-    # filled a classroom's 170 MiB bound alone, so each run rebuilt what the one before had kept.
-    weight_bytes = sum(t.numel() * t.element_size() for t in subject.params.values())
-    keep_intermediates = 4 * weight_bytes <= cache.max_bytes
     for name, tensor in subject.params.items():
         claim = subject.claims[name]
         roles = roles_of(claim.rule.axes)
@@ -194,35 +216,63 @@ def transformed_params(subject, scramble: Scramble, keys_by_symmetry: dict[str, 
     keep = set_bytes <= cache.max_bytes
     for name, key in missing.items():
         tensor, claim = subject.params[name], subject.claims[name]
-        params[name] = (_transform(tensor, claim, scramble, keys_by_symmetry, (scope, name), cache)
-                        if keep_intermediates else apply_axes(tensor, claim.rule.axes, scramble, claim.layer))
+        indices = gather_indices(claim.rule.axes, scramble, claim.layer, tuple(tensor.shape))
+        params[name] = _derive(cache.kin((scope, name)), indices) if indices is not None else None
+        if params[name] is None:
+            params[name] = apply_axes(tensor, claim.rule.axes, scramble, claim.layer)
         if keep:
-            cache.put(key, params[name])
+            cache.put(key, params[name], group=(scope, name), indices=indices)
     return params
 
 
-def _transform(tensor, claim, scramble: Scramble, keys_by_symmetry: dict[str, int], where: tuple,
-               cache: TensorCache) -> torch.Tensor:
-    """The residual-stream axes first, kept under the channels key alone, then the other axes: changing the MLP
-    or a head key re-gathers only its own axes. Gathers commute exactly, so this is done only where every axis
-    is permuted (a rotation's arithmetic stays in the engine's order); the result is contiguous, as
-    index_select's is."""
-    axes = claim.rule.axes
-    if not isinstance(axes, tuple) or "channels" not in keys_by_symmetry or "resid" not in axes:
-        return apply_axes(tensor, axes, scramble, claim.layer)
-    others = tuple(None if role == "resid" else role for role in axes)
-    if not roles_of(others) or not _only_permutations(tensor, axes, scramble, claim.layer):
-        return apply_axes(tensor, axes, scramble, claim.layer)
-    resid_only = tuple(role if role == "resid" else None for role in axes)
-    base = cache.get_or_compute((*where, "resid", keys_by_symmetry["channels"]),
-                                lambda: apply_axes(tensor, resid_only, scramble, claim.layer))
-    return apply_axes(base, others, scramble, claim.layer)
-
-
-def _only_permutations(tensor, axes, scramble: Scramble, layer) -> bool:
-    for role in axes:
-        for part in (p for p, _ in role.parts) if isinstance(role, Concat) else (role,) if role else ():
+def gather_indices(axes, scramble: Scramble, layer, shape: tuple) -> tuple | None:
+    """Per axis, the one index that the element gathers it by (None where nothing acts on it): transformed =
+    original gathered by these, axis by axis. None when a rotation acts on some axis (arithmetic, not a gather)."""
+    if not isinstance(axes, tuple):
+        return None
+    found = []
+    for axis, role in enumerate(axes):
+        if role is None:
+            found.append(None)
+            continue
+        parts = role.parts if isinstance(role, Concat) else ((role, None),)
+        chains = []
+        for part, _ in parts:
             name, at = part if isinstance(part, tuple) else (part, layer)
-            if not all(isinstance(t, Permutation) for t in scramble.chain(name, at)):
-                return False
-    return True
+            chains.append(composed(scramble.chain(name, at)))
+        if any(not isinstance(t, Permutation) for chain in chains for t in chain):
+            return None
+        if not any(chains):
+            found.append(None)
+        elif isinstance(role, Concat):  # each part's own index, laid back along the fused axis
+            pieces = role.split(torch.arange(shape[axis]), 0)
+            found.append(role.join([piece[chain[0].index] if chain else piece
+                                    for piece, chain in zip(pieces, chains, strict=True)], 0))
+        else:
+            found.append(chains[0][0].index)
+    return tuple(found)
+
+
+def _derive(kin: list[tuple], indices: tuple) -> torch.Tensor | None:
+    """The tensor the original gathers to by `indices`, gathered instead from a kept sibling along only the axes
+    where the two differ (the one with fewest such axes): a gather of a gather is a gather, so the values are the
+    very same. None when every axis differs from every sibling's (nothing to save) or none is kept."""
+    best = None
+    for value, theirs in kin:
+        differ = [axis for axis, (mine, other) in enumerate(zip(indices, theirs, strict=True))
+                  if not _same_index(mine, other)]
+        if best is None or len(differ) < len(best[2]):
+            best = (value, theirs, differ)
+    if best is None or len(best[2]) >= sum(index is not None for index in indices):
+        return None
+    tensor, theirs, differ = best
+    for axis in differ:
+        mine, other = indices[axis], theirs[axis]
+        # theirs[j] = original[other[j]], wanted[i] = original[mine[i]]: wanted = theirs gathered by other^-1[mine]
+        step = mine if other is None else (torch.argsort(other) if mine is None else torch.argsort(other)[mine])
+        tensor = Permutation(step).apply(tensor, axis)
+    return tensor
+
+
+def _same_index(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    return a is b or (a is not None and b is not None and torch.equal(a, b))

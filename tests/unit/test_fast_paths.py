@@ -1,5 +1,5 @@
 """The fast paths (merged permutation chains, gathers on the storage beneath a strided view, the per-tensor
-cache with its residual-first intermediate, the partial inverse of un-scrambling) give bit-identical
+cache, a changed key's tensors derived from a kept sibling, the partial inverse of un-scrambling) give bit-identical
 parameters, traces, gradients and un-scrambled tensors to the straightforward engine: one index_select per
 permutation, one rotation per BlockOrthogonal, axis by axis, and the full inverse. Every registered family,
 every symmetry, all of them together, and every negative control."""
@@ -101,7 +101,7 @@ def test_every_symmetry_all_and_every_control_bit_identical(family, explorers, o
     assert_run_identical(explorer, KEYS)
     for control in control_options(explorer.subject, KEYS):
         assert_run_identical(explorer, KEYS, control)
-    # One key changed while the others stay: the cached residual-first intermediates serve the new key.
+    # One key changed while the others stay: the tensors it reaches are derived from the kept ones.
     assert_run_identical(explorer, {**KEYS, "mlp": 99})
     assert_run_identical(explorer, {**KEYS, "heads": 98, "channels": 97})
 
@@ -145,15 +145,81 @@ def test_strided_gather_and_merged_chain_equal_index_select():
             assert not torch.equal(expected, view)
 
 
-def test_residual_first_intermediate_is_cached_under_the_channels_key(explorers):
-    explorer = explorers["gpt2"]
-    cache = param_cache.TensorCache()
-    scramble = explorer.subject.build(KEYS)
-    scope = ("fast-path-test",)
-    param_cache.transformed_params(explorer.subject, scramble, KEYS, scope, cache)
-    intermediates = [key for key in cache._items if "resid" in key[2:3]]
-    assert intermediates and all(key[3] == KEYS["channels"] for key in intermediates)
-    assert cache.bytes <= cache.max_bytes
+PERMUTATIONS = {name: key for name, key in KEYS.items() if name != "rotation"}  # every weight a pure gather
+
+
+@pytest.mark.parametrize("family", family_names())
+def test_a_changed_key_is_derived_from_a_kept_sibling_bit_identically(family, explorers, monkeypatch, one_thread):
+    """With one key changed, a tensor it reaches is gathered from the kept one of the previous element along the
+    changed axes only; it is built from the original only where every axis it gathers changed (a bias, an
+    embedding under a new channels key: no gather to save). Each equals the straightforward engine's."""
+    subject = explorers[family].subject
+    cache = param_cache.TensorCache(max_bytes=1 << 40)
+    previous = subject.build(PERMUTATIONS)
+    param_cache.transformed_params(subject, previous, PERMUTATIONS, ("derive",), cache)
+    built = []
+    engine = param_cache.apply_axes
+    monkeypatch.setattr(param_cache, "apply_axes", lambda t, axes, s, layer: built.append((t, axes, layer))
+                        or engine(t, axes, s, layer))
+    for name in ("mlp", "heads", "head_channels", "tokens", "channels"):
+        if name == "tokens" and not subject.n_tokens:
+            continue
+        keys = {**PERMUTATIONS, name: 90}
+        before, built[:] = cache.misses, []
+        scramble = subject.build(keys)
+        params = param_cache.transformed_params(subject, scramble, keys, ("derive",), cache)
+        assert_identical(params, stepwise_params(subject, scramble), f"{family} {name} changed")
+        for tensor, axes, layer in built:
+            new, old = (param_cache.gather_indices(axes, s, layer, tuple(tensor.shape)) for s in (scramble, previous))
+            gathered = [axis for axis, index in enumerate(new) if index is not None]
+            kept = [axis for axis in gathered if old[axis] is not None and torch.equal(new[axis], old[axis])]
+            assert not kept, f"{family} {name}: a {tuple(tensor.shape)} tensor built whole, axes {kept} unchanged"
+        if name in ("mlp", "channels"):  # every family has MLP neurons and a residual stream
+            assert cache.misses > before, f"{family} {name}: nothing was rebuilt"
+        reached_2d = [n for n in params if params[n].dim() >= 2 and params[n] is not subject.params[n]]
+        assert len([t for t, *_ in built if t.dim() >= 2]) < len(reached_2d), f"{family} {name}: nothing derived"
+        previous = scramble
+
+
+def test_a_derived_tensor_gathers_only_the_changed_axis_and_a_wrong_step_would_differ():
+    generator = torch.Generator().manual_seed(3)
+    original = torch.randn(6, 5, generator=generator)
+    rows, cols, new_rows = (torch.randperm(n, generator=generator) for n in (6, 5, 6))
+    kept = original[rows][:, cols]
+    gathers = []
+    apply = Permutation.apply
+    Permutation.apply = lambda self, t, axis: gathers.append(axis) or apply(self, t, axis)
+    try:
+        derived = param_cache._derive([(kept, (rows, cols))], (new_rows, cols))
+    finally:
+        Permutation.apply = apply
+    assert gathers == [0] and torch.equal(derived, original[new_rows][:, cols])
+    # Pretending the kept tensor came from other indices gives other values: the equality above is not automatic.
+    wrong = param_cache._derive([(kept, (new_rows, cols))], (rows, cols))
+    assert not torch.equal(wrong, original[rows][:, cols])
+    # Every axis changed: nothing to save, built from the original instead.
+    assert param_cache._derive([(kept, (rows, cols))], (new_rows, torch.randperm(5, generator=generator))) is None
+
+
+def test_fused_axis_index_equals_the_engine_gather():
+    """GPT-2's q|k|v and GPT-NeoX's per-head q|k|v: the one index along a fused axis is what the engine does."""
+    for family in ("gpt2", "gpt_neox", "phi3"):
+        model, _ = build_random_model(family, seed=1)
+        subject = Exploration(model, random_inputs(family, model, seed=1)).subject
+        scramble = subject.build(PERMUTATIONS)
+        fused = [n for n, c in subject.claims.items()
+                 if any(isinstance(role, Concat) for role in c.rule.axes or ())]
+        assert fused, family
+        for name in fused:
+            claim, tensor = subject.claims[name], subject.params[name]
+            indices = param_cache.gather_indices(claim.rule.axes, scramble, claim.layer, tuple(tensor.shape))
+            gathered = tensor
+            for axis, index in enumerate(indices):
+                gathered = gathered if index is None else gathered.index_select(axis, index)
+            assert torch.equal(gathered, stepwise_axes(tensor, claim.rule.axes, scramble, claim.layer)), name
+        rotated = subject.build(KEYS)
+        claim = subject.claims[fused[0]]
+        assert param_cache.gather_indices(claim.rule.axes, rotated, claim.layer, (0,) * 2) is None
 
 
 def test_cached_original_scales_give_the_same_errors_and_movement(explorers, one_thread):
@@ -170,12 +236,12 @@ def test_cached_original_scales_give_the_same_errors_and_movement(explorers, one
         assert result.moved == max(rel for _, rel, _ in fresh.values()) and result.moved >= 0.1
 
 
-def test_no_intermediates_where_a_transformed_model_and_its_intermediates_would_not_fit(explorers, one_thread):
+def test_a_set_the_cache_cannot_keep_is_built_from_the_original(explorers, one_thread):
     subject = explorers["gpt2"].subject
     weight_bytes = sum(t.numel() * t.element_size() for t in subject.params.values())
-    scramble = subject.build(KEYS)
-    small = param_cache.TensorCache(max_bytes=2 * weight_bytes - 1)
-    params = param_cache.transformed_params(subject, scramble, KEYS, ("small",), small)
-    assert not [key for key in small._items if "resid" in key[2:3]]
-    assert small.bytes <= small.max_bytes
-    assert_identical(params, stepwise_params(subject, scramble), "gpt2 without intermediates")
+    small = param_cache.TensorCache(max_bytes=weight_bytes // 2)
+    for keys in (PERMUTATIONS, {**PERMUTATIONS, "mlp": 99}):
+        scramble = subject.build(keys)
+        params = param_cache.transformed_params(subject, scramble, keys, ("small",), small)
+        assert small.bytes == 0
+        assert_identical(params, stepwise_params(subject, scramble), "gpt2 in a small cache")
