@@ -245,3 +245,22 @@ def test_a_set_the_cache_cannot_keep_is_built_from_the_original(explorers, one_t
         params = param_cache.transformed_params(subject, scramble, keys, ("small",), small)
         assert small.bytes == 0
         assert_identical(params, stepwise_params(subject, scramble), "gpt2 in a small cache")
+
+
+def test_block_rotation_on_any_axis_equals_the_dense_block_diagonal_matrix():
+    """The batched-matmul paths (first axis, last axis) and the einsum path (a middle axis), on contiguous and
+    strided tensors: new[..., i, ...] = sum_j M[i, j] old[..., j, ...] with M the block-diagonal matrix."""
+    from perm_core.transforms import BlockOrthogonal
+
+    generator = torch.Generator().manual_seed(4)
+    rotation = BlockOrthogonal(torch.linalg.qr(torch.randn(3, 4, 4, generator=generator, dtype=torch.float64))[0])
+    dense = rotation.matrix()
+    base = torch.randn(12, 5, 12, generator=generator, dtype=torch.float64)
+    for tensor in (base, base.transpose(0, 2), base[:, ::2]):
+        for axis in (a for a in range(3) if tensor.shape[a] == 12):
+            got = rotation.apply(tensor, axis)
+            want = torch.movedim(torch.tensordot(dense, tensor.movedim(axis, 0), dims=1), 0, axis)
+            assert got.shape == tensor.shape and torch.allclose(got, want, rtol=0, atol=1e-13), axis
+            assert not torch.allclose(got, tensor, atol=1e-3)
+            back = rotation.inverse().apply(got, axis)
+            assert torch.allclose(back, tensor, rtol=0, atol=1e-13)
