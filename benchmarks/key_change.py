@@ -7,10 +7,14 @@ fresh       every symmetry on, every key new (tensor cache cleared): element, pa
             scrambled forward, un-scrambling and comparing, i.e. Exploration.run
 one key     the same with one key changed while the others stay (mlp; tokens): only the tensors that
             key reaches are rebuilt
+floor       1 + the time to copy (clone) every parameter the case must write, over the bare forward: what the
+            case would cost if building the transformed tensors were a plain copy and un-scrambling and comparing
+            were free (a transformed set is new memory; the traced forward is at least a bare one)
 cache       the bytes the shared tensor cache (perm_core.param_cache) holds at the end, against its bound
 check       (--check) `check` in float64, every symmetry both directions and every control, against a
             bare float32 forward; freed memory is kept as the CLI keeps it (perm_core.malloc), and from
-            then on for every later model of the run too
+            then on for every later model of the run too. Its floor: the check's scrambled runs plus the
+            original, each one float64 forward and backward of the traced model, against the same bare forward
 Text models run on 128 tokens, image models on one 224x224 image. Timings are medians; each ratio is
 the median over repeats of one timed case divided by the mean of the bare forwards just before and after
 it, because timings here swing by several times while other work runs.
@@ -35,7 +39,7 @@ from perm_core.param_cache import TENSORS  # noqa: E402
 from perm_core.spec import Scramble  # noqa: E402
 from perm_core.symmetries import SYMMETRIES  # noqa: E402
 from perm_core.tokens import model_inputs  # noqa: E402
-from perm_core.verify import check  # noqa: E402
+from perm_core.verify import Subject, check  # noqa: E402
 from perm_core.zoo import load_model  # noqa: E402
 
 MODELS = ("random:vit-base", "random:bert-base", "random:gpt2-base", "smollm2-135m", "gemma3-270m", "dinov2-s")
@@ -92,11 +96,15 @@ def measure(name: str, repeats: int, with_check: bool) -> dict:
     cases = {"fresh": fresh, "mlp_key": change("mlp"), "tokens_key": change("tokens")}
     bare()
     explorer.run(base)
+    written = written_by_case(explorer, base)
+    for case, names in written.items():
+        originals = [explorer.subject.params[n] for n in names]
+        cases[f"{case}_copy"] = lambda originals=originals: [t.clone() for t in originals]
     ratios = {case: [] for case in cases}
     seconds = {case: [] for case in (*cases, "bare")}
     for _ in range(repeats):
         for case, run in cases.items():
-            if case != "fresh":
+            if case in ("mlp_key", "tokens_key"):
                 explorer.run(base)  # warm: every tensor of `base` cached, as after the previous key change
             before = median_time(bare, 1)
             took = median_time(run, 1)
@@ -108,6 +116,8 @@ def measure(name: str, repeats: int, with_check: bool) -> dict:
     for case in cases:
         row[f"{case}_s"] = statistics.median(seconds[case])
         row[f"{case}_ratio"] = statistics.median(ratios[case])
+    for case in written:
+        row[f"{case}_floor"] = 1 + row.pop(f"{case}_copy_ratio")
     row["cache_mb"] = TENSORS.bytes / 2**20
     row["passed"] = explorer.run({s: next(counter) for s in SYMMETRIES}).passed
     if with_check:
@@ -115,7 +125,29 @@ def measure(name: str, repeats: int, with_check: bool) -> dict:
         started = time.perf_counter()
         report = check(load_model(name, dtype=torch.float64).model, inputs, key=1, model_name=name)
         row["check_s"], row["check_passed"] = time.perf_counter() - started, report.passed
+        subject = Subject(load_model(name, dtype=torch.float64).model, inputs)
+        subject.trace(backward=True)
+        passes = 1 + len({c.symmetry for c in report.checks if c.note == ""})
+        one = median_time(lambda: subject.trace(backward=True), 3)
+        row["check_floor"] = passes * one / row["bare_s"]
+        row["check_passes"] = passes
     return row
+
+
+def written_by_case(explorer: Exploration, base: dict) -> dict[str, list[str]]:
+    """The parameters each case must write anew: every moved one for fresh keys, those whose transformed tensor
+    differs between `base` and the changed key for one key."""
+    subject = explorer.subject
+
+    def params(keys):
+        return explorer.params_for(explorer.scramble_for(keys)[0], keys, None)[0]
+
+    first = params(base)
+    written = {"fresh": [n for n, t in first.items() if t is not subject.params[n]]}
+    for case, symmetry in (("mlp_key", "mlp"), ("tokens_key", "tokens")):
+        other = params({**base, symmetry: base[symmetry] + 1})
+        written[case] = [n for n, t in other.items() if not torch.equal(t, first[n])]
+    return written
 
 
 def main() -> None:
@@ -127,14 +159,17 @@ def main() -> None:
     args = parser.parse_args()
     global clock
     clock = CLOCK[args.clock]
-    print(f"{'model':<18} {'bare':>7} {'fresh':>7} {'ratio':>6} {'mlp key':>8} {'ratio':>6} {'tok key':>8} "
-          f"{'ratio':>6} {'check/bare':>10} {'cache':>8}  verdict", flush=True)
+    print(f"{'model':<18} {'bare':>7} {'fresh':>7} {'ratio':>6} {'floor':>6} {'mlp key':>8} {'ratio':>6} "
+          f"{'floor':>6} {'tok key':>8} {'ratio':>6} {'floor':>6} {'check/bare':>10} {'floor':>6} {'cache':>8}  "
+          "verdict", flush=True)
     for name in args.models.split(","):
         r = measure(name, args.repeats, args.check)
-        check_ratio = (f"{r['check_s'] / r['bare_s']:>10.1f}" if "check_s" in r else f"{'-':>10}")
+        check_ratio = (f"{r['check_s'] / r['bare_s']:>10.1f} {r['check_floor']:>6.1f}" if "check_s" in r
+                       else f"{'-':>10} {'-':>6}")
         print(f"{r['model']:<18} {r['bare_s']:>6.3f}s {r['fresh_s']:>6.3f}s {r['fresh_ratio']:>6.2f} "
-              f"{r['mlp_key_s']:>7.3f}s {r['mlp_key_ratio']:>6.2f} {r['tokens_key_s']:>7.3f}s "
-              f"{r['tokens_key_ratio']:>6.2f} {check_ratio} {r['cache_mb']:>6.0f}MB  "
+              f"{r['fresh_floor']:>6.2f} {r['mlp_key_s']:>7.3f}s {r['mlp_key_ratio']:>6.2f} {r['mlp_key_floor']:>6.2f} "
+              f"{r['tokens_key_s']:>7.3f}s {r['tokens_key_ratio']:>6.2f} {r['tokens_key_floor']:>6.2f} "
+              f"{check_ratio} {r['cache_mb']:>6.0f}MB  "
               f"{'pass' if r['passed'] else 'FAIL'}"
               + (f", check {'passed' if r['check_passed'] else 'FAILED'} in {r['check_s']:.1f} s" if "check_s" in r
                  else ""), flush=True)
