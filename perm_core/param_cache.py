@@ -14,8 +14,8 @@ weights more).
 
 The cache holds at most CACHE_BYTES of tensors (env TSE_PARAMS_CACHE_MB, default 640 MiB; the app lowers it to
 the bytes of the models it has loaded, at least 128 MiB: fit_bound_to_models), evicting the least recently used;
-one tensor larger than the bound is computed and not kept, and a model's set larger than the bound is built per
-run and not kept at all. The default keeps a server with every zoo model loaded within 2x their float32 weights
+one tensor larger than the bound is computed and not kept, and of a model's set larger than the bound only the
+smaller tensors that fit are kept (the largest, a vocabulary table, are rebuilt per run). The default keeps a server with every zoo model loaded within 2x their float32 weights
 + 1 GiB (benchmarks/memory_tour.py).
 """
 
@@ -191,38 +191,60 @@ def transformed_params(subject, scramble: Scramble, keys_by_symmetry: dict[str, 
     pure gather of its original is derived, where it can be, from a kept one of the same parameter
     (`_derive`): a changed MLP key re-gathers the MLP weights along their MLP axis alone.
     """
-    params, missing, set_bytes = {}, {}, 0
+    params, missing, moved_keys = {}, {}, {}
     for name, tensor in subject.params.items():
         claim = subject.claims[name]
         roles = roles_of(claim.rule.axes)
         reaching = tuple(sorted((s, keys_by_symmetry[s]) for role in roles
                                 for s in SYMMETRIES_OF_ROLE.get(role, ()) if s in keys_by_symmetry))
-        moved = reaching and claim.rule.tag not in scramble.skip_tags
-        set_bytes += tensor.numel() * tensor.element_size() if moved else 0
+        if reaching and claim.rule.tag not in scramble.skip_tags:
+            moved_keys[name] = (scope, name, reaching)
         if names is not None and name not in names:
             continue
-        if not moved:
+        if name not in moved_keys:
             params[name] = tensor
             continue
-        key = (scope, name, reaching)
-        params[name] = cache.get(key)
+        params[name] = cache.get(moved_keys[name])
         if params[name] is None:
-            missing[name] = key
+            missing[name] = moved_keys[name]
     # What is about to be built counts against the bound now: a gemma3-270m set (1 GiB) is not built on top of
-    # a full cache of other models' tensors.
-    cache.make_room(sum(subject.params[n].numel() * subject.params[n].element_size() for n in missing))
-    # A set larger than the bound is never kept whole, and a kept part saves little: the next element needs the
-    # rest, and gemma3-270m's 1.07 GiB set left 383 MiB of fragments beside the next session's whole new set.
-    keep = set_bytes <= cache.max_bytes
+    # a full cache of other models' tensors (this run holds the tensors it found, evicted or not).
+    cache.make_room(sum(_bytes(subject.params[n]) for n in missing))
+    kept = _kept_part(subject, moved_keys, cache.max_bytes)
     for name, key in missing.items():
         tensor, claim = subject.params[name], subject.claims[name]
         indices = gather_indices(claim.rule.axes, scramble, claim.layer, tuple(tensor.shape))
         params[name] = _derive(cache.kin((scope, name)), indices) if indices is not None else None
         if params[name] is None:
             params[name] = apply_axes(tensor, claim.rule.axes, scramble, claim.layer)
-        if keep:
+        if name in kept:
             cache.put(key, params[name], group=(scope, name), indices=indices)
+    if len(kept) < len(moved_keys):  # what make_room let go of the kept part goes back
+        for name in kept.keys() & params.keys() - missing.keys():
+            claim = subject.claims[name]
+            indices = gather_indices(claim.rule.axes, scramble, claim.layer, tuple(params[name].shape))
+            cache.put(kept[name], params[name], group=(scope, name), indices=indices)
     return params
+
+
+def _bytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _kept_part(subject, moved_keys: dict, bound: int) -> dict:
+    """The transformed tensors to keep: all of a set within the bound; of a larger set (gemma3-270m's 1.07 GiB
+    over 640 MiB) the smaller tensors that fit, the largest left out. Its largest are the vocabulary table (671
+    MB, reached by the channels key alone) and the like: left out, each run rebuilds them, and a tokens or MLP key
+    change of such a model finds everything else kept instead of rebuilding all of it."""
+    sizes = {name: _bytes(subject.params[name]) for name in moved_keys}
+    if sum(sizes.values()) <= bound:
+        return moved_keys
+    kept, room = {}, bound
+    for name in sorted(sizes, key=sizes.get):
+        if sizes[name] > room:
+            break
+        kept[name], room = moved_keys[name], room - sizes[name]
+    return kept
 
 
 def gather_indices(axes, scramble: Scramble, layer, shape: tuple) -> tuple | None:
