@@ -15,8 +15,9 @@ weights more).
 The cache holds at most CACHE_BYTES of tensors (env TSE_PARAMS_CACHE_MB, default 640 MiB; the app lowers it to
 the bytes of the models it has loaded, at least 128 MiB: fit_bound_to_models), evicting the least recently used;
 one tensor larger than the bound is computed and not kept, and of a model's set larger than the bound only the
-smaller tensors that fit are kept (the largest, a vocabulary table, are rebuilt per run). The default keeps a server with every zoo model loaded within 2x their float32 weights
-+ 1 GiB (benchmarks/memory_tour.py).
+smaller tensors that fit are kept (the largest, a vocabulary table, are rebuilt per run). The default is meant to
+keep a server with every zoo model loaded within 2x their float32 weights + 1 GiB (benchmarks/memory_tour.py
+measures it).
 """
 
 from __future__ import annotations

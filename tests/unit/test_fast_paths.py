@@ -236,14 +236,14 @@ def test_cached_original_scales_give_the_same_errors_and_movement(explorers, one
         assert result.moved == max(rel for _, rel, _ in fresh.values()) and result.moved >= 0.1
 
 
-def test_a_set_the_cache_cannot_keep_is_built_from_the_original(explorers, one_thread):
+def test_a_set_over_the_bound_keeps_a_part_and_derives_from_it_bit_identically(explorers, one_thread):
     subject = explorers["gpt2"].subject
     weight_bytes = sum(t.numel() * t.element_size() for t in subject.params.values())
     small = param_cache.TensorCache(max_bytes=weight_bytes // 2)
-    for keys in (PERMUTATIONS, {**PERMUTATIONS, "mlp": 99}):
+    for keys in (PERMUTATIONS, {**PERMUTATIONS, "mlp": 99}, {**PERMUTATIONS, "channels": 98}):
         scramble = subject.build(keys)
         params = param_cache.transformed_params(subject, scramble, keys, ("small",), small)
-        assert small.bytes == 0
+        assert 0 < small.bytes <= small.max_bytes
         assert_identical(params, stepwise_params(subject, scramble), "gpt2 in a small cache")
 
 
