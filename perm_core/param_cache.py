@@ -180,8 +180,6 @@ def fit_bound_to_models(loaded_weight_bytes: int, cache: TensorCache = TENSORS) 
     return cache.max_bytes
 
 
-
-
 def transformed_params(subject, scramble: Scramble, keys_by_symmetry: dict[str, int], scope: tuple,
                        cache: TensorCache = TENSORS, names=None) -> dict[str, torch.Tensor]:
     """The scrambled parameter dict, tensor by tensor from the cache where the keys that reach it match.
