@@ -22,6 +22,7 @@ measures it).
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from collections import OrderedDict
@@ -32,6 +33,10 @@ from perm_core.spec import Concat, Scramble, apply_axes
 from perm_core.transforms import Permutation, composed
 
 CACHE_BYTES = int(float(os.environ.get("TSE_PARAMS_CACHE_MB", "640")) * 2**20)
+
+# Kept siblings a missing tensor is compared with (the most recent first; each comparison is torch calls on the key
+# change's path): a classroom's sessions keep dozens of one weight's transformed copies under their own keys.
+KIN_LOOKED_AT = 4
 
 # Which symmetries act on a space of each role (see perm_core.symmetries).
 SYMMETRIES_OF_ROLE = {
@@ -129,10 +134,11 @@ class TensorCache:
                 self._group_of[key] = group
             self._evict_over(0)
 
-    def kin(self, group) -> list[tuple]:
-        """(value, indices) of every kept entry of `group`, most recently put first."""
+    def kin(self, group, most: int) -> list[tuple]:
+        """(value, indices) of the `most` entries of `group` put last, most recent first."""
         with self._lock:
-            return [(self._items[key], indices) for key, indices in reversed(self._kin.get(group, {}).items())]
+            return [(self._items[key], indices)
+                    for key, indices in itertools.islice(reversed(self._kin.get(group, {}).items()), most)]
 
     def _evict_over(self, incoming: int) -> None:
         while self._items and self.bytes + incoming > self.max_bytes:
@@ -213,7 +219,7 @@ def transformed_params(subject, scramble: Scramble, keys_by_symmetry: dict[str, 
     for name, key in missing.items():
         tensor, claim = subject.params[name], subject.claims[name]
         indices = gather_indices(claim.rule.axes, scramble, claim.layer, tuple(tensor.shape))
-        params[name] = _derive(cache.kin((scope, name)), indices) if indices is not None else None
+        params[name] = _derive(cache.kin((scope, name), KIN_LOOKED_AT), indices) if indices is not None else None
         if params[name] is None:
             params[name] = apply_axes(tensor, claim.rule.axes, scramble, claim.layer)
         if name in kept:

@@ -201,6 +201,17 @@ def test_a_derived_tensor_gathers_only_the_changed_axis_and_a_wrong_step_would_d
     assert param_cache._derive([(kept, (rows, cols))], (new_rows, torch.randperm(5, generator=generator))) is None
 
 
+def test_a_missing_tensor_is_compared_with_the_few_siblings_put_last():
+    cache = param_cache.TensorCache(max_bytes=1 << 30)
+    for i in range(param_cache.KIN_LOOKED_AT + 3):
+        cache.put(("w", i), torch.full((2,), float(i)), group="w", indices=(torch.arange(2),))
+    cache.put("no group", torch.zeros(2))
+    found = cache.kin("w", param_cache.KIN_LOOKED_AT)
+    assert [int(value[0]) for value, _ in found] == list(range(param_cache.KIN_LOOKED_AT + 2, 2, -1))
+    cache.make_room(cache.max_bytes)  # evicting every entry forgets its kin too
+    assert cache.kin("w", param_cache.KIN_LOOKED_AT) == [] and not cache._kin and not cache._group_of
+
+
 def test_fused_axis_index_equals_the_engine_gather():
     """GPT-2's q|k|v and GPT-NeoX's per-head q|k|v: the one index along a fused axis is what the engine does."""
     for family in ("gpt2", "gpt_neox", "phi3"):
