@@ -121,7 +121,7 @@ class TensorCache:
 
     def put(self, key, value, group=None, indices=None) -> None:
         """group, indices: value is the original of `group` gathered by `indices` (see kin)."""
-        size = value.numel() * value.element_size() if isinstance(value, torch.Tensor) else tensor_bytes(value)
+        size = _bytes(value) if isinstance(value, torch.Tensor) else tensor_bytes(value)
         with self._lock:
             self.misses += 1
             if size > self.max_bytes or key in self._items:
