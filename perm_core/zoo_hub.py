@@ -181,6 +181,12 @@ def _wrap(
             image_processor = None  # inputs.image_to_pixels falls back to 0.5/0.5 normalization
     else:
         tokenizer = usable_tokenizer(source, local_only)
+        vocabulary = getattr(config, "vocab_size", None)
+        if tokenizer is not None and vocabulary and len(tokenizer) > vocabulary:  # ids past the embedding table
+            raise zoo.ModelLoadError(
+                f"{info.name}: its tokenizer has {len(tokenizer)} tokens but the model's vocabulary holds "
+                f"{vocabulary}: they do not belong together (save the model's own tokenizer files beside it, or "
+                "none to run on token ids)")
     if info.task in ("image-classification", "text-classification", "token-classification"):
         labels = [config.id2label[i] for i in range(config.num_labels)]
     return zoo.LoadedModel(info, model, tokenizer, image_size, image_channels, labels, image_processor)

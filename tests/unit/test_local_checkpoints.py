@@ -241,6 +241,18 @@ def test_refusal_is_one_line_in_a_real_process(tmp_path):
     assert result.stderr.strip().count("\n") == 0 and "qa_outputs.weight" in result.stderr
 
 
+def test_a_tokenizer_larger_than_the_vocabulary_is_refused_in_one_line(tmp_path, one_thread, capsys):
+    """A researcher's directory with another model's tokenizer files: its ids index past the embedding table
+    (an IndexError traceback from deep in torch, before this check)."""
+    small = random_config("bert")
+    small.vocab_size = len(WORDS)  # the saved tokenizer has 120 tokens
+    line = refused(save_checkpoint(tmp_path / "mismatch", "BertForSequenceClassification", tokenizer=True,
+                                   config=small), capsys)
+    assert "120 tokens" in line and f"holds {len(WORDS)}" in line
+    fits = save_checkpoint(tmp_path / "fits", "BertForSequenceClassification", tokenizer=True)
+    assert zoo.load_model(str(fits)).tokenizer is not None  # a vocabulary at least as large: loads as before
+
+
 def test_unknown_architecture_and_pickles_are_refused(tmp_path, one_thread, capsys):
     directory = save_checkpoint(tmp_path / "m", "GPT2Model")
     config = json.loads((directory / "config.json").read_text())
