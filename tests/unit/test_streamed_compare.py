@@ -1,6 +1,7 @@
-"""A check compares its un-scrambled tensors one at a time, each built, compared and dropped, and keeps no
-transformed parameter set through the comparison: a float64 smollm2-135m check held 1 GB of un-scrambled
-gradients and 1 GB of transformed weights beside the original's gradients. The verdicts are the same."""
+"""A check compares its un-scrambled tensors as they are built, holding at most a small batch of them (each
+large one built, compared and dropped alone), and keeps no transformed parameter set through the comparison: a
+float64 smollm2-135m check held 1 GB of un-scrambled gradients and 1 GB of transformed weights beside the
+original's gradients. The verdicts are the same."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import Mapping
 
 import torch
 
-from perm_core import verify
+from perm_core import compare, verify
 from perm_core.random_models import build_random_model, random_inputs
 from perm_core.spec import transform_params
 from perm_core.verify import Subject, TransformedOnDemand
@@ -29,12 +30,14 @@ class Watched(Mapping):
 
     def __init__(self, inner: Mapping, held=()):
         self.inner, self.built, self.alive_at_build, self._alive = inner, {}, [], []
+        self.alive_bytes_at_build = []
         self._held = {id(t) for t in held}  # tensors someone else keeps anyway (a record nothing moved)
 
     def __getitem__(self, name):
         gc.collect()
         self._alive = [ref for ref in self._alive if ref() is not None]
         self.alive_at_build.append(len(self._alive))
+        self.alive_bytes_at_build.append(sum(ref().numel() * ref().element_size() for ref in self._alive))
         tensor = self.inner[name]
         if id(tensor) not in self._held:
             self._alive.append(weakref.ref(tensor))
@@ -51,13 +54,26 @@ class Watched(Mapping):
         return len(self.inner)
 
 
-def test_each_restored_tensor_is_built_once_and_dropped_before_the_next():
+def watched_errors():
     subject, original, scramble, scrambled = world()
     watched = Watched(subject.unscramble_lazily(scrambled, scramble), [r.tensor for r in scrambled.values()])
     errors = subject.errors(original, watched, scramble)
     assert len(errors) == len(original) > 20 and all(e.passed for e in errors)
     assert set(watched.built) == set(original) and set(watched.built.values()) == {1}
-    assert max(watched.alive_at_build) == 0  # the one compared before is gone when the next is built
+    watched.largest = max(r.tensor.numel() * r.tensor.element_size() for r in original.values())
+    return watched
+
+
+def test_large_restored_tensors_are_built_once_and_dropped_before_the_next(monkeypatch):
+    monkeypatch.setattr(compare, "BATCH_ELEMENTS", 0)  # every tensor counts as large here
+    assert max(watched_errors().alive_at_build) == 0  # the one compared before is gone when the next is built
+
+
+def test_small_restored_tensors_are_held_a_bounded_batch_at_a_time(monkeypatch):
+    monkeypatch.setattr(compare, "BATCH_BYTES", 4096)
+    watched = watched_errors()
+    assert 0 < max(watched.alive_bytes_at_build) < 4096 + watched.largest
+    assert max(watched.alive_at_build) < len(watched.built) // 2  # batches, not the whole set
 
 
 def test_lazy_and_whole_comparisons_give_the_same_errors():
