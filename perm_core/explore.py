@@ -33,6 +33,12 @@ class ExploreResult:
     moved: float = 0.0  # how far the scrambled world is from the original before un-scrambling (relative)
     moved_what: str = ""
     mlp_inputs: dict[int, torch.Tensor] = field(default_factory=dict)  # block -> MLP activation, recorded in the run
+    not_holding: dict[str, str] = field(default_factory=dict)  # switched-on symmetries this model lacks -> why
+
+    @property
+    def expected_failure(self) -> bool:
+        """Not identical, and a switched-on symmetry is one this model is known not to have."""
+        return self.control is None and bool(self.not_holding) and not self.passed
 
     @property
     def worst_rel(self) -> float:
@@ -79,8 +85,13 @@ class ExploreResult:
             raised = ", raised per tensor to its measured float32 round-off" if self.raised else ""
             return (f"{contrast} in {dtype}: all {n} un-scrambled tensors match the original "
                     f"(tolerance {self.tolerance:.0e}{raised}).")
-        return (f"{contrast}: NOT identical, the worst relative error exceeds the {dtype} tolerance "
-                f"{self.tolerance:.0e}.")
+        failed = (f"{contrast}: NOT identical, the worst relative error exceeds the {dtype} tolerance "
+                  f"{self.tolerance:.0e}.")
+        if not self.expected_failure:
+            return failed
+        names = " and ".join(self.not_holding)
+        return (f"{failed} As expected: {names} {'is' if len(self.not_holding) == 1 else 'are'} not a symmetry of "
+                f"this model. {' '.join(self.not_holding.values())} Switch {names} off to check the others.")
 
     @property
     def raised(self) -> bool:
@@ -196,9 +207,11 @@ class Exploration:
         errors = self.subject.errors(self.original, restored, scramble)  # each built, compared and dropped
         moved, what = self.subject.movement(self.original, scrambled, weights_moved)
         done = time.perf_counter()
+        lacking = {name: why for name, why in self.geometry.not_holding().items()
+                   if name in keys_by_symmetry and chosen is None}
         return ExploreResult(scramble, scrambled, restored, errors, self.subject.dtype, chosen,
                              {"params": built - started, "trace": traced - built, "compare": done - traced},
-                             moved, what, mlp_inputs)
+                             moved, what, mlp_inputs, lacking)
 
 
 def bits_summary(keys_by_symmetry: dict[str, int], geometry, n_tokens: int) -> dict[str, float]:

@@ -16,7 +16,7 @@ import streamlit as st
 import torch
 
 from perm_core import inputs as model_inputs
-from perm_core.families import family_names
+from perm_core.families import family_names, geometry_of
 from perm_core.input_spec import digit_image
 from perm_core.keys import InvalidKeyError, validate_key
 from perm_core.symmetries import SYMMETRIES
@@ -309,6 +309,7 @@ def _text_input(view: View) -> None:
 
 def _keys(view: View) -> None:
     st.caption("A key is a whole number 0 .. 2^64-1; each switched-on symmetry draws its transform from it.")
+    lacking = geometry_of(view.loaded.model).not_holding() if view.loaded is not None else {}
     for name in SYMMETRIES:
         seed(f"on_{name}", name in DEFAULT_ON, parse_bool)
         seed(f"k_{name}", str(DEFAULT_KEYS[name]))
@@ -317,6 +318,8 @@ def _keys(view: View) -> None:
         raw = right.text_input(f"{name} key", key=f"k_{name}", label_visibility="collapsed", disabled=not on)
         if not on:
             continue
+        if name in lacking:
+            st.caption(f":orange[Not a symmetry of this model:] {lacking[name]}")
         try:
             view.keys[name] = validate_key(raw)
         except InvalidKeyError as error:

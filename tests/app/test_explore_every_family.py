@@ -47,3 +47,19 @@ def test_the_mlp_caption_counts_the_neurons_its_own_run_moved():
     view = mlp_view(explorer, result, explorer.params_for(result.scramble, {"mlp": 21}, None)[0], 1)
     assert (moved, total) == (int((view.held != torch.arange(total)).sum()), explorer.geometry.d_mlp)
     assert f"{view.max_rel_error:.1e}" in caption
+
+
+def test_t5_with_the_default_keys_says_tokens_is_not_its_symmetry():
+    """T5 with the sidebar's defaults (tokens on): the verdict is a warning that says why, beside the sidebar's
+    note under the tokens switch; with tokens off the note is gone and the verdict passes."""
+    at = explore(model="random:t5", dtype="float64")
+    assert not at.success and not at.error, [e.value for e in at.error]
+    verdict = at.warning[0].value
+    assert "NOT identical" in verdict and "tokens is not a symmetry of this model" in verdict
+    notes = [c.value for c in at.sidebar.caption if "Not a symmetry of this model" in c.value]
+    assert len(notes) == 1 and "relative position bias" in notes[0]
+
+    at = explore(model="random:t5", dtype="float64", on_tokens="0")
+    assert at.success and "un-scrambled tensors match" in at.success[0].value
+    assert not [c for c in at.sidebar.caption if "Not a symmetry" in c.value]
+    assert not [w for w in at.warning if "not a symmetry" in w.value]

@@ -273,3 +273,37 @@ def test_gradients_of_both_stacks_and_every_parameter(tiny):
     assert records["grad.blocks.3.hidden"].axes == (None, None, "resid")  # decoder tokens never move
     assert {f"grad.param.{name}" for name in subject.params} <= set(records)
     assert records[f"grad.param.{BIAS}"].tensor.abs().max() > 0
+
+
+def test_explore_says_why_t5_fails_with_tokens_on_and_passes_without(tiny):
+    """The Explore verdict with the sidebar's default symmetries (tokens among them) fails on T5, as it must, and
+    names the missing symmetry and the reason; without tokens the same model passes and nothing is blamed."""
+    from perm_core.explore import Exploration
+
+    model, inputs = tiny
+    explorer = Exploration(model, inputs)
+    with_tokens = explorer.run({"tokens": 7, "channels": 42})
+    assert not with_tokens.passed and with_tokens.worst_rel > BROKEN_AT
+    assert with_tokens.expected_failure and list(with_tokens.not_holding) == ["tokens"]
+    verdict = with_tokens.verdict()
+    assert "NOT identical" in verdict and "tokens is not a symmetry of this model" in verdict
+    assert "relative position bias" in verdict and f"{with_tokens.worst_rel:.1e}" in verdict
+
+    without = explorer.run({"channels": 42, "heads": 3})
+    assert without.passed and without.worst_rel <= EXACT
+    assert not without.expected_failure and without.not_holding == {}
+    assert "not a symmetry" not in without.verdict()
+
+    from perm_core.explore import control_options
+
+    name = next(c for c in control_options(explorer.subject, {"tokens": 7}) if c.startswith("channels/"))
+    control = explorer.run({"tokens": 7}, control=name)  # a control's verdict is about the control
+    assert not control.expected_failure and "not a symmetry" not in control.verdict()
+
+
+def test_a_model_with_every_symmetry_blames_none():
+    from perm_core.explore import Exploration
+
+    loaded = zoo.load_model("random:gpt2", dtype=torch.float64)
+    result = Exploration(loaded.model, default_inputs(loaded)).run({"tokens": 7, "channels": 42})
+    assert result.passed and result.not_holding == {} and not result.expected_failure
