@@ -79,3 +79,16 @@ def test_the_unvalidated_check_can_fail():
     assert as_sent(go.Figure(shorthand.to_dict())) != as_sent(shorthand)
     with pytest.raises(ValueError, match="colorscal"):
         go.Figure(go.Figure([dict(type="heatmap", z=[[1.0]], colorscal="RdBu")], _validate=False).to_dict())
+
+
+def test_orjson_sends_every_chart_as_the_standard_library_would():
+    """requirements.txt installs orjson, which plotly then serializes each chart with (faster under the server's
+    GIL): the browser must get the same chart, NaN cells (blank in a heatmap) included."""
+    import orjson  # noqa: F401 - a requirement: without it plotly falls back to the slower json module
+
+    assert pio.json.config.default_engine in ("auto", "orjson")
+    with_nan = figures.heatmap(np.where(np.eye(4, dtype=bool), np.nan, 1.0), "nan on the diagonal")
+    for fig in sample_figures() + more_figures() + [with_nan]:
+        fast = json.loads(pio.to_json(fig, validate=False, engine="orjson"))
+        assert fast == json.loads(pio.to_json(fig, validate=False, engine="json")), fig.layout.title.text
+    assert pio.to_json(with_nan, validate=False) == pio.to_json(with_nan, validate=False, engine="orjson")
