@@ -23,6 +23,7 @@ The rules, written once for the checks, the controls, Explore, Backward, Rotatio
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -148,12 +149,13 @@ def _batched_max_abs_differences(batch: list[tuple[str, torch.Tensor, torch.Tens
 
 # Elements per slice of a large reduction: a slice's temporary stays in cache, where a whole-tensor temporary
 # (a 134 MB logits tensor) would be fresh memory faulted in and written twice; about 5x faster, same result.
-CHUNK = 1 << 18
+CHUNK = 1 << 19
 
 # Bytes of small tensors compared in one batch (the batch's differences are held at once), and the largest tensor
-# taken into one: bigger ones are compared in slices (CHUNK), which keeps a 134 MB logits' temporary in cache.
+# taken into one: bigger ones are compared alone (torch's _foreach reductions are slow on them), in slices of
+# CHUNK. A dinov2-s attention map (396k elements) is one slice: five calls where two slices took about a dozen.
 BATCH_BYTES = 8 << 20
-BATCH_ELEMENTS = CHUNK
+BATCH_ELEMENTS = 1 << 18
 
 
 def _max_abs_difference(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -161,11 +163,11 @@ def _max_abs_difference(a: torch.Tensor, b: torch.Tensor) -> float:
     n = a.numel()
     if not n:
         return 0.0
-    if n <= CHUNK and a.dtype == b.dtype:  # one slice: four torch calls, where each call must win the GIL back
-        return torch.sub(a, b).abs_().max().item()
+    if n <= CHUNK and a.dtype == b.dtype:  # one slice: few torch calls, where each call must win the GIL back
+        return torch.sub(a, b, out=_scratch(n, a.dtype, a.device).view(a.shape)).abs_().max().item()
     dtype = a.dtype if a.dtype == b.dtype else torch.float64  # near-equal floats subtract exactly in their own
     flat_a, flat_b = a.reshape(-1), b.reshape(-1)
-    buffer = torch.empty(min(CHUNK, n), dtype=dtype)
+    buffer = _scratch(min(CHUNK, n), dtype, a.device)
     maxima = torch.empty((n + CHUNK - 1) // CHUNK, dtype=dtype)
     same = a.dtype == b.dtype == dtype  # then no conversion calls: each torch call must win the GIL back
     for i, start in enumerate(range(0, n, CHUNK)):
@@ -175,6 +177,18 @@ def _max_abs_difference(a: torch.Tensor, b: torch.Tensor) -> float:
         torch.sub(slice_a if same else slice_a.to(dtype), slice_b if same else slice_b.to(dtype), out=part)
         maxima[i] = part.abs_().max()
     return maxima.max().item()
+
+
+_scratches = threading.local()
+
+
+def _scratch(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """n elements of a temporary this thread keeps (at most CHUNK): a fresh one per comparison is memory the
+    kernel faults in and zeroes each time, since glibc gives blocks this large back when they are freed."""
+    kept = getattr(_scratches, "buffer", None)
+    if kept is None or kept.dtype != dtype or kept.device != device or kept.numel() < n:
+        kept = _scratches.buffer = torch.empty(n, dtype=dtype, device=device)
+    return kept[:n]
 
 
 def largest_magnitude(tensor: torch.Tensor) -> float:

@@ -310,4 +310,19 @@ def _same_index(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
         return torch.equal(a, b)
     # Compared as bytes, holding the GIL: torch.equal lets it go, and a key change compares hundreds of indices,
     # each of which had to win the GIL back from a classroom's sessions drawing charts.
-    return a.numpy().tobytes() == b.numpy().tobytes()
+    return _fingerprint(a) == _fingerprint(b)
+
+
+# An index's bytes, read once: one run's element shares each index tensor among all the parameters it gathers.
+# Keyed by id and holding the tensor (so the id stays its own); a few hundred small indices at most.
+_fingerprints: dict[int, tuple[torch.Tensor, bytes]] = {}
+FINGERPRINTS_KEPT = 512
+
+
+def _fingerprint(index: torch.Tensor) -> bytes:
+    found = _fingerprints.get(id(index))
+    if found is None or found[0] is not index:
+        if len(_fingerprints) >= FINGERPRINTS_KEPT:
+            _fingerprints.clear()
+        found = _fingerprints[id(index)] = (index, index.numpy().tobytes())
+    return found[1]

@@ -75,3 +75,46 @@ def test_gather_indices_compare_by_value_without_torch_work():
         assert not _same_index(index, flipped) and not _same_index(index, None)
         assert not _same_index(index, shorter) and not _same_index(wide, tall)
     assert calls.count == 0  # torch.equal was one call each, letting the GIL go
+
+
+def test_a_comparison_reuses_its_threads_scratch_and_gives_the_plain_numbers():
+    """The single-slice path writes into a temporary the thread keeps (fresh memory per comparison was faulted
+    in each time); each thread has its own, and the numbers are those of (a - b).abs().max()."""
+    import threading
+
+    torch.manual_seed(3)
+    big = torch.randn(6, 257, 257)  # a dinov2-s attention map: one slice, bigger than a batch
+    assert compare.BATCH_ELEMENTS < big.numel() <= compare.CHUNK
+    shifted = big + 1e-3 * torch.randn_like(big)
+    assert compare._max_abs_difference(big, shifted) == (big - shifted).abs().max().item() > 0
+    first = compare._scratches.buffer.data_ptr()
+    strided = big.transpose(1, 2)  # not contiguous: still the same numbers
+    assert compare._max_abs_difference(strided, shifted.transpose(1, 2)) == (big - shifted).abs().max().item()
+    assert compare._scratches.buffer.data_ptr() == first  # reused, not allocated again
+    with_nan = shifted.clone()
+    with_nan[0, 0, 0] = math.nan
+    assert math.isnan(compare._max_abs_difference(big, with_nan))
+    seen = []
+    other = threading.Thread(target=lambda: (compare._max_abs_difference(big, shifted),
+                                             seen.append(compare._scratches.buffer.data_ptr())))
+    other.start()
+    other.join()
+    assert seen and seen[0] != first
+
+
+def test_an_index_is_read_once_and_the_kept_fingerprints_are_bounded(monkeypatch):
+    from perm_core import param_cache
+
+    monkeypatch.setattr(param_cache, "_fingerprints", {})
+    monkeypatch.setattr(param_cache, "FINGERPRINTS_KEPT", 8)
+    index = torch.randperm(20, generator=torch.Generator().manual_seed(2))
+    siblings = [index.clone() for _ in range(5)]
+    assert all(_same_index(index, sibling) for sibling in siblings)
+    assert set(param_cache._fingerprints) == {id(t) for t in (index, *siblings)}  # one read per tensor
+    assert not _same_index(index, siblings[0].flip(0))
+    torch.manual_seed(4)
+    many = [torch.randperm(20) for _ in range(20)]
+    for other in many:
+        _same_index(index, other)
+    assert len(param_cache._fingerprints) <= 8
+    assert _same_index(many[-1], many[-1].clone()) and not _same_index(many[-1], index.flip(0))
