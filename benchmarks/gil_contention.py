@@ -21,24 +21,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from torch.overrides import TorchFunctionMode  # noqa: E402
-
 from perm_core.defaults import default_inputs  # noqa: E402
 from perm_core.explore import Exploration  # noqa: E402
+from perm_core.threads import TorchWorkCalls  # noqa: E402
 from perm_core.zoo import load_model  # noqa: E402
-
-METADATA = {"__get__", "numel", "dim", "element_size", "is_contiguous", "numpy", "__getitem__", "size"}
-
-
-class WorkCalls(TorchFunctionMode):
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", "") not in METADATA:
-            self.count += 1
-        return func(*args, **(kwargs or {}))
 
 
 def phases(explorer: Exploration, keys: list[int]) -> dict[str, float]:
@@ -71,7 +57,7 @@ def main() -> None:
         loaded = load_model(name)
         explorer = Exploration(loaded.model, default_inputs(loaded), model_id=name)
         explorer.run({"tokens": 7, "channels": 1})
-        with WorkCalls() as calls:
+        with TorchWorkCalls() as calls:
             explorer.run({"tokens": 7, "channels": 2})
         alone = phases(explorer, [100 + i for i in range(args.repeats)])
         stop, workers = busy_threads(args.busy)

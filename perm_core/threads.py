@@ -12,6 +12,7 @@ import threading
 from contextlib import contextmanager
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 PROCESS_THREADS = torch.get_num_threads()
 _requests: list[int] = []  # the counts asked for by the stretches in progress
@@ -35,3 +36,19 @@ def torch_threads(count: int):
 def one_thread():
     """Tiny models on a shared 2-core machine: one thread runs them about 5x faster than two."""
     return torch_threads(1)
+
+
+class TorchWorkCalls(TorchFunctionMode):
+    """Counts the torch calls that do work inside its `with`: each lets the GIL go and must win it back, which
+    beside a classroom's sessions drawing charts costs milliseconds. Metadata reads (.shape, .numel()) hold it."""
+
+    METADATA = frozenset({"__get__", "numel", "dim", "element_size", "is_contiguous", "numpy", "__getitem__", "size"})
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") not in self.METADATA:
+            self.count += 1
+        return func(*args, **(kwargs or {}))

@@ -7,25 +7,10 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from perm_core import compare
 from perm_core.param_cache import _same_index
-
-METADATA = {"__get__", "numel", "dim", "element_size", "is_contiguous", "numpy", "__getitem__", "size"}
-
-
-class Calls(TorchFunctionMode):
-    """Counts the torch calls that do work (metadata reads hold the GIL)."""
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", "") not in METADATA:
-            self.count += 1
-        return func(*args, **(kwargs or {}))
+from perm_core.threads import TorchWorkCalls as Calls
 
 
 def pairs():
