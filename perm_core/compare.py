@@ -165,6 +165,8 @@ def _max_abs_difference(a: torch.Tensor, b: torch.Tensor) -> float:
     n = a.numel()
     if not n:
         return 0.0
+    if a.requires_grad or b.requires_grad:  # out= refuses them, and a comparison is never differentiated
+        a, b = a.detach(), b.detach()
     if n <= CHUNK and a.dtype == b.dtype:  # one slice: few torch calls, where each call must win the GIL back
         return torch.sub(a, b, out=_scratch(n, a.dtype, a.device).view(a.shape)).abs_().max().item()
     dtype = a.dtype if a.dtype == b.dtype else torch.float64  # near-equal floats subtract exactly in their own

@@ -103,3 +103,12 @@ def test_an_index_is_read_once_and_the_kept_fingerprints_are_bounded(monkeypatch
         _same_index(index, other)
     assert len(param_cache._fingerprints) <= 8
     assert _same_index(many[-1], many[-1].clone()) and not _same_index(many[-1], index.flip(0))
+
+
+def test_tensors_that_require_grad_compare_too():
+    """The scratch and the slices write with out=, which autograd refuses: such tensors are detached first."""
+    torch.manual_seed(5)
+    for shape in ((5, 4), (compare.CHUNK + 7,)):
+        a = torch.randn(shape, requires_grad=True)
+        b = a.detach() + 1e-3 * torch.randn(shape)
+        assert compare._max_abs_difference(a, b) == (a - b).abs().max().item() > 0
