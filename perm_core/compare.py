@@ -173,7 +173,7 @@ def _max_abs_difference(a: torch.Tensor, b: torch.Tensor) -> float:
     flat_a, flat_b = a.reshape(-1), b.reshape(-1)
     buffer = _scratch(min(CHUNK, n), dtype, a.device)
     maxima = torch.empty((n + CHUNK - 1) // CHUNK, dtype=dtype)
-    same = a.dtype == b.dtype == dtype  # then no conversion calls: each torch call must win the GIL back
+    same = a.dtype == b.dtype  # then no conversion calls: each torch call must win the GIL back
     for i, start in enumerate(range(0, n, CHUNK)):
         stop = min(start + CHUNK, n)
         part = buffer[:stop - start]

@@ -207,8 +207,7 @@ class Exploration:
         errors = self.subject.errors(self.original, restored, scramble)  # each built, compared and dropped
         moved, what = self.subject.movement(self.original, scrambled, weights_moved)
         done = time.perf_counter()
-        lacking = {name: why for name, why in self.geometry.not_holding().items()
-                   if name in keys_by_symmetry and chosen is None}
+        lacking = {name: why for name, why in self.geometry.not_holding().items() if name in keys_by_symmetry}
         return ExploreResult(scramble, scrambled, restored, errors, self.subject.dtype, chosen,
                              {"params": built - started, "trace": traced - built, "compare": done - traced},
                              moved, what, mlp_inputs, lacking)

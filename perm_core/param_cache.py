@@ -321,7 +321,7 @@ FINGERPRINTS_KEPT = 512
 
 def _fingerprint(index: torch.Tensor) -> bytes:
     found = _fingerprints.get(id(index))
-    if found is None or found[0] is not index:
+    if found is None:  # an entry holds its tensor, so no other tensor can have that id meanwhile
         if len(_fingerprints) >= FINGERPRINTS_KEPT:
             _fingerprints.clear()
         found = _fingerprints[id(index)] = (index, index.numpy().tobytes())
