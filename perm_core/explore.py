@@ -196,11 +196,12 @@ class Exploration:
         built = time.perf_counter()
         mlp_inputs = {}
         module = self._mlp_module(mlp_layer)
+        # A key change repeats this forward on one input: as one graph it waits for the GIL once, not per op
         if module is None:
-            scrambled = self.subject.trace(scramble, params=params)
+            scrambled = self.subject.trace(scramble, params=params, graph=True)
         else:
             with capturing(self.subject.model, module) as box:
-                scrambled = self.subject.trace(scramble, params=params)
+                scrambled = self.subject.trace(scramble, params=params, graph=True)
             mlp_inputs[mlp_layer] = box["input"]
         traced = time.perf_counter()
         restored = self.subject.unscramble_lazily(scrambled, scramble)  # kept: each tensor redrawn when shown

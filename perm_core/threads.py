@@ -42,7 +42,8 @@ class TorchWorkCalls(TorchFunctionMode):
     """Counts the torch calls that do work inside its `with`: each lets the GIL go and must win it back, which
     beside a classroom's sessions drawing charts costs milliseconds. Metadata reads (.shape, .numel()) hold it."""
 
-    METADATA = frozenset({"__get__", "numel", "dim", "element_size", "is_contiguous", "numpy", "__getitem__", "size"})
+    METADATA = frozenset({"__get__", "numel", "dim", "element_size", "is_contiguous", "numpy", "__getitem__", "size",
+                          "data_ptr", "_set_grad_enabled"})
 
     def __init__(self):
         super().__init__()

@@ -55,7 +55,8 @@ def model_inputs(inputs: dict, g: Geometry, scramble: Scramble, dtype: torch.dty
     """The keyword arguments for the stock model, with the scramble's token permutation applied."""
     tokens = scramble.tokens
     if g.input_kind == "image":
-        pixels = inputs["pixel_values"].to(dtype)
+        pixels = inputs["pixel_values"]
+        pixels = pixels if pixels.dtype == dtype else pixels.to(dtype)  # a call even when a no-op: a GIL wait
         return {"pixel_values": shuffle_patches(pixels, tokens, g.patch_size) if tokens is not None else pixels}
     ids = inputs["input_ids"]
     batch, length = ids.shape

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from perm_core import graph_forward
 from perm_core.families import Geometry
 from perm_core.spec import PIXELS, Claim
 from perm_core.stateless import functional_call
@@ -42,9 +43,16 @@ def invariant_loss(primary: torch.Tensor) -> torch.Tensor:
 
 
 def run(model, params: dict, kwargs: dict, g: Geometry, claims: dict[str, Claim] | None = None,
-        backward: bool = False, on_param_grad=None) -> dict[str, Record]:
+        backward: bool = False, on_param_grad=None, graph: bool = False) -> dict[str, Record]:
     """on_param_grad(name, Record): with backward, each parameter's gradient is handed over as backward produces it
-    and not kept (no grad.param.* records): a float64 check then never holds a second model-sized set."""
+    and not kept (no grad.param.* records): a float64 check then never holds a second model-sized set.
+    graph: run a forward without backward as one TorchScript graph (perm_core.graph_forward: the same numbers,
+    one GIL round trip), for forwards repeated on one input, as an app's key changes are."""
+    if graph and not backward:
+        out = graph_forward.forward(model, params, {**kwargs, "output_hidden_states": True,
+                                                    "output_attentions": True})
+        if out is not None:
+            return _forward_records(out, model, g)
     if backward:
         params = {name: p.detach().requires_grad_(True) for name, p in params.items()}
         if "pixel_values" in kwargs:

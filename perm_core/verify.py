@@ -167,7 +167,8 @@ class Subject:
 
     def trace(self, scramble: Scramble | None = None, backward: bool = False,
               params: dict[str, torch.Tensor] | None = None, dtype: torch.dtype | None = None,
-              on_param_grad=None) -> dict[str, Record]:
+              on_param_grad=None, graph: bool = False) -> dict[str, Record]:
+        """graph: a forward as one TorchScript graph (trace.run)."""
         scramble = scramble or Scramble()
         if params is None:
             params = self.params if scramble.is_identity else self.transformed_params(scramble)
@@ -176,7 +177,7 @@ class Subject:
             params = {name: p.to(dtype) for name, p in params.items()}
         kwargs = model_inputs(self.inputs, self.geometry, scramble, dtype)
         return run(self.model, params, kwargs, self.geometry, self.claims, backward=backward,
-                   on_param_grad=on_param_grad)
+                   on_param_grad=on_param_grad, graph=graph)
 
     def unscramble(self, records: dict[str, Record], scramble: Scramble) -> dict[str, torch.Tensor]:
         return dict(self.unscramble_lazily(records, scramble))

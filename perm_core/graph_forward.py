@@ -1,0 +1,270 @@
+"""A stock model's forward as one TorchScript graph, so that a run lets the GIL go once instead of once per op.
+
+Why: an app server is one Python process. Every torch call made from Python releases the GIL for its work and
+must win it back; beside sessions that draw charts (pure Python), each return waits for them, so an eager
+dinov2-s forward (about 450 calls) took 10-13 s beside four busy threads where it takes 0.06 s alone. A traced
+graph runs all its ops in C++. Its inputs are one flat buffer per dtype, sliced inside the graph: a tensor
+that Python owns (each parameter) costs a GIL round trip whenever the graph takes or drops a reference to it.
+
+Exactness: the graph runs the same ATen ops on the same tensors, with the graph optimizer off (no fusion, no
+reordering), so its numbers are the eager forward's bit for bit. Each graph proves it once when built: its
+run on the tracing inputs must equal the eager run that traced it, bit for bit, or it is never used.
+
+A trace records the ops that one input ran, with every Python branch the model took baked in. So a graph is
+kept per model and input signature: the parameters' names, shapes and dtypes, the image's shape and dtype,
+and every other input's values (masking code branches on a mask's values). Every branch on a
+tensor that the zoo's traces report (TracerWarning) reads a shape; tests/unit/test_graph_forward.py runs each
+family's graph on other weights and inputs against the eager forward, bit for bit.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+import weakref
+from collections import OrderedDict
+from contextlib import contextmanager
+from types import SimpleNamespace
+
+import torch
+from torch.nn.utils.stateless import _reparametrize_module
+
+from perm_core import capture
+from perm_core.stateless import functional_call, model_lock
+
+GRAPHS_PER_MODEL = 8
+_graphs: weakref.WeakKeyDictionary[torch.nn.Module, OrderedDict] = weakref.WeakKeyDictionary()
+_guard = threading.Lock()
+torch._C._set_graph_executor_optimize(False)  # the graph runs its recorded ops as they are (see module doc)
+
+
+class GraphRefused(Exception):
+    """The model's forward cannot be one graph (it reads tensor values, or its graph differs from eager)."""
+
+
+_tracing_as_eager = 0
+_real_is_tracing = torch.jit.is_tracing
+
+
+@contextmanager
+def _as_eager():
+    """While a graph is traced, torch.jit.is_tracing() says False: transformers takes other paths when it is
+    True (DINOv2 and ViT then interpolate position embeddings that an eager forward uses as they are), and the
+    graph must record the eager forward's ops. Other threads are never tracing, so False is true for them."""
+    global _tracing_as_eager
+    with _guard:
+        _tracing_as_eager += 1
+        torch.jit.is_tracing = lambda: False
+    try:
+        yield
+    finally:
+        with _guard:
+            _tracing_as_eager -= 1
+            if not _tracing_as_eager:
+                torch.jit.is_tracing = _real_is_tracing
+
+
+def _input_key(name: str, value):
+    """The image by shape and dtype; every other input (token ids, positions, masks) by its values too: a trace
+    bakes in every Python branch the model took, and masking code branches on a mask's values."""
+    if isinstance(value, dict):  # masks per attention kind
+        return tuple((key, _input_key(name, v)) for key, v in value.items())
+    if not torch.is_tensor(value):
+        return value
+    if name == "pixel_values":  # fed to the patch embedding's convolution only
+        return (tuple(value.shape), value.dtype)
+    return (tuple(value.shape), value.dtype, value.cpu().numpy().tobytes())
+
+
+def _signature(params: dict, kwargs: dict, module) -> tuple:
+    return (tuple((n, tuple(t.shape), t.dtype, _shift(t)) for n, t in params.items()),
+            tuple((n, _input_key(n, v)) for n, v in kwargs.items()),
+            id(module) if module is not None else None)
+
+
+ALIGN_BYTES = 64  # the widest vector a kernel may align to: its loops split at other places off that alignment
+
+
+def _shift(tensor: torch.Tensor) -> int:
+    """Where the tensor starts within a 64-byte line, in elements: the parameter cache hands out small
+    tensors as slices of one batch, off torch's alignment."""
+    return tensor.data_ptr() % ALIGN_BYTES // tensor.element_size()
+
+
+class Packing:
+    """Where each parameter lies in its dtype's flat buffer: in order, each starting at the same place within a
+    64-byte line as the parameter itself, so every kernel sees memory aligned as in the eager forward."""
+
+    def __init__(self, params: dict):
+        self.dtypes: list[torch.dtype] = []
+        self.spans: list[tuple[str, torch.dtype, tuple, int, int]] = []  # name, dtype, shape, start, size
+        self._pieces: dict[torch.dtype, list] = {}  # per dtype: parameter names and padding tensors, in order
+        ends: dict[torch.dtype, int] = {}
+        for name, tensor in params.items():
+            dtype = tensor.dtype
+            if dtype not in ends:
+                self.dtypes.append(dtype)
+                ends[dtype], self._pieces[dtype] = 0, []
+            line = max(1, ALIGN_BYTES // tensor.element_size())
+            pad = (_shift(tensor) - ends[dtype]) % line
+            if pad:
+                self._pieces[dtype].append(torch.zeros(pad, dtype=dtype))
+            start = ends[dtype] + pad
+            self.spans.append((name, dtype, tuple(tensor.shape), start, tensor.numel()))
+            self._pieces[dtype].append(name)
+            ends[dtype] = start + tensor.numel()
+
+    def buffers(self, params: dict) -> list[torch.Tensor]:
+        """One flat copy per dtype, each made by one torch call (a call per tensor, even a detach, would wait
+        for the GIL once per tensor)."""
+        with torch.no_grad():
+            return [torch._C._nn.flatten_dense_tensors([params[p] if isinstance(p, str) else p for p in pieces])
+                    for pieces in (self._pieces[d] for d in self.dtypes)]
+
+    def views(self, buffers) -> dict[str, torch.Tensor]:
+        bases = dict(zip(self.dtypes, buffers, strict=True))
+        return {name: bases[dtype][start:start + size].view(shape) for name, dtype, shape, start, size in self.spans}
+
+
+def eligible(params: dict) -> bool:
+    """Each parameter dense, starting on a whole element: then its packed copy can sit as it does."""
+    return all(t.is_contiguous() and t.data_ptr() % t.element_size() == 0 for t in params.values())
+
+
+class GraphForward:
+    """One traced forward for one signature: call(params, kwargs) -> (the model output's fields, captured)."""
+
+    def __init__(self, model: torch.nn.Module, params: dict, kwargs: dict, module=None):
+        self.packing = Packing(params)
+        # Where each tensor input sits: (name, None) for a keyword, (name, key) inside a dict of masks
+        self.tensor_kwargs = [(n, None) for n, v in kwargs.items() if torch.is_tensor(v)] + [
+            (n, k) for n, v in kwargs.items() if isinstance(v, dict) for k in v]
+        fixed_kwargs = {n: v for n, v in kwargs.items() if not torch.is_tensor(v) and not isinstance(v, dict)}
+        self.module = module
+        self.layout: list[tuple[str, int | None]] = []
+        inputs = (*self.packing.buffers(params), *self._tensor_inputs(kwargs))
+        n_buffers = len(self.packing.dtypes)
+
+        def forward(*tensors):
+            views = self.packing.views(tensors[:n_buffers])  # aliases made in the graph: Python never holds them
+            call_kwargs: dict = {}
+            for (name, key), tensor in zip(self.tensor_kwargs, tensors[n_buffers:], strict=True):
+                if key is None:
+                    call_kwargs[name] = tensor
+                else:
+                    call_kwargs.setdefault(name, {})[key] = tensor
+            box: dict = {}
+            previous = getattr(capture._WANTED, "request", None)
+            capture._WANTED.request = (module, box, False) if module is not None else None
+            try:
+                with _reparametrize_module(model, views, tie_weights=True, strict=False):
+                    out = model(**call_kwargs, **fixed_kwargs)
+            finally:
+                capture._WANTED.request = previous
+            flat = self._flatten(out, record_layout=not self.layout)
+            if module is not None:
+                flat.append(box["input"])
+            return tuple(flat)
+
+        with model_lock(model), torch.no_grad(), warnings.catch_warnings(), _as_eager():
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)  # shape reads; values are keyed (see doc)
+            try:
+                self.graph = torch.jit.trace(forward, inputs, check_trace=False)
+            except Exception as error:  # noqa: BLE001 - any failure to trace leaves the forward eager
+                raise GraphRefused(f"{type(error).__name__}: {error}") from error
+            expected = _eager(model, params, kwargs, module)
+        replay = self.graph(*inputs)
+        if len(replay) != len(expected) or not all(torch.equal(a, b) for a, b in zip(replay, expected, strict=True)):
+            raise GraphRefused("the graph's numbers differ from the eager forward's")
+
+    def _tensor_inputs(self, kwargs: dict) -> list[torch.Tensor]:
+        return [kwargs[name] if key is None else kwargs[name][key] for name, key in self.tensor_kwargs]
+
+    def _flatten(self, out, record_layout: bool) -> list[torch.Tensor]:
+        flat = []
+        for field, value in out.items():
+            if torch.is_tensor(value):
+                flat.append(value)
+                count = None
+            elif isinstance(value, tuple) and value and all(torch.is_tensor(v) for v in value):
+                flat.extend(value)
+                count = len(value)
+            else:
+                continue  # a key-value cache and the like: not part of what is recorded
+            if record_layout:
+                self.layout.append((field, count))
+        return flat
+
+    def __call__(self, params: dict, kwargs: dict):
+        with torch.no_grad():
+            flat = self.graph(*self.packing.buffers(params), *self._tensor_inputs(kwargs))
+        fields, at = {}, 0
+        for field, count in self.layout:
+            fields[field] = flat[at] if count is None else tuple(flat[at:at + count])
+            at += 1 if count is None else count
+        captured = flat[at] if self.module is not None else None
+        return SimpleNamespace(**fields), captured
+
+
+def _eager(model, params: dict, kwargs: dict, module) -> list[torch.Tensor]:
+    """What the eager forward gives for these parameters (the caller holds the model's lock), flattened as a
+    graph's outputs are."""
+    box: dict = {}
+    previous = getattr(capture._WANTED, "request", None)
+    capture._WANTED.request = (module, box, False) if module is not None else None
+    try:
+        out = functional_call(model, params, args=(), kwargs=kwargs, strict=False)
+    finally:
+        capture._WANTED.request = previous
+    flat = [v for value in out.values() for v in ((value,) if torch.is_tensor(value) else value
+                                                   if isinstance(value, tuple) and value
+                                                   and all(torch.is_tensor(x) for x in value) else ())]
+    return flat + ([box["input"]] if module is not None else [])
+
+
+def graph_for(model: torch.nn.Module, params: dict, kwargs: dict, module=None) -> GraphForward | None:
+    """The model's graph for this signature, traced on first use; None where the model refused to be traced
+    (then it is not tried again for this signature)."""
+    key = _signature(params, kwargs, module)
+    with _guard:
+        graphs = _graphs.setdefault(model, OrderedDict())
+        if key in graphs:
+            graphs.move_to_end(key)
+            return graphs[key]
+    try:
+        graph = GraphForward(model, params, kwargs, module)
+    except GraphRefused:
+        graph = None
+    with _guard:
+        graphs[key] = graph
+        while len(graphs) > GRAPHS_PER_MODEL:
+            graphs.popitem(last=False)
+    return graph
+
+
+GRAPH_MAX_BYTES = 256 << 20  # each run copies the parameters into flat buffers: small models only
+
+
+def forward(model: torch.nn.Module, params: dict, kwargs: dict):
+    """The model's output fields from its graph (with a capture.capturing request of this thread answered), or
+    None where there is no graph: a large model, a stopping capture, or a model that refused to be traced."""
+    if model.training:  # dropout draws random numbers per run
+        return None
+    if sum(p.numel() * p.element_size() for p in params.values()) > GRAPH_MAX_BYTES or not eligible(params):
+        return None
+    if not all(torch.is_tensor(v) or isinstance(v, (bool, int, float, str, type(None))) or isinstance(v, dict)
+               and all(map(torch.is_tensor, v.values())) for v in kwargs.values()):
+        return None  # an input the key cannot hold: kept eager
+    request = getattr(capture._WANTED, "request", None)
+    if request is not None and request[2]:
+        return None
+    module = request[0] if request is not None else None
+    if module is not None:
+        capture._hooked(module)
+    graph = graph_for(model, params, kwargs, module)
+    if graph is None:
+        return None
+    out, captured = graph(params, kwargs)
+    if module is not None:
+        request[1]["input"] = captured
+    return out
