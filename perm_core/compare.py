@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
+from perm_core.batched_gathers import gathered_differences, on_cpu
+
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4}
 FLOOR = {torch.float64: 1e-6, torch.float32: 1e-2}
 ROUNDOFF_SAFETY = 8.0  # two independent float32 runs, each off by its round-off, plus margin
@@ -100,10 +102,12 @@ def relative_differences(reference: dict[str, torch.Tensor], other: dict[str, to
     Small tensors are compared a batch at a time, in five torch calls per batch instead of four per tensor: each
     call lets the GIL go and must win it back, and a classroom's sessions drawing charts made every such return
     cost milliseconds (a dinov2-s key change compares about 250 tensors)."""
-    differences: dict[str, float] = {}
+    differences = _in_one_call(reference, other)
     batch: list[tuple[str, torch.Tensor, torch.Tensor]] = []
     held = 0
     for name, ref in reference.items():
+        if name in differences:
+            continue
         # Fetched once: `other` may build each tensor when asked (verify.Unscrambled), and then frees it here.
         mine = other.get(name)
         if mine is None or mine.shape != ref.shape:
@@ -132,6 +136,29 @@ def relative_differences(reference: dict[str, torch.Tensor], other: dict[str, to
         rel = diff / scale[name] if scale[name] > 0 else (0.0 if diff == 0 else math.inf)
         found[name] = (diff, rel, True)
     return found
+
+
+def _in_one_call(reference: dict[str, torch.Tensor], other) -> dict[str, float]:
+    """max |a - b| of every pair up to CHUNK elements of one dtype, in one torch call, for `other` a dict or one
+    that un-scrambles by gathers (verify.Unscrambled: each un-scrambled tensor is made, compared and dropped
+    inside that call). A larger tensor is compared in slices, below, so that its difference is never held whole."""
+    steps_of = getattr(other, "gather_steps", None)
+    if steps_of is None and not isinstance(other, dict):
+        return {}  # a mapping that builds each tensor when asked: one at a time, below, not all held at once
+    names, tensors, references, steps = [], [], [], []
+    for name, ref in reference.items():
+        if name not in other or ref.numel() > CHUNK:
+            continue
+        found = steps_of(name) if steps_of is not None else (other[name], [])
+        if found is None or found[0].shape != ref.shape or found[0].dtype != ref.dtype:
+            continue
+        names.append(name)
+        tensors.append(found[0])
+        references.append(ref)
+        steps.append(found[1])
+    if not names or not on_cpu(tensors + references, steps):
+        return {}
+    return dict(zip(names, gathered_differences(tensors, references, steps), strict=True))
 
 
 def _batchable(a: torch.Tensor, b: torch.Tensor) -> bool:

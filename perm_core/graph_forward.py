@@ -73,7 +73,8 @@ def _input_key(name: str, value):
         return value
     if name == "pixel_values":  # fed to the patch embedding's convolution only
         return (tuple(value.shape), value.dtype)
-    return (tuple(value.shape), value.dtype, value.cpu().numpy().tobytes())
+    array = value.numpy() if value.device.type == "cpu" else value.cpu().numpy()  # numpy() keeps the GIL
+    return (tuple(value.shape), value.dtype, array.tobytes())
 
 
 def _signature(params: dict, kwargs: dict, module) -> tuple:
@@ -264,7 +265,8 @@ def forward(model: torch.nn.Module, params: dict, kwargs: dict):
     graph = graph_for(model, params, kwargs, module)
     if graph is None:
         return None
-    out, captured = graph(params, kwargs)
+    with model_lock(model):  # one run of a model at a time, as eager: each holds a packed copy of the weights
+        out, captured = graph(params, kwargs)
     if module is not None:
         request[1]["input"] = captured
     return out

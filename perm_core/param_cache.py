@@ -29,6 +29,7 @@ from collections import OrderedDict
 
 import torch
 
+from perm_core.batched_gathers import gather_many, on_cpu
 from perm_core.spec import Concat, Scramble, apply_axes
 from perm_core.transforms import Permutation, composed
 
@@ -216,13 +217,24 @@ def transformed_params(subject, scramble: Scramble, keys_by_symmetry: dict[str, 
     # a full cache of other models' tensors (this run holds the tensors it found, evicted or not).
     cache.make_room(sum(_bytes(subject.params[n]) for n in missing))
     kept = _kept_part(subject, moved_keys, cache.max_bytes)
-    for name, key in missing.items():
+    gathers: dict[str, tuple] = {}  # name -> (source, steps, indices): pure gathers, made in one batch
+    for name in missing:
         tensor, claim = subject.params[name], subject.claims[name]
         indices = gather_indices(claim.rule.axes, scramble, claim.layer, tuple(tensor.shape))
-        params[name] = _derive(cache.kin((scope, name), KIN_LOOKED_AT), indices) if indices is not None else None
-        if params[name] is None:
+        if indices is None:  # a rotation acts on some axis: arithmetic, not a gather
             params[name] = apply_axes(tensor, claim.rule.axes, scramble, claim.layer)
+            continue
+        source, steps = _derive(cache.kin((scope, name), KIN_LOOKED_AT), indices) or (
+            tensor, [(axis, index) for axis, index in enumerate(indices) if index is not None])
+        gathers[name] = (source, steps, indices)
+    sources = [source for source, _, _ in gathers.values()]
+    steps = [steps for _, steps, _ in gathers.values()]
+    made = gather_many(sources, steps) if on_cpu(sources, steps) else [
+        _gather_steps(source, chain) for source, chain in zip(sources, steps, strict=True)]
+    params.update(zip(gathers, made, strict=True))
+    for name, key in missing.items():
         if name in kept:
+            indices = gathers[name][2] if name in gathers else None
             cache.put(key, params[name], group=(scope, name), indices=indices)
     if len(kept) < len(moved_keys):  # what make_room let go of the kept part goes back
         for name in kept.keys() & params.keys() - missing.keys():
@@ -280,10 +292,11 @@ def gather_indices(axes, scramble: Scramble, layer, shape: tuple) -> tuple | Non
     return tuple(found)
 
 
-def _derive(kin: list[tuple], indices: tuple) -> torch.Tensor | None:
-    """The tensor the original gathers to by `indices`, gathered instead from a kept sibling along only the axes
-    where the two differ (the one with fewest such axes): a gather of a gather is a gather, so the values are the
-    very same. None when every axis differs from every sibling's (nothing to save) or none is kept."""
+def _derive(kin: list[tuple], indices: tuple) -> tuple[torch.Tensor, list] | None:
+    """(a kept sibling, the gathers that turn it into the tensor the original gathers to by `indices`): along
+    only the axes where the two differ, from the sibling with fewest such axes. A gather of a gather is a gather,
+    so the values are the very same. None when every axis differs from every sibling's (nothing to save) or none
+    is kept."""
     best = None
     for value, theirs in kin:
         differ = [axis for axis, (mine, other) in enumerate(zip(indices, theirs, strict=True))
@@ -293,11 +306,18 @@ def _derive(kin: list[tuple], indices: tuple) -> torch.Tensor | None:
     if best is None or len(best[2]) >= sum(index is not None for index in indices):
         return None
     tensor, theirs, differ = best
+    steps = []
     for axis in differ:
         mine, other = indices[axis], theirs[axis]
         # theirs[j] = original[other[j]], wanted[i] = original[mine[i]]: wanted = theirs gathered by other^-1[mine]
-        step = mine if other is None else (torch.argsort(other) if mine is None else torch.argsort(other)[mine])
-        tensor = Permutation(step).apply(tensor, axis)
+        steps.append((axis, mine if other is None else (torch.argsort(other) if mine is None
+                                                         else torch.argsort(other)[mine])))
+    return tensor, steps
+
+
+def _gather_steps(tensor: torch.Tensor, steps: list) -> torch.Tensor:
+    for axis, index in steps:
+        tensor = Permutation(index).apply(tensor, axis)
     return tensor
 
 

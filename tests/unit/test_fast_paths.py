@@ -186,16 +186,12 @@ def test_a_derived_tensor_gathers_only_the_changed_axis_and_a_wrong_step_would_d
     original = torch.randn(6, 5, generator=generator)
     rows, cols, new_rows = (torch.randperm(n, generator=generator) for n in (6, 5, 6))
     kept = original[rows][:, cols]
-    gathers = []
-    apply = Permutation.apply
-    Permutation.apply = lambda self, t, axis: gathers.append(axis) or apply(self, t, axis)
-    try:
-        derived = param_cache._derive([(kept, (rows, cols))], (new_rows, cols))
-    finally:
-        Permutation.apply = apply
-    assert gathers == [0] and torch.equal(derived, original[new_rows][:, cols])
+    source, steps = param_cache._derive([(kept, (rows, cols))], (new_rows, cols))
+    derived = param_cache._gather_steps(source, steps)
+    assert source is kept and [axis for axis, _ in steps] == [0]
+    assert torch.equal(derived, original[new_rows][:, cols])
     # Pretending the kept tensor came from other indices gives other values: the equality above is not automatic.
-    wrong = param_cache._derive([(kept, (new_rows, cols))], (rows, cols))
+    wrong = param_cache._gather_steps(*param_cache._derive([(kept, (new_rows, cols))], (rows, cols)))
     assert not torch.equal(wrong, original[rows][:, cols])
     # Every axis changed: nothing to save, built from the original instead.
     assert param_cache._derive([(kept, (rows, cols))], (new_rows, torch.randperm(5, generator=generator))) is None
