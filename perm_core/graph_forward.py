@@ -12,7 +12,8 @@ run on the tracing inputs must equal the eager run that traced it, bit for bit, 
 
 A trace records the ops that one input ran, with every Python branch the model took baked in. So a graph is
 kept per model and input signature: the parameters' names, shapes and dtypes, the image's shape and dtype,
-and every other input's values (masking code branches on a mask's values). Every branch on a
+and every other input's values (masking code branches on a mask's values); a signature is traced the
+second time it is asked for (graph_for says why). Every branch on a
 tensor that the zoo's traces report (TracerWarning) reads a shape; tests/unit/test_graph_forward.py runs each
 family's graph on other weights and inputs against the eager forward, bit for bit.
 """
@@ -33,7 +34,9 @@ from perm_core import capture
 from perm_core.stateless import functional_call, model_lock
 
 GRAPHS_PER_MODEL = 8
+SIGNATURES_REMEMBERED = 64  # per model: signatures asked for once, not traced yet
 _graphs: weakref.WeakKeyDictionary[torch.nn.Module, OrderedDict] = weakref.WeakKeyDictionary()
+_seen: weakref.WeakKeyDictionary[torch.nn.Module, OrderedDict] = weakref.WeakKeyDictionary()
 _guard = threading.Lock()
 torch._C._set_graph_executor_optimize(False)  # the graph runs its recorded ops as they are (see module doc)
 
@@ -224,14 +227,23 @@ def _eager(model, params: dict, kwargs: dict, module) -> list[torch.Tensor]:
 
 
 def graph_for(model: torch.nn.Module, params: dict, kwargs: dict, module=None) -> GraphForward | None:
-    """The model's graph for this signature, traced on first use; None where the model refused to be traced
-    (then it is not tried again for this signature)."""
+    """The model's graph for this signature, traced the second time the signature is asked for; None before
+    that, and where the model refused to be traced (then it is not tried again for this signature). A trace
+    costs about three eager forwards under the model's lock, and a signature seen once may never come back: a
+    text's tokens key permutes its ids, masks and positions, so each token key is a signature of its own."""
     key = _signature(params, kwargs, module)
     with _guard:
         graphs = _graphs.setdefault(model, OrderedDict())
         if key in graphs:
             graphs.move_to_end(key)
             return graphs[key]
+        seen = _seen.setdefault(model, OrderedDict())
+        if key not in seen:
+            seen[key] = True
+            while len(seen) > SIGNATURES_REMEMBERED:
+                seen.popitem(last=False)
+            return None
+        del seen[key]
     try:
         graph = GraphForward(model, params, kwargs, module)
     except GraphRefused:

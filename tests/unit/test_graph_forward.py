@@ -36,6 +36,7 @@ def test_every_family_graph_gives_the_eager_numbers_bit_for_bit(family, dtype):
         scramble, _ = explorer.scramble_for(keys, None)
         params, _ = explorer.params_for(scramble, keys, None)
         eager = explorer.subject.trace(scramble, params=params)
+        explorer.subject.trace(scramble, params=params, graph=True)  # a signature is traced when seen again
         graphed = explorer.subject.trace(scramble, params=params, graph=True)
         assert records_equal(eager, graphed) == []
         assert any(torch.count_nonzero(r.tensor) for r in graphed.values())
@@ -90,6 +91,7 @@ def test_token_ids_are_part_of_the_key_and_would_be_wrong_without():
     def both(ids):
         with torch.no_grad():
             eager = model(input_ids=ids).last_hidden_state
+        graph_forward.forward(model, params, {"input_ids": ids})  # seen once: eager, not traced yet
         return eager, graph_forward.forward(model, params, {"input_ids": ids}).last_hidden_state
 
     for ids in (low, high):
@@ -121,7 +123,8 @@ class Noisy(torch.nn.Module):
 def test_a_graph_whose_numbers_differ_from_eager_is_refused_and_the_forward_stays_eager():
     model = Noisy().eval()
     params = dict(model.named_parameters())
-    assert graph_forward.forward(model, params, {"input_ids": torch.tensor([[1]])}) is None
+    for _ in range(3):
+        assert graph_forward.forward(model, params, {"input_ids": torch.tensor([[1]])}) is None
     assert list(graph_forward._graphs[model].values()) == [None]  # not traced again for this signature
 
 
@@ -138,6 +141,7 @@ def test_a_parameter_off_alignment_is_packed_as_it_lies_and_others_stay_eager(mo
     moved = {**params, first: shifted}
     with torch.no_grad():
         eager = model(**kwargs).hidden_states
+    graph_forward.forward(model, moved, kwargs)
     graphed = graph_forward.forward(model, moved, kwargs)
     assert graph_forward._shift(shifted) == 3 and graphed is not None
     with torch.no_grad():
@@ -164,7 +168,8 @@ def test_a_graph_forward_makes_two_torch_calls_where_eager_makes_dozens():
     keys = {"channels": 3}
     scramble, _ = explorer.scramble_for(keys, None)
     params, _ = explorer.params_for(scramble, keys, None)
-    explorer.subject.trace(scramble, params=params, graph=True)  # traced once
+    for _ in range(2):  # seen, then traced
+        explorer.subject.trace(scramble, params=params, graph=True)
     with TorchWorkCalls() as eager:
         explorer.subject.trace(scramble, params=params)
     with TorchWorkCalls() as graphed:
@@ -177,5 +182,18 @@ def test_graphs_per_model_are_bounded():
     params = {name: p.detach() for name, p in model.named_parameters()}
     for length in range(3, 4 + graph_forward.GRAPHS_PER_MODEL):
         ids = torch.arange(length)[None] % 50
+        graph_forward.forward(model, params, {"input_ids": ids})
         assert graph_forward.forward(model, params, {"input_ids": ids}) is not None
     assert len(graph_forward._graphs[model]) == graph_forward.GRAPHS_PER_MODEL
+
+
+def test_a_signature_seen_once_runs_eager_and_is_traced_when_it_comes_back():
+    """A text's tokens key gives every key a signature of its own: tracing each would cost three forwards."""
+    model, _ = build_random_model("llama", seed=7)
+    params = {name: p.detach() for name, p in model.named_parameters()}
+    ids = torch.arange(6)[None]
+    assert graph_forward.forward(model, params, {"input_ids": ids}) is None
+    assert model not in graph_forward._graphs or not graph_forward._graphs[model]
+    assert graph_forward.forward(model, params, {"input_ids": ids}) is not None
+    assert graph_forward.forward(model, params, {"input_ids": ids.flip(1)}) is None  # another signature
+    assert len(graph_forward._graphs[model]) == 1
