@@ -7,26 +7,30 @@ graph runs all its ops in C++. Its inputs are one flat buffer per dtype, sliced 
 that Python owns (each parameter) costs a GIL round trip whenever the graph takes or drops a reference to it.
 
 Exactness: the graph runs the same ATen ops on the same tensors, with the graph optimizer off (no fusion, no
-reordering), so its numbers are the eager forward's bit for bit. Each graph proves it once when built: its
-run on the tracing inputs must equal the eager run that traced it, bit for bit, or it is never used.
+reordering), and each graph, when built, must equal the eager forward on its parameters bit for bit, or it is
+never used.
 
-A trace records the ops that one input ran, with every Python branch the model took baked in. So a graph is
-kept per model and input signature: the parameters' names, shapes and dtypes, the image's shape and dtype,
-and every other input's values (masking code branches on a mask's values); a signature is traced the
-second time it is asked for (graph_for says why). Every branch on a
-tensor that the zoo's traces report (TracerWarning) reads a shape; tests/unit/test_graph_forward.py runs each
-family's graph on other weights and inputs against the eager forward, bit for bit.
+A trace records the ops one input ran, with every Python branch the model took baked in. Python reads a
+tensor's value only where torch warns (TracerWarning), so every such read during a trace is checked against
+READS: places that read a shape, or a value that permuting the tokens cannot change (a mask's all()). A trace
+with a read anywhere else is refused. So a graph is kept per model and signature: the parameters' names,
+shapes and dtypes and each input's shape and dtype, and for inputs other than the image the sorted values
+(a token key permutes a text's ids, masks and positions, and each key would otherwise be a trace of its own).
+A signature is traced the second time it is asked for (graph_for says why). tests/unit/test_graph_forward.py
+runs each family's graph on other weights, keys and inputs against the eager forward, bit for bit.
 """
 
 from __future__ import annotations
 
 import threading
+import traceback
 import warnings
 import weakref
 from collections import OrderedDict
 from contextlib import contextmanager
 from types import SimpleNamespace
 
+import numpy as np
 import torch
 from torch.nn.utils.stateless import _reparametrize_module
 
@@ -67,17 +71,50 @@ def _as_eager():
                 torch.jit.is_tracing = _real_is_tracing
 
 
+# Where Python reads a tensor during a trace of the zoo's families (file, start of the line), each a shape or a value
+# that a permutation of the tokens leaves as it is: the sorted values in the key then decide every branch.
+READS = (
+    ("masking_utils.py", "if (padding_length := kv_length + kv_offset - attention_mask.shape[-1]) > 0:"),
+    ("masking_utils.py", "and (padding_mask is None or padding_mask.all())"),  # all(): the same, permuted
+    ("numerics.py", "if groups > 1:"),  # query.shape[1] // key.shape[1]
+    ("cache_utils.py", "if not self.is_initialized or self.keys.numel() == 0:"),
+    ("functional.py", "if padding_idx >= weight.size(0):"),
+    ("modeling_vit.py", "if num_channels != self.num_channels:"),
+    ("modeling_vit.py", "if height != self.image_size[0] or width != self.image_size[1]:"),
+    ("modeling_dinov2.py", "if num_channels != self.num_channels:"),
+    ("modeling_dinov2.py", "if not torch.jit.is_tracing() and num_patches == num_positions and height == width:"),
+    ("modeling_deit.py", "if num_channels != self.num_channels:"),
+    ("modeling_deit.py", "if height != self.image_size[0] or width != self.image_size[1]:"),
+)
+_TORCH_INTERNALS = ("/warnings.py", "/torch/_tensor.py", "/torch/jit/_trace.py", "/torch/overrides.py")
+
+
+def _read_site(message) -> tuple[str, str] | None:
+    """(file, line) of the code that read a tensor's value, or None for a constant (torch.tensor of a Python
+    value: fixed whatever the inputs)."""
+    if "registered as constants" in str(message):
+        return None
+    frames = [f for f in traceback.extract_stack() if not f.filename.endswith(_TORCH_INTERNALS)
+              and "perm_core/graph_forward.py" not in f.filename]
+    frame = frames[-1]
+    return frame.filename.rsplit("/", 1)[-1], (frame.line or "").strip()
+
+
+def unlisted_reads(sites) -> list[tuple[str, str]]:
+    return [site for site in sites if not any(site[0] == file and site[1].startswith(line) for file, line in READS)]
+
+
 def _input_key(name: str, value):
-    """The image by shape and dtype; every other input (token ids, positions, masks) by its values too: a trace
-    bakes in every Python branch the model took, and masking code branches on a mask's values."""
+    """The image by shape and dtype (its values feed a convolution); any other input by its sorted values too:
+    READS has every value a trace may branch on, each unchanged when the tokens are permuted."""
     if isinstance(value, dict):  # masks per attention kind
         return tuple((key, _input_key(name, v)) for key, v in value.items())
     if not torch.is_tensor(value):
         return value
-    if name == "pixel_values":  # fed to the patch embedding's convolution only
+    if name == "pixel_values":
         return (tuple(value.shape), value.dtype)
     array = value.numpy() if value.device.type == "cpu" else value.cpu().numpy()  # numpy() keeps the GIL
-    return (tuple(value.shape), value.dtype, array.tobytes())
+    return (tuple(value.shape), value.dtype, np.sort(array, axis=None).tobytes())
 
 
 def _signature(params: dict, kwargs: dict, module) -> tuple:
@@ -170,12 +207,17 @@ class GraphForward:
                 flat.append(box["input"])
             return tuple(flat)
 
+        sites: list = []
         with model_lock(model), torch.no_grad(), warnings.catch_warnings(), _as_eager():
-            warnings.simplefilter("ignore", torch.jit.TracerWarning)  # shape reads; values are keyed (see doc)
+            warnings.simplefilter("always", torch.jit.TracerWarning)
+            warnings.showwarning = lambda message, *_, **__: sites.append(_read_site(message))
             try:
                 self.graph = torch.jit.trace(forward, inputs, check_trace=False)
             except Exception as error:  # noqa: BLE001 - any failure to trace leaves the forward eager
                 raise GraphRefused(f"{type(error).__name__}: {error}") from error
+            unlisted = unlisted_reads(site for site in sites if site is not None)
+            if unlisted:
+                raise GraphRefused(f"the forward reads tensor values at {unlisted[0][0]}: {unlisted[0][1]}")
             expected = _eager(model, params, kwargs, module)
         replay = self.graph(*inputs)
         if len(replay) != len(expected) or not all(torch.equal(a, b) for a, b in zip(replay, expected, strict=True)):

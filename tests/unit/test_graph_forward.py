@@ -17,7 +17,7 @@ from perm_core.families import family_names
 from perm_core.random_models import build_random_model, random_inputs
 from perm_core.threads import TorchWorkCalls
 
-KEYS = ({"tokens": 5, "channels": 3, "heads": 2, "mlp": 7}, {"tokens": 5, "channels": 11, "mlp": 1})
+KEYS = ({"tokens": 5, "channels": 3, "heads": 2, "mlp": 7}, {"tokens": 6, "channels": 11, "heads": 2, "mlp": 1})
 
 
 def records_equal(a: dict, b: dict) -> list[str]:
@@ -28,8 +28,8 @@ def records_equal(a: dict, b: dict) -> list[str]:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("family", family_names())
 def test_every_family_graph_gives_the_eager_numbers_bit_for_bit(family, dtype):
-    """Random weights with non-trivial norms, biases and positions; the second key set reuses the first's graph
-    where the input keeps its signature (images: the image is keyed by shape)."""
+    """Random weights with non-trivial norms, biases and positions (and a padded last token); the second key set
+    has another tokens key, and reuses the first's graph: the key holds the inputs' sorted values."""
     model, _ = build_random_model(family, dtype=dtype, seed=4)
     explorer = Exploration(model, random_inputs(family, model, seed=4))
     for keys in KEYS:
@@ -42,8 +42,7 @@ def test_every_family_graph_gives_the_eager_numbers_bit_for_bit(family, dtype):
         assert any(torch.count_nonzero(r.tensor) for r in graphed.values())
     graphs = graph_forward._graphs.get(model, {})
     assert graphs and all(g is not None for g in graphs.values()), "the graph was refused: nothing was compared"
-    if explorer.geometry.input_kind == "image":
-        assert len(graphs) == 1  # both key sets ran one graph
+    assert len(graphs) == 1  # both key sets ran one graph
 
 
 def test_the_graph_is_checked_against_eager_and_that_check_can_fail():
@@ -68,7 +67,7 @@ def test_the_graph_is_checked_against_eager_and_that_check_can_fail():
 
 
 class Branching(torch.nn.Module):
-    """Takes a Python branch on its token ids' values, as masking code does on a mask's."""
+    """Takes a Python branch on the value of its first token: permuting the tokens changes it."""
 
     def __init__(self):
         super().__init__()
@@ -77,38 +76,36 @@ class Branching(torch.nn.Module):
 
     def forward(self, input_ids, **_):
         hidden = self.embed(input_ids)
-        if bool(input_ids.sum() > 10):
+        if bool(input_ids[0, 0] > 4):
             hidden = hidden * self.scale
         return BaseModelOutput(last_hidden_state=hidden)
 
 
-def test_token_ids_are_part_of_the_key_and_would_be_wrong_without():
+def test_a_forward_that_reads_a_value_stays_eager_and_would_be_wrong_as_a_graph(monkeypatch):
+    """The key holds the sorted ids (a token key permutes them): right for the reads in READS, which a
+    permutation cannot change, wrong for this one, so a trace that reads anywhere else is refused."""
     torch.manual_seed(0)
     model = Branching().eval()
     params = {name: p.detach().clone() for name, p in model.named_parameters()}
-    low, high = torch.tensor([[0, 1, 2]]), torch.tensor([[9, 8, 7]])
+    first, permuted = torch.tensor([[9, 0, 1]]), torch.tensor([[0, 1, 9]])  # one key: the same sorted ids
 
-    def both(ids):
+    def runs(ids):
         with torch.no_grad():
             eager = model(input_ids=ids).last_hidden_state
         graph_forward.forward(model, params, {"input_ids": ids})  # seen once: eager, not traced yet
-        return eager, graph_forward.forward(model, params, {"input_ids": ids}).last_hidden_state
+        return eager, graph_forward.forward(model, params, {"input_ids": ids})
 
-    for ids in (low, high):
-        eager, graphed = both(ids)
-        assert torch.equal(eager, graphed)
-    assert len(graph_forward._graphs[model]) == 2
+    for ids in (first, permuted):
+        assert runs(ids)[1] is None
+    assert list(graph_forward._graphs[model].values()) == [None]  # refused: the read is not in READS
     graph_forward._graphs.pop(model)
-    original = graph_forward._input_key
-    graph_forward._input_key = lambda name, value: (tuple(value.shape), value.dtype) if torch.is_tensor(
-        value) else value  # the control: the ids' values left out of the key
-    try:
-        both(low)
-        eager, graphed = both(high)
-        assert not torch.equal(eager, graphed), "without the values in the key, the low ids' branch is replayed"
-    finally:
-        graph_forward._input_key = original
-        graph_forward._graphs.pop(model)
+    monkeypatch.setattr(graph_forward, "READS", (*graph_forward.READS, ("test_graph_forward.py",
+                                                                      "if bool(input_ids[0, 0] > 4):")))
+    eager, graphed = runs(first)
+    assert torch.equal(eager, graphed.last_hidden_state)
+    eager, graphed = runs(permuted)  # the control: the first ids' branch is replayed
+    assert not torch.equal(eager, graphed.last_hidden_state)
+    graph_forward._graphs.pop(model)
 
 
 class Noisy(torch.nn.Module):
@@ -195,5 +192,6 @@ def test_a_signature_seen_once_runs_eager_and_is_traced_when_it_comes_back():
     assert graph_forward.forward(model, params, {"input_ids": ids}) is None
     assert model not in graph_forward._graphs or not graph_forward._graphs[model]
     assert graph_forward.forward(model, params, {"input_ids": ids}) is not None
-    assert graph_forward.forward(model, params, {"input_ids": ids.flip(1)}) is None  # another signature
+    assert graph_forward.forward(model, params, {"input_ids": ids.flip(1)}) is not None  # a token key's: the same
+    assert graph_forward.forward(model, params, {"input_ids": ids + 1}) is None  # another signature
     assert len(graph_forward._graphs[model]) == 1
