@@ -5,7 +5,7 @@ from pathlib import Path
 import streamlit as st
 
 from ui.errors import show_unexpected
-from ui.resources import give_back_freed_memory, long_lived_objects_frozen
+from ui.resources import collect_garbage, give_back_freed_memory, long_lived_objects_frozen
 from ui.sidebar import end_run, render_sidebar
 from ui.state import publish
 
@@ -26,6 +26,7 @@ PAGES = (
     ("pages/matrix.py", "Symmetry matrix", ":material/grid_on:", "none"),
 )
 
+collect_garbage()  # cycles left by earlier runs (any session's), every few seconds; then their pages
 give_back_freed_memory()  # what earlier runs (any session's) freed: a classroom's runs end all the time
 st.set_page_config(page_title="Transformer Symmetry Explorer", page_icon=":material/shuffle:", layout="wide")
 st.html(f"<style>{(ROOT / 'assets' / 'app.css').read_text()}</style>")

@@ -42,9 +42,9 @@ def shared_model(name: str, dtype_name: str = "float32") -> LoadedModel:
 
 def keep_out_of_gc() -> None:
     """Move every object alive now (modules, models, tokenizers: the process's long-lived objects) out of the
-    garbage collector's sight. Streamlit runs a full collection after every script run (runner.postScriptGC),
-    and walking some 450,000 long-lived objects cost 0.2-0.35 s of every rerun, under the GIL, so a classroom's
-    sessions queued behind it. Frozen objects are still freed by reference counting."""
+    garbage collector's sight. A full collection (collect_garbage; Streamlit's after every script run before
+    it) walked some 450,000 long-lived objects in 0.2-0.35 s, under the GIL, so a classroom's sessions queued
+    behind it. Frozen objects are still freed by reference counting."""
     gc.collect()
     gc.freeze()
 
@@ -58,8 +58,18 @@ def long_lived_objects_frozen() -> bool:
 
 # glibc's malloc_trim among the symbols the process already has; None elsewhere (macOS): nothing to give back.
 _MALLOC_TRIM = getattr(ctypes.CDLL(None), "malloc_trim", None)
-_last_trim = [float("-inf")]
-_trim_guard = threading.Lock()
+_last_run: dict[str, float] = {}
+_rate_guard = threading.Lock()
+
+
+def _due(task: str, min_interval: float) -> bool:
+    """True at most once per `min_interval` seconds per task, process-wide (every session's runs ask)."""
+    now = time.monotonic()
+    with _rate_guard:
+        if now - _last_run.get(task, float("-inf")) < min_interval:
+            return False
+        _last_run[task] = now
+        return True
 
 
 def give_back_freed_memory(min_interval: float = 1.0) -> bool:
@@ -67,14 +77,20 @@ def give_back_freed_memory(min_interval: float = 1.0) -> bool:
     seconds process-wide; True if it ran. glibc keeps freed memory for reuse, scattered among live chunks and
     per-thread arenas: 30 sessions' runs left a server at 3.2 GiB resident whose live data was 1.1 GiB. A trim
     costs about 5 ms and the next run faults its pages in again (about 9% of a forward)."""
-    if _MALLOC_TRIM is None:
+    if _MALLOC_TRIM is None or not _due("trim", min_interval):
         return False
-    now = time.monotonic()
-    with _trim_guard:
-        if now - _last_trim[0] < min_interval:
-            return False
-        _last_trim[0] = now
     _MALLOC_TRIM(0)
+    return True
+
+
+def collect_garbage(min_interval: float = 5.0) -> bool:
+    """A full garbage collection at most once per `min_interval` seconds process-wide; True if it ran.
+    Streamlit's own, after every script run, is off (runner.postScriptGC in .streamlit/config.toml): under a
+    classroom's load it walked every session's objects each time, and took 43% of the server's GIL time
+    (py-spy --gil, 30 sessions). Reference counting frees all but cycles, and this frees those."""
+    if not _due("collect", min_interval):
+        return False
+    gc.collect()
     return True
 
 

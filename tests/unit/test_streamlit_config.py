@@ -1,6 +1,9 @@
 """The app's Streamlit settings: no developer toolbar for visitors, the upload limit equals the loader's."""
 
+import gc
+import time
 import tomllib
+import weakref
 from pathlib import Path
 
 from perm_core.inputs import MAX_IMAGE_BYTES
@@ -14,3 +17,35 @@ def test_visitors_get_no_deploy_button():
 
 def test_the_upload_limit_is_the_image_loaders_limit():
     assert CONFIG["server"]["maxUploadSize"] * 2**20 == MAX_IMAGE_BYTES
+
+
+def test_no_full_collection_after_every_run_and_one_every_few_seconds_instead():
+    """Streamlit's per-run full collection walked every session's objects under the GIL; app.py collects
+    cycles at most every few seconds (ui.resources.collect_garbage), which still frees them."""
+    from ui import resources
+
+    assert CONFIG["runner"]["postScriptGC"] is False
+    assert "collect_garbage()" in (Path(__file__).resolve().parents[2] / "app.py").read_text()
+
+    class Cycle:
+        pass
+
+    time.sleep(0.01)
+    resources._last_run.pop("collect", None)
+    gc.disable()
+    try:
+        first = Cycle()
+        first.me = first
+        ref = weakref.ref(first)
+        del first
+        assert ref() is not None  # a cycle: reference counting alone keeps it
+        assert resources.collect_garbage(min_interval=60)
+        assert ref() is None
+        again = Cycle()
+        again.me = again
+        ref = weakref.ref(again)
+        del again
+        assert not resources.collect_garbage(min_interval=60)  # within the interval: skipped
+        assert ref() is not None
+    finally:
+        gc.enable()
