@@ -42,6 +42,9 @@ SIGNATURES_REMEMBERED = 64  # per model: signatures asked for once, not traced y
 _graphs: weakref.WeakKeyDictionary[torch.nn.Module, OrderedDict] = weakref.WeakKeyDictionary()
 _seen: weakref.WeakKeyDictionary[torch.nn.Module, OrderedDict] = weakref.WeakKeyDictionary()
 _guard = threading.Lock()
+# One trace at a time in the process: each swaps the warnings module's process-wide filters and showwarning,
+# and two at once would restore each other's. Traces are rare (one per signature).
+_TRACING = threading.Lock()
 torch._C._set_graph_executor_optimize(False)  # the graph runs its recorded ops as they are (see module doc)
 
 
@@ -49,26 +52,20 @@ class GraphRefused(Exception):
     """The model's forward cannot be one graph (it reads tensor values, or its graph differs from eager)."""
 
 
-_tracing_as_eager = 0
 _real_is_tracing = torch.jit.is_tracing
 
 
 @contextmanager
 def _as_eager():
-    """While a graph is traced, torch.jit.is_tracing() says False: transformers takes other paths when it is
-    True (DINOv2 and ViT then interpolate position embeddings that an eager forward uses as they are), and the
-    graph must record the eager forward's ops. Other threads are never tracing, so False is true for them."""
-    global _tracing_as_eager
-    with _guard:
-        _tracing_as_eager += 1
-        torch.jit.is_tracing = lambda: False
+    """While a graph is traced (one at a time: _TRACING), torch.jit.is_tracing() says False: transformers takes
+    other paths when it is True (DINOv2 and ViT then interpolate position embeddings that an eager forward uses
+    as they are), and the graph must record the eager forward's ops. Other threads are never tracing, so False
+    is true for them."""
+    torch.jit.is_tracing = lambda: False
     try:
         yield
     finally:
-        with _guard:
-            _tracing_as_eager -= 1
-            if not _tracing_as_eager:
-                torch.jit.is_tracing = _real_is_tracing
+        torch.jit.is_tracing = _real_is_tracing
 
 
 # Where Python reads a tensor during a trace of the zoo's families (file, start of the line), each a shape or a value
@@ -96,8 +93,9 @@ def _read_site(message) -> tuple[str, str] | None:
         return None
     frames = [f for f in traceback.extract_stack() if not f.filename.endswith(_TORCH_INTERNALS)
               and "perm_core/graph_forward.py" not in f.filename]
-    frame = frames[-1]
-    return frame.filename.rsplit("/", 1)[-1], (frame.line or "").strip()
+    if not frames:
+        return ("?", "")
+    return frames[-1].filename.rsplit("/", 1)[-1], (frames[-1].line or "").strip()
 
 
 def unlisted_reads(sites) -> list[tuple[str, str]]:
@@ -208,9 +206,11 @@ class GraphForward:
             return tuple(flat)
 
         sites: list = []
-        with model_lock(model), torch.no_grad(), warnings.catch_warnings(), _as_eager():
+        with _TRACING, model_lock(model), torch.no_grad(), warnings.catch_warnings(), _as_eager():
             warnings.simplefilter("always", torch.jit.TracerWarning)
-            warnings.showwarning = lambda message, *_, **__: sites.append(_read_site(message))
+            # Only TracerWarnings count (another thread's warning meanwhile is not this trace's read)
+            warnings.showwarning = lambda message, category, *_, **__: sites.append(
+                _read_site(message) if issubclass(category, torch.jit.TracerWarning) else None)
             try:
                 self.graph = torch.jit.trace(forward, inputs, check_trace=False)
             except Exception as error:  # noqa: BLE001 - any failure to trace leaves the forward eager
@@ -271,8 +271,8 @@ def _eager(model, params: dict, kwargs: dict, module) -> list[torch.Tensor]:
 def graph_for(model: torch.nn.Module, params: dict, kwargs: dict, module=None) -> GraphForward | None:
     """The model's graph for this signature, traced the second time the signature is asked for; None before
     that, and where the model refused to be traced (then it is not tried again for this signature). A trace
-    costs about three eager forwards under the model's lock, and a signature seen once may never come back: a
-    text's tokens key permutes its ids, masks and positions, so each token key is a signature of its own."""
+    costs about three eager forwards under the model's lock, and a signature seen once may never come back (a
+    visitor's one-off text)."""
     key = _signature(params, kwargs, module)
     with _guard:
         graphs = _graphs.setdefault(model, OrderedDict())
