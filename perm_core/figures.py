@@ -12,6 +12,7 @@ import math
 import numpy as np
 import plotly.graph_objects as go
 import plotly.io as pio
+import torch
 
 MAX_CELLS = 24_000
 FLOOR = 1e-18  # exact zeros drawn on a log axis
@@ -50,6 +51,10 @@ def _axis(title: str = "", **options) -> dict:
 
 def to_numpy(array) -> np.ndarray:
     if hasattr(array, "detach"):
+        if array.device.type == "cpu" and not array.requires_grad and array.dtype != torch.bfloat16:
+            # numpy() keeps the GIL; detach/to/double are three torch calls, each a wait for the GIL under a
+            # classroom's load, and an Explore rerun converts a dozen tensors. The same float64 values.
+            return np.asarray(array.numpy(), dtype=np.float64)
         array = array.detach().to("cpu").double().numpy()
     return np.asarray(array, dtype=np.float64)
 

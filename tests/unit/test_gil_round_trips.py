@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from perm_core import compare
@@ -112,3 +113,20 @@ def test_tensors_that_require_grad_compare_too():
         a = torch.randn(shape, requires_grad=True)
         b = a.detach() + 1e-3 * torch.randn(shape)
         assert compare._max_abs_difference(a, b) == (a - b).abs().max().item() > 0
+
+
+def test_a_chart_reads_a_cpu_tensor_without_torch_calls_and_gets_the_same_numbers():
+    """figures.to_numpy: numpy() holds the GIL, where detach/to/double were three waits for it under load."""
+    from perm_core.figures import to_numpy
+
+    generator = torch.Generator().manual_seed(4)
+    for tensor in (torch.randn(5, 3, generator=generator), torch.randn(4, dtype=torch.float64, generator=generator),
+                   torch.tensor([1.0, math.nan, math.inf]), torch.arange(6).view(2, 3)):
+        with Calls() as calls:
+            array = to_numpy(tensor)
+        assert calls.count == 0 and array.dtype == np.float64
+        expected = tensor.detach().to("cpu").double().numpy()
+        assert np.array_equal(array, expected, equal_nan=True)
+    special = (torch.randn(3, generator=generator).bfloat16(), torch.randn(3, generator=generator, requires_grad=True))
+    for tensor in special:  # no numpy dtype, or autograd's: the torch path, the same values
+        assert np.array_equal(to_numpy(tensor), tensor.detach().double().numpy())
