@@ -7,7 +7,8 @@ and the torch calls it makes.
 Every torch call that does work lets the GIL go and must win it back before Python goes on; beside threads that
 run Python all the time, each return waits for them. So a key change slows with its number of such calls, not
 its arithmetic. "calls" counts torch calls that do work (metadata reads such as .shape or .numel() hold the GIL);
-each phase's seconds are medians of --repeats channel-key changes after a warm-up.
+each phase's seconds are medians of --repeats channel-key changes after two warm-up runs (the second traces the
+forward's graph, perm_core/graph_forward.py).
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ import warnings
 
 import torch
 
+from perm_core.transforms import Permutation
+
 Tensor = torch.Tensor
 
 with warnings.catch_warnings():
@@ -63,6 +65,11 @@ def _plans(steps_per_tensor: list[list[Step]]) -> tuple[list[list[int]], list[li
             [[index for _, index in steps] for steps in steps_per_tensor])
 
 
+def steps_of(indices: tuple) -> list[Step]:
+    """The gathers of param_cache.gather_indices' per-axis indices (None: nothing acts on that axis)."""
+    return [(axis, index) for axis, index in enumerate(indices) if index is not None]
+
+
 def on_cpu(tensors, steps_per_tensor) -> bool:
     return all(t.device.type == "cpu" for t in tensors) and all(
         index.device.type == "cpu" for steps in steps_per_tensor for _, index in steps)
@@ -70,13 +77,21 @@ def on_cpu(tensors, steps_per_tensor) -> bool:
 
 def gather_many(tensors: list[torch.Tensor], steps_per_tensor: list[list[Step]]) -> list[torch.Tensor]:
     """Each tensor gathered along its steps' axes (non-negative), in one call; a tensor with no steps is
-    returned as it is."""
+    returned as it is. Off the CPU, one Permutation.apply per step."""
     if not tensors:
         return []
+    if not on_cpu(tensors, steps_per_tensor):
+        return [_one_by_one(tensor, steps) for tensor, steps in zip(tensors, steps_per_tensor, strict=True)]
     axes, indices = _plans(steps_per_tensor)
     with torch.no_grad():
         gathered, _, _ = _gather_all(list(tensors), axes, indices)
     return gathered
+
+
+def _one_by_one(tensor: torch.Tensor, steps: list[Step]) -> torch.Tensor:
+    for axis, index in steps:
+        tensor = Permutation(index).apply(tensor, axis)
+    return tensor
 
 
 def gathered_differences(tensors: list[torch.Tensor], references: list[torch.Tensor],

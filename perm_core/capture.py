@@ -43,15 +43,28 @@ def _hooked(module: torch.nn.Module) -> None:
 def capturing(model: torch.nn.Module, module_name: str, stop: bool = False):
     """Yields a dict whose "input" is the module's first input once the forward inside reached it; stop=True
     ends that forward there (catch Captured)."""
-    module = model.get_submodule(module_name)
-    _hooked(module)
+    with recording(model.get_submodule(module_name), stop) as box:
+        yield box
+
+
+@contextmanager
+def recording(module: torch.nn.Module | None, stop: bool = False):
+    """capturing, given the module itself; None: nothing is recorded in this thread meanwhile (a capture around
+    it waits until the body is done)."""
+    if module is not None:
+        _hooked(module)
     box: dict[str, torch.Tensor] = {}
     previous = getattr(_WANTED, "request", None)
-    _WANTED.request = (module, box, stop)
+    _WANTED.request = (module, box, stop) if module is not None else None
     try:
         yield box
     finally:
         _WANTED.request = previous
+
+
+def request_here():
+    """(module, box, stop) of the capture in progress in this thread, or None."""
+    return getattr(_WANTED, "request", None)
 
 
 def output_projection(subject, layer: int) -> str:

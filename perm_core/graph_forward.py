@@ -180,7 +180,7 @@ class GraphForward:
             (n, k) for n, v in kwargs.items() if isinstance(v, dict) for k in v]
         fixed_kwargs = {n: v for n, v in kwargs.items() if not torch.is_tensor(v) and not isinstance(v, dict)}
         self.module = module
-        self.layout: list[tuple[str, int | None]] = []
+        self.layout: list[tuple[str, int | None]] = []  # the output's fields, set when traced (_output_tensors)
         inputs = (*self.packing.buffers(params), *self._tensor_inputs(kwargs))
         n_buffers = len(self.packing.dtypes)
 
@@ -192,18 +192,11 @@ class GraphForward:
                     call_kwargs[name] = tensor
                 else:
                     call_kwargs.setdefault(name, {})[key] = tensor
-            box: dict = {}
-            previous = getattr(capture._WANTED, "request", None)
-            capture._WANTED.request = (module, box, False) if module is not None else None
-            try:
-                with _reparametrize_module(model, views, tie_weights=True, strict=False):
-                    out = model(**call_kwargs, **fixed_kwargs)
-            finally:
-                capture._WANTED.request = previous
-            flat = self._flatten(out, record_layout=not self.layout)
-            if module is not None:
-                flat.append(box["input"])
-            return tuple(flat)
+            with capture.recording(module) as box, _reparametrize_module(model, views, tie_weights=True,
+                                                                          strict=False):
+                out = model(**call_kwargs, **fixed_kwargs)
+            flat, self.layout = _output_tensors(out)
+            return tuple(flat + ([box["input"]] if module is not None else []))
 
         sites: list = []
         with _TRACING, model_lock(model), torch.no_grad(), warnings.catch_warnings(), _as_eager():
@@ -226,21 +219,6 @@ class GraphForward:
     def _tensor_inputs(self, kwargs: dict) -> list[torch.Tensor]:
         return [kwargs[name] if key is None else kwargs[name][key] for name, key in self.tensor_kwargs]
 
-    def _flatten(self, out, record_layout: bool) -> list[torch.Tensor]:
-        flat = []
-        for field, value in out.items():
-            if torch.is_tensor(value):
-                flat.append(value)
-                count = None
-            elif isinstance(value, tuple) and value and all(torch.is_tensor(v) for v in value):
-                flat.extend(value)
-                count = len(value)
-            else:
-                continue  # a key-value cache and the like: not part of what is recorded
-            if record_layout:
-                self.layout.append((field, count))
-        return flat
-
     def __call__(self, params: dict, kwargs: dict):
         with torch.no_grad():
             flat = self.graph(*self.packing.buffers(params), *self._tensor_inputs(kwargs))
@@ -252,20 +230,26 @@ class GraphForward:
         return SimpleNamespace(**fields), captured
 
 
+def _output_tensors(out) -> tuple[list[torch.Tensor], list[tuple[str, int | None]]]:
+    """A model output's tensors in order, and its layout: (field, None) for a tensor, (field, n) for a tuple
+    of n; a key-value cache and the like are not part of what is recorded."""
+    flat, layout = [], []
+    for field, value in out.items():
+        if torch.is_tensor(value):
+            flat.append(value)
+            layout.append((field, None))
+        elif isinstance(value, tuple) and value and all(torch.is_tensor(v) for v in value):
+            flat.extend(value)
+            layout.append((field, len(value)))
+    return flat, layout
+
+
 def _eager(model, params: dict, kwargs: dict, module) -> list[torch.Tensor]:
     """What the eager forward gives for these parameters (the caller holds the model's lock), flattened as a
     graph's outputs are."""
-    box: dict = {}
-    previous = getattr(capture._WANTED, "request", None)
-    capture._WANTED.request = (module, box, False) if module is not None else None
-    try:
+    with capture.recording(module) as box:
         out = functional_call(model, params, args=(), kwargs=kwargs, strict=False)
-    finally:
-        capture._WANTED.request = previous
-    flat = [v for value in out.values() for v in ((value,) if torch.is_tensor(value) else value
-                                                   if isinstance(value, tuple) and value
-                                                   and all(torch.is_tensor(x) for x in value) else ())]
-    return flat + ([box["input"]] if module is not None else [])
+    return _output_tensors(out)[0] + ([box["input"]] if module is not None else [])
 
 
 def graph_for(model: torch.nn.Module, params: dict, kwargs: dict, module=None) -> GraphForward | None:
@@ -310,12 +294,10 @@ def forward(model: torch.nn.Module, params: dict, kwargs: dict):
     if not all(torch.is_tensor(v) or isinstance(v, (bool, int, float, str, type(None))) or isinstance(v, dict)
                and all(map(torch.is_tensor, v.values())) for v in kwargs.values()):
         return None  # an input the key cannot hold: kept eager
-    request = getattr(capture._WANTED, "request", None)
+    request = capture.request_here()
     if request is not None and request[2]:
         return None
     module = request[0] if request is not None else None
-    if module is not None:
-        capture._hooked(module)
     graph = graph_for(model, params, kwargs, module)
     if graph is None:
         return None

@@ -29,7 +29,7 @@ from collections import OrderedDict
 
 import torch
 
-from perm_core.batched_gathers import gather_many, on_cpu
+from perm_core.batched_gathers import gather_many, steps_of
 from perm_core.spec import Concat, Scramble, apply_axes
 from perm_core.transforms import Permutation, composed
 
@@ -224,13 +224,9 @@ def transformed_params(subject, scramble: Scramble, keys_by_symmetry: dict[str, 
         if indices is None:  # a rotation acts on some axis: arithmetic, not a gather
             params[name] = apply_axes(tensor, claim.rule.axes, scramble, claim.layer)
             continue
-        source, steps = _derive(cache.kin((scope, name), KIN_LOOKED_AT), indices) or (
-            tensor, [(axis, index) for axis, index in enumerate(indices) if index is not None])
+        source, steps = _derive(cache.kin((scope, name), KIN_LOOKED_AT), indices) or (tensor, steps_of(indices))
         gathers[name] = (source, steps, indices)
-    sources = [source for source, _, _ in gathers.values()]
-    steps = [steps for _, steps, _ in gathers.values()]
-    made = gather_many(sources, steps) if on_cpu(sources, steps) else [
-        _gather_steps(source, chain) for source, chain in zip(sources, steps, strict=True)]
+    made = gather_many([source for source, _, _ in gathers.values()], [steps for _, steps, _ in gathers.values()])
     params.update(zip(gathers, made, strict=True))
     for name, key in missing.items():
         if name in kept:
@@ -313,12 +309,6 @@ def _derive(kin: list[tuple], indices: tuple) -> tuple[torch.Tensor, list] | Non
         steps.append((axis, mine if other is None else (torch.argsort(other) if mine is None
                                                          else torch.argsort(other)[mine])))
     return tensor, steps
-
-
-def _gather_steps(tensor: torch.Tensor, steps: list) -> torch.Tensor:
-    for axis, index in steps:
-        tensor = Permutation(index).apply(tensor, axis)
-    return tensor
 
 
 def _same_index(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:

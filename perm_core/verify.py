@@ -333,15 +333,14 @@ class Unscrambled(Mapping):
         """(the scrambled tensor, the (axis, index) gathers that un-scramble it), or None where the inverse is
         not a pure gather (a rotation, the pixels): compare.relative_differences then makes all of a run's
         un-scrambled tensors and their differences in one call."""
+        from perm_core.batched_gathers import steps_of
         from perm_core.param_cache import gather_indices
 
         record = self._records[name]
         if not isinstance(record.axes, tuple):
             return None
         indices = gather_indices(record.axes, self._inverse, record.layer, tuple(record.tensor.shape))
-        if indices is None:
-            return None
-        return record.tensor, [(axis, index) for axis, index in enumerate(indices) if index is not None]
+        return None if indices is None else (record.tensor, steps_of(indices))
 
     def __contains__(self, name) -> bool:  # Mapping's own would un-scramble the tensor to answer
         return name in self._records

@@ -88,3 +88,15 @@ def test_batched_and_one_by_one_comparisons_give_the_same_errors_and_a_wrong_inv
     wrong = subject.unscramble_lazily(result.scrambled, subject.build({"tokens": 3, "channels": 6, "heads": 1}))
     errors = subject.errors(explorer.original, wrong, result.scramble)
     assert max(e.max_rel_error for e in errors if e.name.endswith(".hidden")) > 0.1
+
+
+def test_off_the_cpu_each_step_is_a_permutation_apply(monkeypatch):
+    """The meta device stands in for an accelerator: shapes and devices only, one Permutation.apply per step."""
+    applied = []
+    apply = Permutation.apply
+    monkeypatch.setattr(Permutation, "apply", lambda self, t, axis: applied.append(axis) or apply(self, t, axis))
+    tensor = torch.empty(4, 3, device="meta")
+    made = gather_many([tensor], [[(0, torch.randperm(4)), (1, torch.randperm(3))]])[0]
+    assert applied == [0, 1] and made.device.type == "meta" and made.shape == (4, 3)
+    gather_many([torch.zeros(4, 3)], [[(0, torch.randperm(4))]])
+    assert applied == [0, 1]  # on the CPU: the one TorchScript call

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from perm_core import param_cache, symmetries
+from perm_core.batched_gathers import gather_many
 from perm_core.explore import Exploration, control_options
 from perm_core.families import family_names
 from perm_core.random_models import build_random_model, random_inputs
@@ -187,11 +188,12 @@ def test_a_derived_tensor_gathers_only_the_changed_axis_and_a_wrong_step_would_d
     rows, cols, new_rows = (torch.randperm(n, generator=generator) for n in (6, 5, 6))
     kept = original[rows][:, cols]
     source, steps = param_cache._derive([(kept, (rows, cols))], (new_rows, cols))
-    derived = param_cache._gather_steps(source, steps)
+    derived = gather_many([source], [steps])[0]
     assert source is kept and [axis for axis, _ in steps] == [0]
     assert torch.equal(derived, original[new_rows][:, cols])
     # Pretending the kept tensor came from other indices gives other values: the equality above is not automatic.
-    wrong = param_cache._gather_steps(*param_cache._derive([(kept, (new_rows, cols))], (rows, cols)))
+    source, steps = param_cache._derive([(kept, (new_rows, cols))], (rows, cols))
+    wrong = gather_many([source], [steps])[0]
     assert not torch.equal(wrong, original[rows][:, cols])
     # Every axis changed: nothing to save, built from the original instead.
     assert param_cache._derive([(kept, (rows, cols))], (new_rows, torch.randperm(5, generator=generator))) is None

@@ -1,7 +1,6 @@
 """The app's Streamlit settings: no developer toolbar for visitors, the upload limit equals the loader's."""
 
 import gc
-import time
 import tomllib
 import weakref
 from pathlib import Path
@@ -30,7 +29,6 @@ def test_no_full_collection_after_every_run_and_one_every_few_seconds_instead():
     class Cycle:
         pass
 
-    time.sleep(0.01)
     resources._last_run.pop("collect", None)
     gc.disable()
     try:
