@@ -23,7 +23,7 @@ DEFAULT_TEXT = "A man is playing a guitar."
 DEFAULT_REFERENCE = "Someone plays the guitar."
 SGD_BATCH = 32  # digits training images per SGD step
 
-ensure_view("own")  # the sidebar says this page has its own controls; the URL keeps them
+ensure_view("own", globals())  # the sidebar says this page has its own controls; the URL keeps them
 st.title("Backward: gradients and training commute with the symmetries")
 st.caption("If a scramble g is a symmetry, the loss of the scrambled model on the scrambled input equals the "
            "original loss, so its gradient is the scrambled gradient, and an SGD step taken in the scrambled "

@@ -16,7 +16,7 @@ from ui.long_run import long_run, stop_if_stopped
 from ui.sidebar import SYMMETRY_LABELS, ensure_view
 from ui.state import parse_bool, publish, seed
 
-view = ensure_view()
+view = ensure_view(page_globals=globals())
 st.title("Check: is this model exactly symmetric?")
 st.markdown("For researchers: every symmetry switched on in the sidebar is applied with its key to the sidebar's "
             "model and input, forward and backward, and compared tensor by tensor with the original run; every "

@@ -16,7 +16,7 @@ st.title("Explore: scramble a Transformer, then un-scramble it")
 st.caption("Left: the original model on the original input. Middle: the scrambled model (weights permuted by "
            "the keys in the sidebar) on the scrambled input. Right: the middle column with the inverse applied.")
 
-view = ensure_view()
+view = ensure_view(page_globals=globals())
 if view is None or not view.ready:
     if view is not None:
         view.show_messages()

@@ -12,7 +12,7 @@ from perm_core.transforms import Permutation
 from ui.sidebar import ensure_view, test_digits
 from ui.state import publish
 
-ensure_view("none")
+ensure_view("none", globals())
 st.title("Transformer Symmetry Explorer")
 st.markdown(
     "A Transformer does not care **in which order** it gets its tokens, nor **in which order** the channels of "

@@ -9,7 +9,7 @@ from ui.matrix_table import COLOURS, LABELS, LEGEND, matrix_html
 from ui.sidebar import SYMMETRY_LABELS, ensure_view
 from ui.state import publish
 
-ensure_view("none")
+ensure_view("none", globals())
 st.title("Symmetry matrix: which architecture has which symmetry")
 st.markdown("Not every symmetry exists in every architecture: RoPE pins query/key channels to their rotary "
             "planes, a per-channel Q/K norm gain pins them to their axes, a relative position bias reads the "

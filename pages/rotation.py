@@ -18,7 +18,7 @@ from ui.state import seed, seed_choice
 MODELS = ("digits-vit", "random:vit", "random:bert", "random:gpt2", "random:llama", "minilm", "smollm2-135m")
 ROPE_MODELS = ("random:llama", "smollm2-135m")
 
-ensure_view("own")  # the sidebar says this page has its own controls; the URL keeps them
+ensure_view("own", globals())  # the sidebar says this page has its own controls; the URL keeps them
 st.title("Rotation: a continuous symmetry of attention")
 st.markdown(
     "Inside every head, queries and keys enter attention only through the dot product q·k, and values only "

@@ -13,7 +13,7 @@ from ui.long_run import long_run
 from ui.resources import key_or_stop
 from ui.sidebar import ensure_view
 
-ensure_view("own")  # the sidebar says this page has its own controls; the URL keeps them
+ensure_view("own", globals())  # the sidebar says this page has its own controls; the URL keeps them
 st.title("Split learning: scrambled features, and what an attacker rebuilds from them")
 st.markdown(
     "**The protocol** (after Xu et al., CVPR 2024). The client keeps the ViT's embedding layer (patch "

@@ -18,7 +18,7 @@ PROJECTOR_CSS = """<style>
 [data-testid="stMainBlockContainer"] h1 { font-size: 2.6rem; }
 </style>"""
 
-ensure_view("none")
+ensure_view("none", globals())
 seed("walk_step", 1, int, valid=lambda v: 1 <= v <= len(STEPS))
 seed("walk_key", "7")
 seed("walk_projector", False, parse_bool)

@@ -22,7 +22,7 @@ from perm_core.keys import InvalidKeyError, validate_key
 from perm_core.symmetries import SYMMETRIES
 from perm_core.zoo import DEFAULT_IMAGE_MODEL, LoadedModel, ModelLoadError
 from ui.errors import logged
-from ui.resources import shared_model, use_navigation_registry
+from ui.resources import drop_page_data, shared_model, use_navigation_registry
 from ui.state import parse_bool, seed
 
 SYMMETRY_LABELS = {"tokens": "Tokens", "channels": "Channels", "heads": "Heads", "head_channels": "Head channels",
@@ -100,10 +100,12 @@ def current_view() -> View | None:
     return st.session_state.get("view")
 
 
-def ensure_view(scope: str = "full") -> View:
+def ensure_view(scope: str = "full", page_globals: dict | None = None) -> View:
     """The view of this run. app.py renders the sidebar before the page; a page run on its own (Streamlit's
-    old pages/ mode, which AppTest uses after switch_page) reruns once through app.py, else renders it."""
+    old pages/ mode, which AppTest uses after switch_page) reruns once through app.py, else renders it.
+    page_globals: the calling page's globals(), whose heavy data end_run drops (ui.resources.drop_page_data)."""
     if getattr(_THIS_RUN, "view", None) is not None:
+        _THIS_RUN.page_globals = page_globals
         return _THIS_RUN.view
     if not st.session_state.pop("_nav_rerun", False):
         st.session_state["_nav_rerun"] = True  # app.py clears it; a second bare run renders the sidebar here
@@ -111,12 +113,17 @@ def ensure_view(scope: str = "full") -> View:
         st.rerun()
     view = render_sidebar(scope)
     end_run()
+    _THIS_RUN.page_globals = page_globals
     return view
 
 
 def end_run() -> None:
-    """app.py calls this after the page (also when the page stopped early)."""
+    """app.py calls this after the page (also when the page stopped early): the next run starts afresh, and the
+    page's heavy data is freed now, not kept until the session's next run."""
     _THIS_RUN.view = None
+    page_globals, _THIS_RUN.page_globals = getattr(_THIS_RUN, "page_globals", None), None
+    if page_globals is not None:
+        drop_page_data(page_globals)
 
 
 # The sidebar's widget keys (a file upload cannot be set through session state, so it is not kept).
