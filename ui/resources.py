@@ -101,7 +101,7 @@ _loaded_bytes: dict[tuple[str, str], int] = {}
 # A page's data outlives its run unless dropped: Streamlit keeps a session's widgets (their callbacks and format
 # functions) from one run to the next, and each function defined in a page holds the page's globals. Thirty
 # sessions kept thirty Explore results alive (1.0 GB of traces) past the results cache's bound.
-PAGE_DATA_KEPT_BYTES = 1 << 20
+PAGE_DATA_KEPT_BYTES = 1 << 18
 _OWN_PACKAGES = ("perm_core", "ui")
 
 
