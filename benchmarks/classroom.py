@@ -19,7 +19,8 @@ URL updated, status widget gone).
 
 Afterwards: errors (exception elements, error alerts, "Traceback" anywhere on the page, errors in the server
 log), the server's peak resident memory (VmHWM, and the sampled sum over its process tree) against the speed
-issue's bound (2x the loaded models' float32 weights + 1 GiB), and the weights of every shared model hashed
+issue's bound (2x the loaded models' float32 weights + 1 GiB) with what held it at its peak (ui.memory_audit, opt-in
+by TSE_MEMORY_AUDIT_FILE), and the weights of every shared model hashed
 at load and at exit inside the server (ui.weights_audit, opt-in by TSE_WEIGHTS_HASH_FILE) and in this fresh
 process: all three must be equal. Then a second, fresh server replays sampled sessions' final settings one at
 a time with the same driver: their verdicts, metrics and Check/Rotation results must be the same text,
@@ -170,13 +171,15 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="classroom-") as scratch:
-        hash_file = Path(scratch) / "weights.json"
-        with ServerProcess(Path(scratch) / "server.log", {"TSE_WEIGHTS_HASH_FILE": str(hash_file)}) as server:
+        hash_file, memory_file = Path(scratch) / "weights.json", Path(scratch) / "memory.json"
+        audits = {"TSE_WEIGHTS_HASH_FILE": str(hash_file), "TSE_MEMORY_AUDIT_FILE": str(memory_file)}
+        with ServerProcess(Path(scratch) / "server.log", audits) as server:
             sessions_started = time.time()
             sessions, records = asyncio.run(classroom(server.url, server, args))
             sessions_wall = time.time() - sessions_started
             server.stop()  # SIGTERM: the audit hashes every shared model at exit
             memory = server.memory()
+            memory["split"] = json.loads(memory_file.read_text()) if memory_file.exists() else {}
             cpu_seconds = server.cpu()
             server_errors = log_errors(server.log.read_text())
             if args.json:  # the tracebacks behind the errors, kept beside the figures

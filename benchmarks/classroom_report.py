@@ -168,6 +168,20 @@ def summarize(args, sessions, records, server_errors, memory, in_server, fresh, 
             and all(v["same"] for v in same)}
 
 
+def split_line(peak: dict) -> str:
+    """One line of what held the server's memory at its peak (ui.memory_audit.split)."""
+    mib = {name: round(value / 2**20) for name, value in peak.items() if isinstance(value, int)}
+    caches = peak.get("caches", {})
+    line = (f"at {peak.get('seconds', '?')} s: resident {mib['resident']} MiB = file-backed {mib['file_backed']}")
+    if "heap_in_use" in peak:
+        rest = peak["resident"] - peak["file_backed"] - peak["heap_in_use"] - peak["own_mappings"]
+        line += (f" + heap in use {mib['heap_in_use']} + large blocks {mib['own_mappings']} (of these two, "
+                 "caches: " + ", ".join(f"{name} {round(value / 2**20)}" for name, value in caches.items()) +
+                 f") + the rest {round(rest / 2**20)} (Python's objects, stacks, free heap kept resident); "
+                 f"heap free {mib['heap_free']} MiB, {peak['python_blocks']} Python blocks, {peak['threads']} threads")
+    return line
+
+
 def print_report(figures: dict) -> None:
     print(f"\n{figures['sessions']} sessions, {figures['seconds']:g} s of key changes, "
           f"{figures['finished_sessions']} finished Explore, Check and Rotation")
@@ -187,6 +201,8 @@ def print_report(figures: dict) -> None:
     print(f"server peak RSS {memory['server_peak_rss_bytes'] / 2**30:.2f} GiB (tree, sampled "
           f"{memory['tree_peak_rss_sampled_bytes'] / 2**30:.2f} GiB); bound 2x weights + 1 GiB = "
           f"{memory['bound_bytes'] / 2**30:.2f} GiB: {'within' if memory['within_bound'] else 'NOT within'}")
+    if memory.get("split", {}).get("peak"):
+        print(f"  {split_line(memory['split']['peak'])}")
     for label, h in figures["weights"].items():
         state = "unchanged" if len({*h.values()}) == 1 and None not in h.values() else f"CHANGED {h}"
         print(f"weights {label:<22} {(h['loaded'] or '?')[:16]}  {state}")

@@ -21,6 +21,7 @@ import torch
 
 from perm_core.explore import Exploration, ExploreResult
 from perm_core.param_cache import TensorCache
+from ui import memory_audit
 
 
 @st.cache_resource(show_spinner=False, max_entries=2)
@@ -35,14 +36,19 @@ def _megabytes(variable: str, default: int) -> int:
 
 @st.cache_resource(show_spinner=False)
 def _caches() -> dict[str, TensorCache]:
-    return {"explorations": TensorCache(_megabytes("TSE_EXPLORATIONS_CACHE_MB", 192)),
-            "results": TensorCache(_megabytes("TSE_RESULTS_CACHE_MB", 192))}
+    caches = {"explorations": TensorCache(_megabytes("TSE_EXPLORATIONS_CACHE_MB", 192)),
+              "results": TensorCache(_megabytes("TSE_RESULTS_CACHE_MB", 192))}
+    for name, cache in caches.items():
+        memory_audit.register(name, cache)
+    return caches
 
 
 @st.cache_resource(show_spinner=False)
 def _page_cache() -> TensorCache:
     """Apart from Explore's caches: a bad setting of one breaks only the pages that use it."""
-    return TensorCache(_megabytes("TSE_PAGES_CACHE_MB", 128))
+    cache = TensorCache(_megabytes("TSE_PAGES_CACHE_MB", 128))
+    memory_audit.register("pages", cache)
+    return cache
 
 
 # The other pages' runs at once, process-wide (TSE_PAGE_RUNS, default 2): a Check, a gradient comparison or an

@@ -12,12 +12,14 @@ import streamlit as st
 from perm_core import param_cache
 from perm_core.stateless import own_dtype, own_parameters
 from perm_core.zoo import DTYPES, LoadedModel, load_model
-from ui import weights_audit
+from ui import memory_audit, weights_audit
 
 # One load at a time in the process: transformers resolves its lazy imports without a lock, and two sessions
 # loading different models at once failed with "cannot import name 'Dinov2Model' from 'transformers'" (found
 # by benchmarks/classroom.py). Loads are CPU-bound, so serializing them costs the classroom nothing.
 _LOADING = threading.Lock()
+memory_audit.register("params", param_cache.TENSORS)
+memory_audit.start()  # only with TSE_MEMORY_AUDIT_FILE set (benchmarks/classroom.py)
 
 
 @st.cache_resource(show_spinner=False, max_entries=6)

@@ -69,6 +69,11 @@ def test_three_students_at_once(tmp_path):
     assert shared_link["model"] == "dinov2-s" and shared_link["n"] == 3  # three sessions on one model at once
     assert {"digits-vit/float32", "dinov2-s/float32", "minilm/float32"} <= set(figures["weights"])
     assert [v["model"] for v in figures["same_as_alone"]] == ["digits-vit", "dinov2-s", "minilm"]
+    peak = figures["memory"]["split"]["peak"]  # what held the server's memory at its peak (ui.memory_audit)
+    assert set(peak["caches"]) == {"params", "explorations", "results", "pages"}
+    assert peak["caches"]["results"] > 0 and peak["caches"]["params"] > 0  # Explore's runs were kept
+    assert peak["heap_in_use"] + peak["own_mappings"] >= sum(peak["caches"].values())
+    assert peak["file_backed"] < peak["resident"] <= figures["memory"]["server_peak_rss_bytes"]
 
 
 def test_one_student_in_a_browser(tmp_path):
