@@ -68,29 +68,46 @@ def tensor_bytes(value, seen: set | None = None) -> int:
     """The bytes of every tensor reachable from value (dicts, sequences, dataclasses, objects), each storage
     counted once: what keeping value alive costs. A model's parameters belong to the model (loaded once per
     process by the zoo cache), so they are not counted."""
-    seen = set() if seen is None else seen
+    return sum(_storage_sizes(value, set() if seen is None else seen))
+
+
+def holds_more_than(value, limit: int) -> bool:
+    """Whether the tensors reachable from value (as tensor_bytes counts them) hold more than `limit` bytes. The walk
+    stops once they do: each tensor looked at is a few torch calls, and an Explore result holds hundreds."""
+    total = 0
+    for size in _storage_sizes(value, set()):
+        total += size
+        if total > limit:
+            return True
+    return False
+
+
+def _storage_sizes(value, seen: set):
     if id(value) in seen:
-        return 0
+        return
     seen.add(id(value))
     if isinstance(value, torch.nn.Parameter):
-        return 0
+        return
     if type(value).__name__ == "ndarray":  # numpy (images, curves), counted like a tensor
-        return value.nbytes if value.base is None else tensor_bytes(value.base, seen)
-    if isinstance(value, torch.Tensor):
+        if value.base is None:
+            yield value.nbytes
+        else:
+            yield from _storage_sizes(value.base, seen)
+    elif isinstance(value, torch.Tensor):
         storage = value.untyped_storage()
-        if storage.data_ptr() in seen:
-            return 0
-        seen.add(storage.data_ptr())
-        return storage.nbytes()
-    if isinstance(value, dict):
-        return sum(tensor_bytes(v, seen) for v in value.values())
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return sum(tensor_bytes(v, seen) for v in value)
-    if isinstance(value, torch.nn.Module):
-        return 0  # models are shared by the zoo cache, never owned by a cached result
-    if hasattr(value, "__dict__"):
-        return tensor_bytes(vars(value), seen)
-    return 0
+        if storage.data_ptr() not in seen:
+            seen.add(storage.data_ptr())
+            yield storage.nbytes()
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _storage_sizes(item, seen)
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        for item in value:
+            yield from _storage_sizes(item, seen)
+    elif isinstance(value, torch.nn.Module):
+        return  # models are shared by the zoo cache, never owned by a cached result
+    elif hasattr(value, "__dict__"):
+        yield from _storage_sizes(vars(value), seen)
 
 
 class TensorCache:

@@ -118,7 +118,7 @@ def drop_page_data(page_globals: dict) -> list[str]:
     is freed now instead of at the session's next run. Light globals (labels, options, settings) stay for the
     callbacks and format functions Streamlit may still call."""
     dropped = [name for name, value in page_globals.items() if not name.startswith("__") and
-               _may_hold_tensors(value) and param_cache.tensor_bytes(value) > PAGE_DATA_KEPT_BYTES]
+               _may_hold_tensors(value) and param_cache.holds_more_than(value, PAGE_DATA_KEPT_BYTES)]
     for name in dropped:
         del page_globals[name]
     return dropped

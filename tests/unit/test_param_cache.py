@@ -173,3 +173,18 @@ def test_of_a_set_larger_than_the_bound_the_smaller_tensors_are_kept_and_the_lar
     whole = param_cache.TensorCache(max_bytes=4 * sum(moved.values()))
     param_cache.transformed_params(subject, scramble, ALL, ("this model",), whole)
     assert len(whole) == len(moved)
+
+
+def test_holds_more_than_agrees_with_tensor_bytes_and_stops_walking_once_over():
+    import numpy as np
+
+    class Untouchable:
+        @property
+        def __dict__(self):
+            raise AssertionError("walked past the limit")
+
+    big, small = torch.zeros(1000), torch.zeros(10)  # 4000 and 40 bytes
+    for value, limit in [({"a": big, "b": [small, small]}, 4039), ({"a": big, "b": [small]}, 4040), ([], 0),
+                         ({"view": big[:5], "again": big}, 3999), (np.ones(3), 23)]:
+        assert param_cache.holds_more_than(value, limit) == (param_cache.tensor_bytes(value) > limit), value
+    assert param_cache.holds_more_than([big, Untouchable()], 3999)  # over after the first: the second is not walked
