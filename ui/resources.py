@@ -10,6 +10,7 @@ import time
 import streamlit as st
 
 from perm_core import param_cache
+from perm_core.malloc import give_freed_memory_back
 from perm_core.stateless import own_dtype, own_parameters
 from perm_core.zoo import DTYPES, LoadedModel, load_model
 from ui import memory_audit, weights_audit
@@ -19,6 +20,7 @@ from ui import memory_audit, weights_audit
 # by benchmarks/classroom.py). Loads are CPU-bound, so serializing them costs the classroom nothing.
 _LOADING = threading.Lock()
 memory_audit.register("params", param_cache.TENSORS)
+give_freed_memory_back()  # large blocks each in their own mapping, returned when freed
 memory_audit.start()  # only with TSE_MEMORY_AUDIT_FILE set (benchmarks/classroom.py)
 
 

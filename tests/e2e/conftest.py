@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from perm_core.malloc import SERVER_ENVIRONMENT
+
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -32,7 +34,7 @@ def _free_port() -> int:
 def app_url(tmp_path_factory):
     port = _free_port()
     log = tmp_path_factory.mktemp("server") / "streamlit.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **SERVER_ENVIRONMENT}
     cmd = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.address", "127.0.0.1",
            "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
            "--server.fileWatcherType", "none"]
