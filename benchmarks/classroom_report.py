@@ -12,6 +12,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from perm_core.malloc import SERVER_ENVIRONMENT
+
 ROOT = Path(__file__).resolve().parents[1]
 GOALS_P95_S = {"digits-vit": 5.0}  # the goal for a key change; every other model: 10 s
 OTHER_GOAL_P95_S = 10.0
@@ -39,7 +41,7 @@ class ServerProcess:
         cmd = [sys.executable, "-m", "streamlit", "run", str(self.script), "--server.address", "127.0.0.1",
                "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
                "--server.fileWatcherType", "none"]
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", **self.env}
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", **SERVER_ENVIRONMENT, **self.env}
         with open(self.log, "w") as out:
             self.process = subprocess.Popen(cmd, cwd=self.cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
         self.url = f"http://127.0.0.1:{port}"
@@ -179,6 +181,9 @@ def split_line(peak: dict) -> str:
                  "caches: " + ", ".join(f"{name} {round(value / 2**20)}" for name, value in caches.items()) +
                  f") + the rest {round(rest / 2**20)} (Python's objects, stacks, free heap kept resident); "
                  f"heap free {mib['heap_free']} MiB, {peak['python_blocks']} Python blocks, {peak['threads']} threads")
+    if peak.get("in_flight"):
+        line += "; in flight: " + ", ".join(f"{name.replace('_', ' ')} {value}"
+                                            for name, value in peak["in_flight"].items())
     return line
 
 

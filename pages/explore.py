@@ -7,7 +7,7 @@ from perm_core.explore import BROKEN_AT, control_options, kind_label, layer_of, 
 from perm_core.inputs import token_labels
 from perm_core.tokens import shuffle_patches
 from ui import explore_panels as panels
-from ui.compute import exploration, explore_result, mlp_result
+from ui.compute import exploration, explore_result, hold_for_this_run, mlp_result
 from ui.export import chart
 from ui.sidebar import SYMMETRY_LABELS, ensure_view
 from ui.state import publish, seed
@@ -27,6 +27,7 @@ view.show_messages()
 with st.spinner("Running the original model (cached per model, input and dtype) ..."):
     explorer = exploration(view.model_name, view.dtype_name, view.device, view.input_id, view.loaded.model,
                            view.inputs)
+hold_for_this_run(explorer.trace_bytes)  # this run's result stays alive until the page is drawn
 geometry = explorer.geometry
 options = control_options(explorer.subject, view.keys)
 seed("control", "none", valid=lambda v: v == "none" or v in options)

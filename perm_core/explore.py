@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
@@ -151,6 +152,11 @@ class Exploration:
     @property
     def n_tokens(self) -> int:
         return self.subject.n_tokens
+
+    @cached_property
+    def trace_bytes(self) -> int:
+        """The bytes of the original trace: a run's result holds a trace of the same tensors, as large."""
+        return param_cache.tensor_bytes(self.original)
 
     def scramble_for(self, keys_by_symmetry: dict[str, int], control: str | None = None):
         """The element to apply: every active symmetry in canonical order, the control replacing its own."""

@@ -109,6 +109,92 @@ def _computed_once(cache: TensorCache, key, compute, slot=None):
     return value
 
 
+# The bytes of Explore runs' data alive at once, process-wide (TSE_RUN_BUDGET_MB, default 256). A run's result
+# lives until its page is drawn, and a page draws for as long as the server's Python is shared with every other
+# session's: thirty students opening one dinov2-s link held thirty results (30 MB each, 900 MB) while their
+# charts were drawn in turn. Runs past the budget wait their turn (first come, first served); a run larger than
+# the whole budget runs alone, and one of at most 1/SMALL_SHARE of it goes in whenever it fits.
+SMALL_SHARE = 64
+
+
+class RunBudget:
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.used = 0
+        self._turns = threading.Condition()
+        self._queue: list[object] = []  # waiting runs, first come first
+
+    def _fits(self, nbytes: int, ticket) -> bool:
+        """At the head of the queue, or small enough never to hold up the one there (a digits-vit run beside
+        dinov2-s ones); and within the budget beside what is held, or alone."""
+        in_turn = self._queue[0] is ticket or nbytes <= self.max_bytes // SMALL_SHARE
+        return in_turn and (self.used == 0 or self.used + nbytes <= self.max_bytes)
+
+    def take(self, nbytes: int, while_waiting=None, every_s: float = 0.5) -> None:
+        """Take nbytes once they fit and every run that came earlier has gone in. while_waiting(seconds) is called
+        every `every_s` seconds of a wait; if it raises (Streamlit stopping the run), nothing is taken and the
+        run leaves the queue."""
+        ticket, start = object(), time.monotonic()
+        with self._turns:
+            self._queue.append(ticket)
+            try:
+                while not self._turns.wait_for(lambda: self._fits(nbytes, ticket), every_s):
+                    if while_waiting is not None:
+                        self._turns.release()  # drawing a notice must not hold up the others
+                        try:
+                            while_waiting(time.monotonic() - start)
+                        finally:
+                            self._turns.acquire()
+            except BaseException:
+                self._queue.remove(ticket)
+                self._turns.notify_all()  # the one behind may fit now
+                raise
+            self._queue.remove(ticket)  # not always the head: a small run goes in beside a waiting large one
+            self.used += nbytes
+            self._turns.notify_all()
+
+    def give(self, nbytes: int) -> None:
+        with self._turns:
+            self.used -= nbytes
+            self._turns.notify_all()
+
+
+RUN_BUDGET = RunBudget(_megabytes("TSE_RUN_BUDGET_MB", 256))
+_this_run = threading.local()
+# What runs at a memory peak (benchmarks/classroom.py): a semaphore's free count is its _value (CPython's).
+memory_audit.register_gauge("explore_result_bytes_held", lambda: RUN_BUDGET.used)
+memory_audit.register_gauge("explore_runs_waiting_for_memory", lambda: len(RUN_BUDGET._queue))
+memory_audit.register_gauge("explore_runs_computing",
+                            lambda: sum(_SLOTS_PER_MODEL - slots._value for slots in list(_slots.values())))
+memory_audit.register_gauge("page_runs", lambda: _PAGE_RUNS - _page_slots._value)
+
+
+def hold_for_this_run(nbytes: int, budget: RunBudget = RUN_BUDGET) -> None:
+    """Hold nbytes of the budget until this script run ends (release_run_budget, from ui.sidebar.end_run); a
+    second call in the same run holds nothing more. A visitor who has to wait is told why, and the notice is
+    redrawn every half second, which is where Streamlit can stop this run if the visitor leaves."""
+    if getattr(_this_run, "held", None) is not None:
+        return
+    notice = None
+
+    def waiting(seconds: float) -> None:
+        nonlocal notice
+        notice = notice or st.empty()
+        notice.info(f"Waiting for memory: this server keeps at most {budget.max_bytes / 2**20:.0f} MB of Explore "
+                    f"runs at once, for all its visitors ({seconds:.0f} s so far).", icon=":material/hourglass:")
+
+    budget.take(nbytes, waiting)
+    _this_run.held = (budget, nbytes)
+    if notice is not None:
+        notice.empty()
+
+
+def release_run_budget() -> None:
+    held, _this_run.held = getattr(_this_run, "held", None), None
+    if held is not None:
+        held[0].give(held[1])
+
+
 def exploration(model_name: str, dtype_name: str, device: str, input_id: str, _model, _inputs) -> Exploration:
     def build():
         model = model_on(model_name, dtype_name, device, _model)

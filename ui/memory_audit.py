@@ -25,6 +25,7 @@ STEP_BYTES = 16 << 20
 INTERVAL_S = 0.25
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _caches: dict[str, object] = {}  # name -> an object with .bytes (perm_core.param_cache.TensorCache)
+_gauges: dict[str, object] = {}  # name -> a callable giving a number: what is in flight (runs, held bytes)
 _started = threading.Lock()
 _thread: threading.Thread | None = None
 _t0 = time.monotonic()
@@ -49,6 +50,11 @@ def register(name: str, cache) -> None:
     _caches[name] = cache
 
 
+def register_gauge(name: str, read) -> None:
+    """Note read() under `name` in each split's "in_flight" (kept even when the audit is off: a dict entry)."""
+    _gauges[name] = read
+
+
 def _resident() -> tuple[int, int]:
     """(resident, of which file-backed or shared) bytes, from /proc/self/statm."""
     fields = Path("/proc/self/statm").read_text().split()
@@ -60,6 +66,7 @@ def split() -> dict:
     resident, file_backed = _resident()
     figures = {"resident": resident, "file_backed": file_backed,
                "caches": {name: int(cache.bytes) for name, cache in sorted(_caches.items())},
+               "in_flight": {name: read() for name, read in sorted(_gauges.items())},
                "python_blocks": sys.getallocatedblocks(), "threads": threading.active_count()}
     if _MALLINFO2 is not None:
         info = _MALLINFO2()

@@ -14,10 +14,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_the_split_counts_registered_caches_and_reads_the_resident_size(monkeypatch):
     monkeypatch.setattr(memory_audit, "_caches", {})
+    monkeypatch.setattr(memory_audit, "_gauges", {})
     memory_audit.register("results", SimpleNamespace(bytes=3 << 20))
     memory_audit.register("params", SimpleNamespace(bytes=5))
+    runs = [2]
+    memory_audit.register_gauge("page_runs", lambda: runs[0])
     figures = memory_audit.split()
     assert figures["caches"] == {"params": 5, "results": 3 << 20}
+    assert figures["in_flight"] == {"page_runs": 2}
+    runs[0] = 0
+    assert memory_audit.split()["in_flight"] == {"page_runs": 0}  # read at each split
     pages = int(Path("/proc/self/statm").read_text().split()[1])
     assert abs(figures["resident"] - pages * os.sysconf("SC_PAGE_SIZE")) < 64 << 20
     assert 0 < figures["file_backed"] < figures["resident"]

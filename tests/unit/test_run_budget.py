@@ -1,0 +1,115 @@
+"""Explore runs' data alive at once is bounded by bytes (ui.compute.RunBudget): a run past the budget waits its
+turn, first come first served, a small one goes in whenever it fits, and a run that gives up takes nothing."""
+
+import threading
+import time
+
+import pytest
+
+from ui import compute
+from ui.compute import RunBudget
+
+WAIT_S = 5.0
+
+
+def taking(budget: RunBudget, nbytes: int, done: list, name: str, **kwargs) -> threading.Thread:
+    """A run taking nbytes in its own thread; its name goes into `done` once it is in."""
+    def run():
+        budget.take(nbytes, **kwargs)
+        done.append(name)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def waiting(budget: RunBudget, count: int) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while len(budget._queue) < count:
+        assert time.monotonic() < deadline, "the runs never queued"
+        time.sleep(0.01)
+
+
+def test_a_run_past_the_budget_waits_until_bytes_are_given_back():
+    budget, done = RunBudget(100), []
+    budget.take(60)
+    assert budget.used == 60
+    thread = taking(budget, 50, done, "second")
+    waiting(budget, 1)
+    time.sleep(0.1)
+    assert done == [] and budget.used == 60  # 60 + 50 is over 100
+    budget.give(60)
+    thread.join(WAIT_S)
+    assert done == ["second"] and budget.used == 50
+    budget.give(50)
+    assert budget.used == 0 and budget._queue == []
+
+
+def test_runs_go_in_first_come_first_served():
+    """The third run's 30 bytes fit beside the first's 60, but the second came earlier and waits for 50."""
+    budget, done = RunBudget(100), []
+    budget.take(60)
+    second = taking(budget, 50, done, "second")
+    waiting(budget, 1)
+    third = taking(budget, 30, done, "third")
+    waiting(budget, 2)
+    time.sleep(0.1)
+    assert done == []
+    budget.give(60)
+    second.join(WAIT_S)
+    third.join(WAIT_S)
+    assert done == ["second", "third"] and budget.used == 80
+
+
+def test_a_small_run_goes_in_beside_a_waiting_large_one():
+    budget, done = RunBudget(6400), []
+    budget.take(4000)
+    large = taking(budget, 3000, done, "large")
+    waiting(budget, 1)
+    budget.take(6400 // compute.SMALL_SHARE)  # fits beside the 4000 held; the large one still waits
+    assert budget.used == 4100 and done == []
+    budget.give(4100)
+    large.join(WAIT_S)
+    assert done == ["large"]
+
+
+def test_a_run_larger_than_the_budget_runs_alone():
+    budget, done = RunBudget(100), []
+    budget.take(250)  # nothing held: it goes in
+    small = taking(budget, 1, done, "small")
+    waiting(budget, 1)
+    time.sleep(0.1)
+    assert done == []  # 250 + 1 is over the budget
+    budget.give(250)
+    small.join(WAIT_S)
+    assert done == ["small"]
+
+
+def test_a_run_that_stops_while_waiting_takes_nothing_and_lets_the_next_in():
+    budget, done, calls = RunBudget(100), [], []
+
+    class Stopped(Exception):
+        pass
+
+    def stop(seconds):
+        calls.append(seconds)
+        raise Stopped  # Streamlit stops a run from inside a redraw of its notice
+
+    budget.take(60)
+    with pytest.raises(Stopped):
+        budget.take(50, while_waiting=stop, every_s=0.05)
+    assert len(calls) == 1 and budget._queue == [] and budget.used == 60
+    next_run = taking(budget, 40, done, "next")  # was behind the stopped one: in at once now
+    next_run.join(WAIT_S)
+    assert done == ["next"] and budget.used == 100
+
+
+def test_a_run_holds_its_bytes_once_until_it_ends():
+    budget = RunBudget(100)
+    compute.hold_for_this_run(30, budget)
+    compute.hold_for_this_run(30, budget)  # the same run: nothing more
+    assert budget.used == 30
+    compute.release_run_budget()
+    assert budget.used == 0
+    compute.release_run_budget()  # nothing held: nothing given
+    assert budget.used == 0
