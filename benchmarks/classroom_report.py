@@ -208,6 +208,11 @@ def print_report(figures: dict) -> None:
           f"{memory['bound_bytes'] / 2**30:.2f} GiB: {'within' if memory['within_bound'] else 'NOT within'}")
     if memory.get("split", {}).get("peak"):
         print(f"  {split_line(memory['split']['peak'])}")
+    live = memory.get("split", {}).get("at_exit_trimmed")
+    if live:
+        print(f"  at exit, after glibc gave its free pages back: resident {live['resident'] / 2**20:.0f} MiB, of "
+              f"which file-backed {live['file_backed'] / 2**20:.0f} and caches "
+              f"{sum(live['caches'].values()) / 2**20:.0f} MiB")
     for label, h in figures["weights"].items():
         state = "unchanged" if len({*h.values()}) == 1 and None not in h.values() else f"CHANGED {h}"
         print(f"weights {label:<22} {(h['loaded'] or '?')[:16]}  {state}")

@@ -5,7 +5,7 @@ import streamlit as st
 from perm_core.apps import authorization as auth
 from perm_core.apps import figures_backward as fb
 from perm_core.keys import LONG_KEY_BITS, InvalidKeyError, parse_long_key
-from ui.compute import page_run
+from ui.compute import page_run, page_run_bytes
 from ui.errors import show_failure
 from ui.export import chart
 from ui.long_run import long_run
@@ -55,7 +55,7 @@ except Exception as error:  # noqa: BLE001 - a one-line message, never a traceba
 def measured(model_name, key, n_wrong, progress):
     return page_run("authorization", (model_name, key, n_wrong),
                     lambda: auth.authorize(shared_model(model_name, "float32"), key, n_wrong, model_name,
-                                           progress=progress))
+                                           progress=progress), nbytes=page_run_bytes(model_name))
 
 
 with long_run("authorization", (model_name, key, n_wrong), "locking the model and trying keys") as progress:

@@ -10,7 +10,7 @@ from perm_core.digits import digits_split
 from perm_core.families import geometry_of
 from perm_core.inputs import InputError, prepare_text
 from perm_core.verify import BROKEN_AT, Subject
-from ui.compute import page_run
+from ui.compute import page_run, page_run_bytes
 from ui.errors import show_failure
 from ui.export import chart
 from ui.long_run import long_run
@@ -103,7 +103,8 @@ def gradient_comparison(model_name, dtype_name, settings, inputs, reference):
         shown = ["grad.input"] + [f"grad.param.{name}" for name in bw.weight_matrices(loaded.model)]
         return bw.compare_gradients(loaded.model, inputs, loss, dict(settings["keys"]), keep=shown)
 
-    return page_run("backward/gradients", (model_name, dtype_name, repr(settings)), compute)
+    return page_run("backward/gradients", (model_name, dtype_name, repr(settings)), compute,
+                    nbytes=page_run_bytes(model_name, dtype_name=dtype_name))
 
 
 settings = {"loss": loss_kind, "class": int(target_class), "keys": tuple(sorted(keys_by_symmetry.items())),
@@ -170,7 +171,8 @@ def lockstep(model_name, dtype_name, settings, inputs, targets, reference, steps
                                None if control == "none" else control, progress=progress)
 
     return page_run("backward/lockstep", (model_name, dtype_name, repr(settings), steps, lr, control,
-                                          targets is not None), compute)
+                                          targets is not None), compute,
+                    nbytes=page_run_bytes(model_name, dtype_name=dtype_name))
 
 
 share = 0.5 if control != "none" else 1.0  # of the bar, for the correct scramble's run

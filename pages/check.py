@@ -10,7 +10,7 @@ import torch
 from perm_core import figures
 from perm_core.input_spec import check_command
 from perm_core.verify import check
-from ui.compute import model_on, page_slot
+from ui.compute import model_on, page_run_bytes, page_slot
 from ui.export import chart
 from ui.long_run import long_run, stop_if_stopped
 from ui.sidebar import SYMMETRY_LABELS, ensure_view
@@ -49,7 +49,8 @@ st.button("Run check", type="primary", on_click=request_check)
 if st.session_state.pop("check_requested", False):
     model = model_on(view.model_name, view.dtype_name, view.device, view.loaded.model)
     inputs = {k: v.to(view.device) if isinstance(v, torch.Tensor) else v for k, v in view.inputs.items()}
-    with page_slot(), long_run("check", settings, "the check") as progress:
+    held = page_run_bytes(view.model_name, dtype_name=view.dtype_name)  # of the run budget, while it computes
+    with page_slot(held), long_run("check", settings, "the check") as progress:
         report = check(model, inputs, list(view.keys), dict(view.keys), model_name=view.model_name,
                        backward=backward, progress=progress)
     st.session_state["check_report"] = (settings, report)

@@ -7,7 +7,7 @@ from perm_core.explore import BROKEN_AT, control_options, kind_label, layer_of, 
 from perm_core.inputs import token_labels
 from perm_core.tokens import shuffle_patches
 from ui import explore_panels as panels
-from ui.compute import exploration, explore_result, hold_for_this_run, mlp_result
+from ui.compute import exploration, explore_result, hold_for_this_run, keep_held, mlp_result, result_kept
 from ui.export import chart
 from ui.sidebar import SYMMETRY_LABELS, ensure_view
 from ui.state import publish, seed
@@ -27,7 +27,6 @@ view.show_messages()
 with st.spinner("Running the original model (cached per model, input and dtype) ..."):
     explorer = exploration(view.model_name, view.dtype_name, view.device, view.input_id, view.loaded.model,
                            view.inputs)
-hold_for_this_run(explorer.trace_bytes)  # this run's result stays alive until the page is drawn
 geometry = explorer.geometry
 options = control_options(explorer.subject, view.keys)
 seed("control", "none", valid=lambda v: v == "none" or v in options)
@@ -49,9 +48,12 @@ if st.session_state.get("layer", 0) >= geometry.n_layers:
 if st.session_state.get("head", 0) >= geometry.n_heads:
     st.session_state["head"] = 0
 
+settings = (view.model_name, view.dtype_name, view.device, view.input_id, tuple(sorted(view.keys.items())), control)
+# The run's share of the server's memory: its result until the page is drawn, and its weights while it computes
+hold_for_this_run(explorer.trace_bytes + (0 if result_kept(*settings) else explorer.compute_bytes))
 with st.spinner("Running the scrambled model ..."):  # the MLP-neuron view's block is recorded in the same run
-    result = explore_result(view.model_name, view.dtype_name, view.device, view.input_id,
-                            tuple(sorted(view.keys.items())), control, explorer, st.session_state["layer"])
+    result = explore_result(*settings, explorer, st.session_state["layer"])
+keep_held(explorer.trace_bytes)
 verdict = result.verdict()
 if control:
     (top[1].error if result.worst_rel > BROKEN_AT else top[1].warning)(verdict)

@@ -7,7 +7,7 @@ from perm_core.apps import figures_fusion as figs
 from perm_core.apps.fusion import fuse
 from perm_core.apps.matching import METHODS
 from perm_core.zoo import ModelLoadError
-from ui.compute import page_run
+from ui.compute import page_run, page_run_bytes
 from ui.errors import show_failure
 from ui.export import chart
 from ui.long_run import long_run
@@ -55,7 +55,7 @@ def cached_fusion(a: str, b: str, chosen: tuple, points: int):
         with long_run("fusion", (a, b, chosen, points), "matching and fusing") as progress:
             return fuse(shared_model(a), shared_model(b), chosen, n_points=points, progress=progress)
 
-    return page_run("fusion", (a, b, chosen, points), compute)
+    return page_run("fusion", (a, b, chosen, points), compute, nbytes=page_run_bytes(a, b))
 
 
 ordered = tuple(m for m in METHODS if m in methods)

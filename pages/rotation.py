@@ -8,7 +8,7 @@ from perm_core.apps.rotation import residual_rotation, rope_rotations, rotation_
 from perm_core.defaults import default_inputs
 from perm_core.verify import worst_rel
 from perm_core.zoo import ModelLoadError
-from ui.compute import page_run
+from ui.compute import page_run, page_run_bytes
 from ui.errors import show_failure
 from ui.export import chart
 from ui.resources import key_or_stop, shared_model
@@ -52,7 +52,7 @@ top[4].caption(f"{loaded.info.family}, {n_layers} layers x {n_heads} heads; inpu
 def cached_demo(name: str, key: int, layer: int, head: int):
     return page_run("rotation", (name, key, layer, head),
                     lambda: rotation_demo(shared_model(name).model, default_inputs(shared_model(name)), key, layer,
-                                          head))
+                                          head), nbytes=page_run_bytes(name))
 
 
 progress = st.progress(0.0, text="rotating every head and running both models")

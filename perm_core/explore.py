@@ -158,6 +158,12 @@ class Exploration:
         """The bytes of the original trace: a run's result holds a trace of the same tensors, as large."""
         return param_cache.tensor_bytes(self.original)
 
+    @cached_property
+    def compute_bytes(self) -> int:
+        """What a run holds while it computes, beside its trace: a transformed parameter set and the graph's packed
+        copy of it (perm_core.graph_forward), each the size of the weights."""
+        return 2 * sum(t.numel() * t.element_size() for t in self.subject.params.values())
+
     def scramble_for(self, keys_by_symmetry: dict[str, int], control: str | None = None):
         """The element to apply: every active symmetry in canonical order, the control replacing its own."""
         chosen = control_options(self.subject, keys_by_symmetry)[control] if control else None

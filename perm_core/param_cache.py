@@ -129,6 +129,11 @@ class TensorCache:
     def __len__(self) -> int:
         return len(self._items)
 
+    def __contains__(self, key) -> bool:
+        """Whether key is kept now (not a use: it neither moves it nor counts a hit)."""
+        with self._lock:
+            return key in self._items
+
     def get(self, key):
         with self._lock:
             value = self._items.get(key)

@@ -22,6 +22,7 @@ import torch
 from perm_core.explore import Exploration, ExploreResult
 from perm_core.param_cache import TensorCache
 from ui import memory_audit
+from ui.resources import loaded_weight_bytes
 
 
 @st.cache_resource(show_spinner=False, max_entries=2)
@@ -51,69 +52,13 @@ def _page_cache() -> TensorCache:
     return cache
 
 
-# The other pages' runs at once, process-wide (TSE_PAGE_RUNS, default 2): a Check, a gradient comparison or an
-# SGD lockstep holds several model-sized sets while it runs, and ten students pressing Run check together held
-# gigabytes. Process-wide, not per model: these pages have their own model lists, and each run is long anyway.
-_PAGE_RUNS = max(1, int(os.environ.get("TSE_PAGE_RUNS", "2")))
-_page_slots = threading.BoundedSemaphore(_PAGE_RUNS)
-
-
-@contextmanager
-def page_slot():
-    """Hold one of the page run slots. A visitor who has to wait is told why, and the notice is redrawn every
-    half second, which is where Streamlit can stop this run if the visitor leaves."""
-    if not _page_slots.acquire(blocking=False):
-        notice, start = st.empty(), time.monotonic()
-        while not _page_slots.acquire(timeout=0.5):
-            notice.info(f"Waiting for a free run slot: this server runs {_PAGE_RUNS} of these at once, for all "
-                        f"its visitors ({time.monotonic() - start:.0f} s so far).", icon=":material/hourglass:")
-        notice.empty()
-    try:
-        yield
-    finally:
-        _page_slots.release()
-
-
-def page_run(page: str, settings, compute):
-    """A finished run of another page (a gradient comparison, an authorization, a fusion ...) by its settings,
-    shared by sessions and bounded by bytes (TSE_PAGES_CACHE_MB): counted entries of unknown size
-    let a classroom's keys pile up gigabytes. Computed in a page slot, outside any lock (it can draw progress)."""
-    return _computed_once(_page_cache(), (page, settings), compute, page_slot)
-
-
-# Explore's runs of one model at once (TSE_CONCURRENT_RUNS, default 2: the cores). The server's Python runs one
-# thread at a time and a model one forward at a time, so more at once only holds more transformed parameter sets
-# and traces alive while they wait: 30 sessions opening one link held 30 of them. Per model, so a digits-vit run
-# never queues behind a slower model's.
-_SLOTS_PER_MODEL = max(1, int(os.environ.get("TSE_CONCURRENT_RUNS", "2")))
-_slots: dict[str, threading.BoundedSemaphore] = {}
-_slots_guard = threading.Lock()
-
-
-def _slots_of(model_name: str) -> threading.BoundedSemaphore:
-    with _slots_guard:
-        return _slots.setdefault(model_name, threading.BoundedSemaphore(_SLOTS_PER_MODEL))
-
-
-def _computed_once(cache: TensorCache, key, compute, slot=None):
-    """The cached value, or compute it holding a run slot (by default one of its model's: key[0] names the
-    model); a session that waited for a slot first looks again, since the one ahead of it may have computed the
-    same thing (thirty students on one link)."""
-    value = cache.get(key)
-    if value is None:
-        with slot() if slot else _slots_of(key[0]):
-            value = cache.get(key)
-            if value is None:
-                value = compute()
-                cache.put(key, value)
-    return value
-
-
-# The bytes of Explore runs' data alive at once, process-wide (TSE_RUN_BUDGET_MB, default 256). A run's result
-# lives until its page is drawn, and a page draws for as long as the server's Python is shared with every other
-# session's: thirty students opening one dinov2-s link held thirty results (30 MB each, 900 MB) while their
-# charts were drawn in turn. Runs past the budget wait their turn (first come, first served); a run larger than
-# the whole budget runs alone, and one of at most 1/SMALL_SHARE of it goes in whenever it fits.
+# The bytes of runs' data alive at once, process-wide (TSE_RUN_BUDGET_MB, default 256). An Explore run holds its
+# result's until its page is drawn, and its weights' twice more while it computes (a transformed set and the
+# graph's packed copy); another page's run holds three copies of its models' weights while it computes
+# (page_run_bytes). A page draws for as long as the server's Python is shared with every other session's: thirty
+# students opening one dinov2-s link held thirty 23 MB results while their charts were drawn in turn. Runs past
+# the budget wait their turn (first come, first served); a run larger than the whole budget runs alone, and one
+# of at most 1/SMALL_SHARE of it (a digits-vit run) goes in whenever it fits.
 SMALL_SHARE = 64
 
 
@@ -162,37 +107,126 @@ class RunBudget:
 RUN_BUDGET = RunBudget(_megabytes("TSE_RUN_BUDGET_MB", 256))
 _this_run = threading.local()
 # What runs at a memory peak (benchmarks/classroom.py): a semaphore's free count is its _value (CPython's).
-memory_audit.register_gauge("explore_result_bytes_held", lambda: RUN_BUDGET.used)
-memory_audit.register_gauge("explore_runs_waiting_for_memory", lambda: len(RUN_BUDGET._queue))
+memory_audit.register_gauge("run_budget_bytes_held", lambda: RUN_BUDGET.used)
+memory_audit.register_gauge("runs_waiting_for_memory", lambda: len(RUN_BUDGET._queue))
 memory_audit.register_gauge("explore_runs_computing",
                             lambda: sum(_SLOTS_PER_MODEL - slots._value for slots in list(_slots.values())))
 memory_audit.register_gauge("page_runs", lambda: _PAGE_RUNS - _page_slots._value)
 
 
-def hold_for_this_run(nbytes: int, budget: RunBudget = RUN_BUDGET) -> None:
-    """Hold nbytes of the budget until this script run ends (release_run_budget, from ui.sidebar.end_run); a
-    second call in the same run holds nothing more. A visitor who has to wait is told why, and the notice is
-    redrawn every half second, which is where Streamlit can stop this run if the visitor leaves."""
-    if getattr(_this_run, "held", None) is not None:
-        return
+def _take(budget: RunBudget, nbytes: int) -> None:
+    """Take nbytes of the budget. A visitor who has to wait is told why, and the notice is redrawn every half
+    second, which is where Streamlit can stop this run if the visitor leaves."""
     notice = None
 
     def waiting(seconds: float) -> None:
         nonlocal notice
         notice = notice or st.empty()
-        notice.info(f"Waiting for memory: this server keeps at most {budget.max_bytes / 2**20:.0f} MB of Explore "
-                    f"runs at once, for all its visitors ({seconds:.0f} s so far).", icon=":material/hourglass:")
+        notice.info(f"Waiting for memory: this server keeps at most {budget.max_bytes / 2**20:.0f} MB of runs at "
+                    f"once, for all its visitors ({seconds:.0f} s so far).", icon=":material/hourglass:")
 
     budget.take(nbytes, waiting)
-    _this_run.held = (budget, nbytes)
     if notice is not None:
         notice.empty()
+
+
+def hold_for_this_run(nbytes: int, budget: RunBudget = RUN_BUDGET) -> None:
+    """Hold nbytes of the budget until this script run ends (release_run_budget, from ui.sidebar.end_run); a
+    second call in the same run holds nothing more."""
+    if getattr(_this_run, "held", None) is not None:
+        return
+    _take(budget, nbytes)
+    _this_run.held = (budget, nbytes)
+
+
+def keep_held(nbytes: int) -> None:
+    """Give back what this run holds over nbytes (a run that computed keeps its result's bytes to draw it)."""
+    held = getattr(_this_run, "held", None)
+    if held is not None and held[1] > nbytes:
+        held[0].give(held[1] - nbytes)
+        _this_run.held = (held[0], nbytes)
 
 
 def release_run_budget() -> None:
     held, _this_run.held = getattr(_this_run, "held", None), None
     if held is not None:
         held[0].give(held[1])
+
+
+# The other pages' runs at once, process-wide (TSE_PAGE_RUNS, default 2): a Check, a gradient comparison or an
+# SGD lockstep holds several model-sized sets while it runs, and ten students pressing Run check together held
+# gigabytes. Process-wide, not per model: these pages have their own model lists, and each run is long anyway.
+_PAGE_RUNS = max(1, int(os.environ.get("TSE_PAGE_RUNS", "2")))
+_page_slots = threading.BoundedSemaphore(_PAGE_RUNS)
+
+
+# A page run's share of the run budget while it computes, in copies of its models' weights: a Check of dinov2-s
+# peaked at 1.7 copies over its base, a Rotation of minilm at 2.3 (transformed sets, gradients, traces).
+PAGE_RUN_WEIGHT_COPIES = 3
+
+
+def page_run_bytes(*models: str, dtype_name: str = "float32") -> int:
+    """What a page run on these models (each loaded in this process) holds while it computes, for the budget."""
+    return PAGE_RUN_WEIGHT_COPIES * sum(loaded_weight_bytes(name, dtype_name) for name in models)
+
+
+@contextmanager
+def page_slot(nbytes: int = 0):
+    """Hold nbytes of the run budget (page_run_bytes), then one of the page run slots. A visitor who has to wait
+    is told why, and the notice is redrawn every half second, which is where Streamlit can stop this run if the
+    visitor leaves."""
+    budget = RUN_BUDGET
+    _take(budget, nbytes)
+    try:
+        if not _page_slots.acquire(blocking=False):
+            notice, start = st.empty(), time.monotonic()
+            while not _page_slots.acquire(timeout=0.5):
+                notice.info(f"Waiting for a free run slot: this server runs {_PAGE_RUNS} of these at once, for "
+                            f"all its visitors ({time.monotonic() - start:.0f} s so far).",
+                            icon=":material/hourglass:")
+            notice.empty()
+        try:
+            yield
+        finally:
+            _page_slots.release()
+    finally:
+        budget.give(nbytes)
+
+
+def page_run(page: str, settings, compute, nbytes: int = 0):
+    """A finished run of another page (a gradient comparison, an authorization, a fusion ...) by its settings,
+    shared by sessions and bounded by bytes (TSE_PAGES_CACHE_MB): counted entries of unknown size
+    let a classroom's keys pile up gigabytes. Computed in a page slot holding nbytes of the run budget
+    (page_run_bytes), outside any lock (it can draw progress)."""
+    return _computed_once(_page_cache(), (page, settings), compute, lambda: page_slot(nbytes))
+
+
+# Explore's runs of one model at once (TSE_CONCURRENT_RUNS, default 2: the cores). The server's Python runs one
+# thread at a time and a model one forward at a time, so more at once only holds more transformed parameter sets
+# and traces alive while they wait: 30 sessions opening one link held 30 of them. Per model, so a digits-vit run
+# never queues behind a slower model's.
+_SLOTS_PER_MODEL = max(1, int(os.environ.get("TSE_CONCURRENT_RUNS", "2")))
+_slots: dict[str, threading.BoundedSemaphore] = {}
+_slots_guard = threading.Lock()
+
+
+def _slots_of(model_name: str) -> threading.BoundedSemaphore:
+    with _slots_guard:
+        return _slots.setdefault(model_name, threading.BoundedSemaphore(_SLOTS_PER_MODEL))
+
+
+def _computed_once(cache: TensorCache, key, compute, slot=None):
+    """The cached value, or compute it holding a run slot (by default one of its model's: key[0] names the
+    model); a session that waited for a slot first looks again, since the one ahead of it may have computed the
+    same thing (thirty students on one link)."""
+    value = cache.get(key)
+    if value is None:
+        with slot() if slot else _slots_of(key[0]):
+            value = cache.get(key)
+            if value is None:
+                value = compute()
+                cache.put(key, value)
+    return value
 
 
 def exploration(model_name: str, dtype_name: str, device: str, input_id: str, _model, _inputs) -> Exploration:
@@ -202,6 +236,11 @@ def exploration(model_name: str, dtype_name: str, device: str, input_id: str, _m
         return Exploration(model, inputs, model_id=f"{model_name}/{device}")
 
     return _computed_once(_caches()["explorations"], (model_name, dtype_name, device, input_id), build)
+
+
+def result_kept(model_name: str, dtype_name: str, device: str, input_id: str, keys: tuple, control: str | None) -> bool:
+    """Whether explore_result with these settings would run no model (a guess: another run may evict it)."""
+    return (model_name, dtype_name, device, input_id, keys, control) in _caches()["results"]
 
 
 def explore_result(model_name: str, dtype_name: str, device: str, input_id: str, keys: tuple, control: str | None,

@@ -81,9 +81,19 @@ def _write(figures: dict) -> None:
     partial.replace(target)
 
 
+def _at_exit() -> dict:
+    """The split at exit, and again after glibc gave its free pages back (malloc_trim): what was live then."""
+    figures = {"at_exit": split()}
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
+        figures["at_exit_trimmed"] = split()
+    return figures
+
+
 def _watch() -> None:
     peak: dict = {"resident": 0}
-    atexit.register(lambda: _write({"peak": peak, "at_exit": split()}))
+    atexit.register(lambda: _write({"peak": peak, **_at_exit()}))
     while True:
         if _resident()[0] >= peak["resident"] + STEP_BYTES:
             peak = {**split(), "seconds": round(time.monotonic() - _t0, 2)}

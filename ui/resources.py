@@ -102,6 +102,11 @@ def collect_garbage(min_interval: float = 5.0) -> bool:
 _loaded_bytes: dict[tuple[str, str], int] = {}
 
 
+def loaded_weight_bytes(name: str, dtype_name: str = "float32") -> int:
+    """The bytes of a model's weights as this process loaded it (0 if it has not loaded it)."""
+    return _loaded_bytes.get((name, dtype_name), 0)
+
+
 # A page's data outlives its run unless dropped: Streamlit keeps a session's widgets (their callbacks and format
 # functions) from one run to the next, and each function defined in a page holds the page's globals. Thirty
 # sessions kept thirty Explore results alive (1.0 GB of traces) past the results cache's bound.

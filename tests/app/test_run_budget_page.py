@@ -1,5 +1,6 @@
-"""An Explore run holds its result's bytes of the process-wide run budget (ui.compute.RUN_BUDGET) from before its
-model runs until its page is drawn, and gives them back when the run ends (ui.sidebar.end_run)."""
+"""An Explore run holds its share of the process-wide run budget (ui.compute.RUN_BUDGET): its result's bytes from
+before its model runs until its page is drawn, and its weights' twice while it computes; it gives them back when
+the run ends (ui.sidebar.end_run)."""
 
 from pathlib import Path
 
@@ -27,7 +28,9 @@ def budget(monkeypatch):
     recording = RecordingBudget(256 << 20)
     monkeypatch.setattr(compute, "RUN_BUDGET", recording)
     monkeypatch.setattr(compute.hold_for_this_run, "__defaults__", (recording,))
-    return recording
+    compute._caches.clear()  # no result kept: the first run computes
+    yield recording
+    compute._caches.clear()
 
 
 def explore_digits() -> AppTest:
@@ -40,21 +43,27 @@ def explore_digits() -> AppTest:
     return at
 
 
-def original_trace_bytes() -> int:
+def digits_exploration():
     explorations = compute._caches()["explorations"]
     (explorer,) = [e for key, e in explorations._items.items() if key[0] == "digits-vit"]
-    return explorer.trace_bytes
+    return explorer
 
 
-def test_an_explore_run_holds_its_result_bytes_until_it_ends(budget):
+def test_an_explore_run_holds_its_share_until_it_ends(budget):
     at = explore_digits()
     assert at.get("plotly_chart"), "the page drew no chart"
-    assert budget.taken == [original_trace_bytes()] and budget.taken[0] > 0
+    explorer = digits_exploration()
+    weights = sum(p.numel() * p.element_size() for p in explorer.subject.params.values())
+    assert explorer.trace_bytes > 0 and explorer.compute_bytes == 2 * weights > 0
+    assert budget.taken == [explorer.trace_bytes + explorer.compute_bytes]  # the result was computed
     assert budget.used == 0  # given back when the run ended
+    at.run()  # the same settings again: the result is kept, so only its bytes are held
+    assert budget.taken[1:] == [explorer.trace_bytes] and budget.used == 0
 
 
-def test_control_a_run_that_never_gives_back_keeps_its_bytes(budget, monkeypatch):
-    """The check above can fail: with the release left out of end_run, the bytes stay held."""
+def test_control_a_run_that_never_gives_back_keeps_its_result_bytes(budget, monkeypatch):
+    """The check above can fail: with the release left out of end_run, the result's bytes stay held (those for
+    computing went back once the result was there)."""
     monkeypatch.setattr(ui.sidebar, "release_run_budget", lambda: None)
     explore_digits()
-    assert budget.used == original_trace_bytes() > 0
+    assert budget.used == digits_exploration().trace_bytes > 0

@@ -71,7 +71,7 @@ def test_three_students_at_once(tmp_path):
     assert [v["model"] for v in figures["same_as_alone"]] == ["digits-vit", "dinov2-s", "minilm"]
     peak = figures["memory"]["split"]["peak"]  # what held the server's memory at its peak (ui.memory_audit)
     assert set(peak["caches"]) == {"params", "explorations", "results", "pages"}
-    assert set(peak["in_flight"]) == {"explore_result_bytes_held", "explore_runs_waiting_for_memory",
+    assert set(peak["in_flight"]) == {"run_budget_bytes_held", "runs_waiting_for_memory",
                                       "explore_runs_computing", "page_runs"}
     assert peak["caches"]["results"] > 0 and peak["caches"]["params"] > 0  # Explore's runs were kept
     assert peak["heap_in_use"] + peak["own_mappings"] >= sum(peak["caches"].values())

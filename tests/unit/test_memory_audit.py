@@ -38,6 +38,12 @@ assert ("memory-audit" in {t.name for t in threading.enumerate()}) == (sys.argv[
 time.sleep(0.6)
 held = torch.ones(2**25)  # 128 MiB, touched
 time.sleep(0.6)
+freed, kept = [], []
+for _ in range(2000):
+    freed.append(torch.ones(2**14))  # 64 KiB each, from glibc's heap: 125 MiB
+    kept.append(torch.ones(16))  # small blocks between them, alive at exit
+time.sleep(0.6)
+del freed  # free, but resident among the kept blocks until malloc_trim
 """
 
 
@@ -61,3 +67,5 @@ def test_the_watch_writes_the_split_at_a_new_peak_and_at_exit(tmp_path):
     assert figures["peak"]["resident"] >= figures["at_exit"]["resident"] - memory_audit.STEP_BYTES
     assert figures["peak"]["own_mappings"] >= 2**27  # the tensor, in its own mapping, counted at the peak
     assert figures["peak"]["seconds"] > 0.5
+    trimmed = figures["at_exit_trimmed"]  # the 125 MiB freed among live blocks went back only then
+    assert trimmed["resident"] < figures["at_exit"]["resident"] - (64 << 20)

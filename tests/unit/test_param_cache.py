@@ -85,6 +85,18 @@ def test_a_cache_of_results_is_bounded_by_the_bytes_they_hold():
     assert cache.get_or_compute(9, lambda: calls.append(1)) is not None and not calls
 
 
+def test_asking_whether_a_key_is_kept_is_not_a_use():
+    cache = param_cache.TensorCache(max_bytes=400)  # two tensors of 200 bytes
+    cache.put("a", torch.zeros(50))
+    cache.put("b", torch.zeros(50))
+    assert "a" in cache and "missing" not in cache and cache.hits == 0
+    cache.put("c", torch.zeros(50))  # "a" is still the least recently used: asking did not move it
+    assert "a" not in cache and "b" in cache and "c" in cache
+    cache.get("b")  # the control: a use moves "b" up, so "c" goes next
+    cache.put("d", torch.zeros(50))
+    assert "b" in cache and "c" not in cache and cache.hits == 1
+
+
 def test_make_room_evicts_the_oldest_until_the_incoming_bytes_fit():
     cache = param_cache.TensorCache(max_bytes=1000)
     for i in range(5):

@@ -113,3 +113,25 @@ def test_a_run_holds_its_bytes_once_until_it_ends():
     assert budget.used == 0
     compute.release_run_budget()  # nothing held: nothing given
     assert budget.used == 0
+
+
+def test_a_page_run_holds_its_bytes_while_it_computes_and_gives_them_back_on_failure(monkeypatch):
+    budget = RunBudget(1000)
+    monkeypatch.setattr(compute, "RUN_BUDGET", budget)
+    with compute.page_slot(300):
+        assert budget.used == 300
+    assert budget.used == 0
+    with pytest.raises(RuntimeError), compute.page_slot(300):
+        raise RuntimeError("the run failed")
+    assert budget.used == 0 and budget._queue == []
+
+
+def test_a_page_run_counts_three_copies_of_its_models_weights(monkeypatch):
+    from ui import resources
+
+    monkeypatch.setattr(resources, "_loaded_bytes", {("a", "float32"): 100, ("b", "float32"): 10,
+                                                     ("a", "float64"): 200})
+    assert compute.page_run_bytes("a") == 300
+    assert compute.page_run_bytes("a", "b") == 330
+    assert compute.page_run_bytes("a", dtype_name="float64") == 600
+    assert compute.page_run_bytes("not loaded") == 0  # small: it never waits
