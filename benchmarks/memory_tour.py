@@ -25,6 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from perm_core.malloc import SERVER_ENVIRONMENT  # noqa: E402
+
 ZOO = ("dinov2-s", "digits-vit", "digits-vit-b", "minilm", "smollm2-135m", "gemma3-270m", "random:vit",
        "random:bert", "random:gpt2", "random:llama", "random:gemma3", "random:dinov2")
 OWN_PAGES = ["backward?bw_model=digits-vit", "backward?bw_model=minilm", "authorization?au_model=digits-vit",
@@ -52,7 +54,8 @@ def start_server() -> tuple[subprocess.Popen, str]:
     server = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.address", "127.0.0.1",
          "--server.port", str(port), "--server.headless", "true", "--server.fileWatcherType", "none"],
-        cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1", **SERVER_ENVIRONMENT}, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     for _ in range(180):
         try:
