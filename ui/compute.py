@@ -127,7 +127,11 @@ def _take(budget: RunBudget, nbytes: int) -> None:
 
     budget.take(nbytes, waiting)
     if notice is not None:
-        notice.empty()
+        try:
+            notice.empty()
+        except BaseException:  # Streamlit stopping the run here: it never holds what it took
+            budget.give(nbytes)
+            raise
 
 
 def hold_for_this_run(nbytes: int, budget: RunBudget = RUN_BUDGET) -> None:

@@ -135,3 +135,34 @@ def test_a_page_run_counts_three_copies_of_its_models_weights(monkeypatch):
     assert compute.page_run_bytes("a", "b") == 330
     assert compute.page_run_bytes("a", dtype_name="float64") == 600
     assert compute.page_run_bytes("not loaded") == 0  # small: it never waits
+
+
+def test_a_run_stopped_as_its_wait_notice_is_cleared_holds_nothing(monkeypatch):
+    """Streamlit stops a run at its next call: here the one clearing the wait notice, after the bytes were taken."""
+    class Stopped(Exception):
+        pass
+
+    class Notice:
+        def info(self, *args, **kwargs):
+            pass
+
+        def empty(self):
+            raise Stopped
+
+    monkeypatch.setattr(compute.st, "empty", Notice)
+    budget, errors = RunBudget(100), []
+    budget.take(60)
+
+    def run():
+        try:
+            compute._take(budget, 50)
+        except Stopped:
+            errors.append("stopped")
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    waiting(budget, 1)
+    time.sleep(0.7)  # past one redraw of the notice
+    budget.give(60)
+    thread.join(WAIT_S)
+    assert errors == ["stopped"] and budget.used == 0 and budget._queue == []
