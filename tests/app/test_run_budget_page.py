@@ -2,15 +2,11 @@
 before its model runs until its page is drawn, and its weights' twice while it computes; it gives them back when
 the run ends (ui.sidebar.end_run)."""
 
-from pathlib import Path
-
 import pytest
-from streamlit.testing.v1 import AppTest
 
 import ui.sidebar
+from tests.app.test_explore import explore  # digits-vit's Explore page, no exception
 from ui import compute
-
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
 
 
 class RecordingBudget(compute.RunBudget):
@@ -33,16 +29,6 @@ def budget(monkeypatch):
     compute._caches.clear()
 
 
-def explore_digits() -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=300)
-    at.query_params["model"] = "digits-vit"
-    at.run()
-    at.switch_page("pages/explore.py")
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
-
-
 def digits_exploration():
     explorations = compute._caches()["explorations"]
     (explorer,) = [e for key, e in explorations._items.items() if key[0] == "digits-vit"]
@@ -50,7 +36,7 @@ def digits_exploration():
 
 
 def test_an_explore_run_holds_its_share_until_it_ends(budget):
-    at = explore_digits()
+    at = explore()
     assert at.get("plotly_chart"), "the page drew no chart"
     explorer = digits_exploration()
     weights = sum(p.numel() * p.element_size() for p in explorer.subject.params.values())
@@ -65,5 +51,5 @@ def test_control_a_run_that_never_gives_back_keeps_its_result_bytes(budget, monk
     """The check above can fail: with the release left out of end_run, the result's bytes stay held (those for
     computing went back once the result was there)."""
     monkeypatch.setattr(ui.sidebar, "release_run_budget", lambda: None)
-    explore_digits()
+    explore()
     assert budget.used == digits_exploration().trace_bytes > 0
