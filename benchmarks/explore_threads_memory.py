@@ -14,7 +14,6 @@ between the last two is memory glibc held for reuse, not live data.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 import os
 import random
@@ -25,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from perm_core import malloc  # noqa: E402
 from perm_core.defaults import default_inputs  # noqa: E402
 from perm_core.explore import Exploration  # noqa: E402
 from perm_core.mlp_view import mlp_view  # noqa: E402
@@ -85,7 +85,7 @@ def main() -> None:
         thread.join()
     at_end = resident_gib()
     gc.collect()
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    malloc.trim()
     print(f"{args.threads} threads, {args.seconds:.0f} s, trim after each run: {args.trim}: {runs[0]} runs; "
           f"peak {peak[0]:.2f} GiB, at the end {at_end:.2f} GiB, after collecting and trimming "
           f"{resident_gib():.2f} GiB (caches: parameters {TENSORS.bytes / 2**20:.0f} MiB, "

@@ -20,6 +20,8 @@ import threading
 import time
 from pathlib import Path
 
+from perm_core import malloc
+
 VARIABLE = "TSE_MEMORY_AUDIT_FILE"
 STEP_BYTES = 16 << 20
 INTERVAL_S = 0.25
@@ -84,9 +86,7 @@ def _write(figures: dict) -> None:
 def _at_exit() -> dict:
     """The split at exit, and again after glibc gave its free pages back (malloc_trim): what was live then."""
     figures = {"at_exit": split()}
-    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
-    if trim is not None:
-        trim(0)
+    if malloc.trim():
         figures["at_exit_trimmed"] = split()
     return figures
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import threading
 import time
 
 import streamlit as st
 
-from perm_core import param_cache
+from perm_core import malloc, param_cache
 from perm_core.malloc import give_freed_memory_back
 from perm_core.stateless import own_dtype, own_parameters
 from perm_core.zoo import DTYPES, LoadedModel, load_model
@@ -60,8 +59,6 @@ def long_lived_objects_frozen() -> bool:
     return True
 
 
-# glibc's malloc_trim among the symbols the process already has; None elsewhere (macOS): nothing to give back.
-_MALLOC_TRIM = getattr(ctypes.CDLL(None), "malloc_trim", None)
 _last_run: dict[str, float] = {}
 _rate_guard = threading.Lock()
 
@@ -81,10 +78,9 @@ def give_back_freed_memory(min_interval: float = 1.0) -> bool:
     seconds process-wide; True if it ran. glibc keeps freed memory for reuse, scattered among live chunks and
     per-thread arenas: 30 sessions' runs left a server at 3.2 GiB resident whose live data was 1.1 GiB. A trim
     costs about 5 ms and the next run faults its pages in again (about 9% of a forward)."""
-    if _MALLOC_TRIM is None or not _due("trim", min_interval):
+    if not malloc.CAN_TRIM or not _due("trim", min_interval):  # without glibc there is nothing to give back
         return False
-    _MALLOC_TRIM(0)
-    return True
+    return malloc.trim()
 
 
 def collect_garbage(min_interval: float = 5.0) -> bool:
