@@ -41,7 +41,7 @@ time.sleep(0.6)
 freed, kept = [], []
 for _ in range(2000):
     freed.append(torch.ones(2**14))  # 64 KiB each, from glibc's heap: 125 MiB
-    kept.append(torch.ones(16))  # small blocks between them, alive at exit
+    kept.append(torch.ones(2**12))  # 16 KiB blocks between them, alive at exit: from the top, as no freed one fits
 time.sleep(0.6)
 del freed  # free, but resident among the kept blocks until malloc_trim
 """
