@@ -116,24 +116,33 @@ memory_audit.register_gauge("explore_runs_computing",
 memory_audit.register_gauge("page_runs", lambda: _PAGE_RUNS - _page_slots._value)
 
 
+class _WaitNotice:
+    """What a waiting visitor sees: drawn again at each call (where Streamlit can stop the run if the visitor
+    left), cleared once the run goes in."""
+
+    def __init__(self):
+        self._box = None
+
+    def show(self, text: str) -> None:
+        self._box = self._box or st.empty()
+        self._box.info(text, icon=":material/hourglass:")
+
+    def clear(self) -> None:
+        if self._box is not None:
+            self._box.empty()
+
+
 def _take(budget: RunBudget, nbytes: int) -> None:
-    """Take nbytes of the budget. A visitor who has to wait is told why, and the notice is redrawn every half
-    second, which is where Streamlit can stop this run if the visitor leaves."""
-    notice = None
-
-    def waiting(seconds: float) -> None:
-        nonlocal notice
-        notice = notice or st.empty()
-        notice.info(f"Waiting for memory: this server keeps at most {budget.max_bytes / 2**20:.0f} MB of runs at "
-                    f"once, for all its visitors ({seconds:.0f} s so far).", icon=":material/hourglass:")
-
-    budget.take(nbytes, waiting)
-    if notice is not None:
-        try:
-            notice.empty()
-        except BaseException:  # Streamlit stopping the run here: it never holds what it took
-            budget.give(nbytes)
-            raise
+    """Take nbytes of the budget; a visitor who has to wait is told why, every half second."""
+    notice = _WaitNotice()
+    budget.take(nbytes, lambda seconds: notice.show(
+        f"Waiting for memory: this server keeps at most {budget.max_bytes / 2**20:.0f} MB of runs at once, for all "
+        f"its visitors ({seconds:.0f} s so far)."))
+    try:
+        notice.clear()
+    except BaseException:  # Streamlit stopping the run here: it never holds what it took
+        budget.give(nbytes)
+        raise
 
 
 def hold_for_this_run(nbytes: int, budget: RunBudget = RUN_BUDGET) -> None:
@@ -184,14 +193,12 @@ def page_slot(nbytes: int = 0):
     budget = RUN_BUDGET
     _take(budget, nbytes)
     try:
-        if not _page_slots.acquire(blocking=False):
-            notice, start = st.empty(), time.monotonic()
-            while not _page_slots.acquire(timeout=0.5):
-                notice.info(f"Waiting for a free run slot: this server runs {_PAGE_RUNS} of these at once, for "
-                            f"all its visitors ({time.monotonic() - start:.0f} s so far).",
-                            icon=":material/hourglass:")
-            notice.empty()
+        notice, start = _WaitNotice(), time.monotonic()
+        while not _page_slots.acquire(timeout=0.5):
+            notice.show(f"Waiting for a free run slot: this server runs {_PAGE_RUNS} of these at once, for all its "
+                        f"visitors ({time.monotonic() - start:.0f} s so far).")
         try:
+            notice.clear()  # where Streamlit may stop the run: the slot is given back below
             yield
         finally:
             _page_slots.release()

@@ -166,3 +166,36 @@ def test_a_run_stopped_as_its_wait_notice_is_cleared_holds_nothing(monkeypatch):
     budget.give(60)
     thread.join(WAIT_S)
     assert errors == ["stopped"] and budget.used == 0 and budget._queue == []
+
+
+def test_a_page_run_stopped_as_its_slot_notice_is_cleared_gives_the_slot_back(monkeypatch):
+    class Stopped(Exception):
+        pass
+
+    class Notice:
+        def info(self, *args, **kwargs):
+            pass
+
+        def empty(self):
+            raise Stopped
+
+    monkeypatch.setattr(compute.st, "empty", Notice)
+    slots = threading.BoundedSemaphore(1)
+    monkeypatch.setattr(compute, "_page_slots", slots)
+    slots.acquire()  # another visitor's run holds the only slot
+    errors = []
+
+    def run():
+        try:
+            with compute.page_slot():
+                errors.append("ran")
+        except Stopped:
+            errors.append("stopped")
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    time.sleep(0.7)  # past one redraw of the notice
+    slots.release()
+    thread.join(WAIT_S)
+    assert errors == ["stopped"]
+    assert slots.acquire(blocking=False)  # the stopped run gave its slot back
