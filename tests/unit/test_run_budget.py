@@ -137,11 +137,13 @@ def test_a_page_run_counts_three_copies_of_its_models_weights(monkeypatch):
     assert compute.page_run_bytes("not loaded") == 0  # small: it never waits
 
 
-def test_a_run_stopped_as_its_wait_notice_is_cleared_holds_nothing(monkeypatch):
-    """Streamlit stops a run at its next call: here the one clearing the wait notice, after the bytes were taken."""
-    class Stopped(Exception):
-        pass
+class Stopped(Exception):
+    pass
 
+
+@pytest.fixture
+def stopped_when_notice_clears(monkeypatch):
+    """Streamlit stops a run at its next call: here, the one clearing a wait notice."""
     class Notice:
         def info(self, *args, **kwargs):
             pass
@@ -150,6 +152,10 @@ def test_a_run_stopped_as_its_wait_notice_is_cleared_holds_nothing(monkeypatch):
             raise Stopped
 
     monkeypatch.setattr(compute.st, "empty", Notice)
+
+
+def test_a_run_stopped_as_its_wait_notice_is_cleared_holds_nothing(stopped_when_notice_clears):
+    """Streamlit stops a run at its next call: here the one clearing the wait notice, after the bytes were taken."""
     budget, errors = RunBudget(100), []
     budget.take(60)
 
@@ -168,18 +174,8 @@ def test_a_run_stopped_as_its_wait_notice_is_cleared_holds_nothing(monkeypatch):
     assert errors == ["stopped"] and budget.used == 0 and budget._queue == []
 
 
-def test_a_page_run_stopped_as_its_slot_notice_is_cleared_gives_the_slot_back(monkeypatch):
-    class Stopped(Exception):
-        pass
-
-    class Notice:
-        def info(self, *args, **kwargs):
-            pass
-
-        def empty(self):
-            raise Stopped
-
-    monkeypatch.setattr(compute.st, "empty", Notice)
+def test_a_page_run_stopped_as_its_slot_notice_is_cleared_gives_the_slot_back(stopped_when_notice_clears,
+                                                                             monkeypatch):
     slots = threading.BoundedSemaphore(1)
     monkeypatch.setattr(compute, "_page_slots", slots)
     slots.acquire()  # another visitor's run holds the only slot
