@@ -66,12 +66,29 @@ def worst(values) -> float:
     return result
 
 
+def headline(errors) -> list:
+    """The tensors a headline error is taken over: those judged by their relative error. A finite tensor judged
+    against the floor is zero in exact arithmetic, so its relative error measures nothing about the transform (see
+    floored_abs); a non-finite one stays, so that a NaN anywhere still makes the headline inf."""
+    return [e for e in errors if not (e.floor_reason and e.finite)]
+
+
 def worst_rel(errors) -> float:
-    return worst(e.max_rel_error for e in errors)
+    return worst(e.max_rel_error for e in headline(errors))
 
 
 def worst_abs(errors) -> float:
-    return worst(e.max_abs_error for e in errors)
+    return worst(e.max_abs_error for e in headline(errors))
+
+
+def floored_abs(errors) -> float:
+    """The largest absolute value left in tensors that are zero in exact arithmetic (reported apart)."""
+    return worst(e.max_abs_error for e in errors if e.floor_reason)
+
+
+def in_eps(relative_error: float, dtype: torch.dtype) -> float:
+    """A relative error in units of the dtype's machine epsilon (2^-52 for float64, 2^-23 for float32)."""
+    return relative_error / torch.finfo(dtype).eps
 
 
 def is_finite(tensor: torch.Tensor) -> bool:

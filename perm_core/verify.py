@@ -8,13 +8,15 @@ all break. The error rules (own scale, floors for exact zeros, float32 round-off
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 import torch
 
-from perm_core import symmetries
+from perm_core import oracle, symmetries
 from perm_core.capture import output_projection, stopped_input
 from perm_core.compare import (
     BROKEN_AT,
@@ -22,6 +24,8 @@ from perm_core.compare import (
     MOVED_AT,
     TOLERANCE,
     TensorError,
+    floored_abs,
+    in_eps,
     json_safe,
     judged,
     largest_magnitude,
@@ -34,6 +38,8 @@ from perm_core.compare import (
     worst_rel,
 )
 from perm_core.families import Family, Geometry, family_of
+from perm_core.first_break import Stage, first_break, stages
+from perm_core.oracle import OracleResult
 from perm_core.spec import (
     LAYERED_ROLES,
     Claim,
@@ -66,10 +72,16 @@ class CheckResult:
     max_rel_error: float
     tolerance: float  # the base tolerance of the dtype; a tensor may have its own, raised by its round-off (tensors)
     tensors: list[TensorError]
-    moved: float = math.nan  # the most-moved activation (or activation gradient; parameter gradients, then weights,
-    # only where none moved enough), relative: proof the transform moved something
+    moved: float = math.nan  # how far the element moves what it acts on (Subject.element_movement): the share of
+    # movable tokens it moves, or a weight's relative change; proof the check is not vacuous
     moved_what: str = ""
     note: str = ""  # why it failed, when not an error above tolerance
+    # The headline errors above are over tensors judged by relative error; tensors that are zero in exact
+    # arithmetic (judged against the floor) are reported apart by the absolute value left in them.
+    floored_max_abs_error: float = 0.0
+    max_rel_error_eps: float = 0.0  # max_rel_error in units of the dtype's machine epsilon
+    first_break: str = ""  # the first traced tensor, in the order the run computed them, over its tolerance
+    stages: list[Stage] = field(default_factory=list)  # the worst error over tolerance of each place, in that order
 
     @property
     def non_finite(self) -> list[str]:
@@ -88,6 +100,15 @@ class ControlResult:
     broken: bool
     max_rel_error: float
     measured_on: str = "every traced tensor"  # or the one early activation that already showed the break
+    # False when this checkpoint cannot tell the control from the symmetry: what it gets wrong acts on tensors that
+    # are uniform here (a norm at init), so its element is itself a symmetry of this checkpoint (see explain_unbroken)
+    informative: bool = True
+    note: str = ""
+
+    @property
+    def holds(self) -> bool:
+        """What a report requires of a control: it breaks, or this checkpoint cannot tell it apart (and says why)."""
+        return self.broken or not self.informative
 
 
 @dataclass
@@ -113,11 +134,13 @@ class Report:
     controls: list[ControlResult] = field(default_factory=list)
     not_symmetries: list[NotSymmetry] = field(default_factory=list)
     restricted: dict[str, str] = field(default_factory=dict)  # symmetry -> the restricted form checked, and why
+    oracle: OracleResult | None = None  # the original run against transformers' own forward (oracle.py)
 
     @property
     def passed(self) -> bool:
         return ((bool(self.checks) or bool(self.not_symmetries)) and all(c.passed for c in self.checks)
-                and all(c.broken for c in self.controls) and all(n.broken for n in self.not_symmetries))
+                and (self.oracle is None or self.oracle.passed)
+                and all(c.holds for c in self.controls) and all(n.broken for n in self.not_symmetries))
 
     def to_json(self) -> dict:
         """Strict JSON: non-finite numbers are written as the strings "nan", "inf", "-inf"."""
@@ -128,11 +151,14 @@ class Report:
             entry["floored"] = c.floored
             entry["tensors"] = [{k: v for k, v in asdict(t).items() if k != "floor_reason" or v} for t in c.tensors]
             checks.append(entry)
-        controls = [{k: v for k, v in asdict(c).items() if k != "description"} for c in self.controls]
+        controls = [{k: v for k, v in asdict(c).items() if k != "description" and (k != "note" or v)}
+                    for c in self.controls]
         not_symmetries = [{**asdict(n), "broken": n.broken} for n in self.not_symmetries]
         return json_safe({"model": self.model, "family": self.family, "dtype": self.dtype, "keys": self.keys,
                           "passed": self.passed, "checks": checks, "controls": controls,
-                          "not_symmetries": not_symmetries, "restricted": self.restricted})
+                          "not_symmetries": not_symmetries, "restricted": self.restricted,
+                          "oracle": None if self.oracle is None else {**asdict(self.oracle),
+                                                                      "passed": self.oracle.passed}})
 
 
 class Subject:
@@ -158,6 +184,27 @@ class Subject:
     @property
     def movable_tokens(self) -> int:
         return (self.n_tokens or 0) - self.geometry.fixed_tokens
+
+    @property
+    def tolerance(self) -> float:
+        """The dtype's base tolerance (a tensor may have its own, raised by its measured round-off)."""
+        return TOLERANCE.get(self.dtype, TOLERANCE[torch.float32])
+
+    @property
+    def places(self) -> dict:
+        """What first_break needs to put this subject's traced tensors in the order its run computes them."""
+        g = self.geometry
+        return {"n_layers": g.n_layers,
+                "parameter_layers": {name: claim.layer for name, claim in self.claims.items()},
+                "embedding_parameters": frozenset(n for n, c in self.claims.items() if c.rule.tag == "embedding"),
+                "first_decoder_layer": g.n_layers - g.n_decoder_layers if g.n_decoder_layers else None}
+
+    def with_params(self, params: dict[str, torch.Tensor]) -> Subject:
+        """The same model, input and spec with other weights (same names and shapes), nothing measured yet."""
+        other = copy.copy(self)
+        other.params = params
+        other._roundoff, other._early_originals, other._scales_of = {}, {}, {}
+        return other
 
     def build(self, keys_by_symmetry: dict[str, int]) -> Scramble:
         return symmetries.build_many(keys_by_symmetry, self.geometry, self.n_tokens)
@@ -271,6 +318,21 @@ class Subject:
                 break
         return moved
 
+    def element_movement(self, scramble: Scramble) -> tuple[float, str]:
+        """How far the element moves what it acts on, each tensor against its own size: the input's tokens (the
+        share of movable tokens it moves, each with its ids and position) and the weights (weight_movement).
+        A check is vacuous exactly when this is below MOVED_AT; forward and backward share it, since both
+        directions run the same element on the same input and weights."""
+        moved: dict[str, float] = {}
+        if scramble.tokens is not None and self.movable_tokens > 0:
+            index = scramble.tokens.index
+            shifted = int((index != torch.arange(len(index), device=index.device)).sum())
+            if shifted:
+                moved[f"tokens: {shifted} of {self.movable_tokens} movable moved"] = shifted / self.movable_tokens
+        if not max(moved.values(), default=0.0) >= MOVED_AT:
+            moved.update(self.weight_movement(TransformedOnDemand(self, scramble)))
+        return most_moved(moved)
+
     def movement(self, original: dict[str, Record], scrambled: dict[str, Record],
                  weights=None) -> tuple[float, str]:
         """How far the scrambled world is from the original before un-scrambling: the largest relative
@@ -367,31 +429,31 @@ def _inverse_of_spaces(scramble: Scramble, records: dict[str, Record]) -> Scramb
     return Scramble(spaces, scramble.tokens).inverse()
 
 
-def _summarize(symmetry, direction, errors, tolerance, moved, moved_what, note="") -> CheckResult:
+def _summarize(subject: Subject, symmetry, direction, errors, moved, moved_what, note="") -> CheckResult:
     if not errors and not note:
         raise VacuousCheckError(f"the {direction} check of {symmetry} compared no tensors")
     non_finite = [e.name for e in errors if not e.finite]
     if non_finite:
         note = f"non-finite values in {', '.join(non_finite[:5])}" + (" ..." if len(non_finite) > 5 else "")
     elif not note and not moved >= MOVED_AT:
-        note = (f"the transform moved nothing it acts on (largest change {moved:.1e} < {MOVED_AT}): "
-                "un-scrambling an unchanged model proves nothing")
+        note = (f"the transform moved nothing it acts on (largest change {moved:.1e} < {MOVED_AT}, of the "
+                "tokens and of each weight on its own scale): un-scrambling an unchanged model proves nothing")
     passed = bool(errors) and not note and all(e.passed for e in errors)
-    return CheckResult(symmetry, direction, passed, worst_abs(errors), worst_rel(errors), tolerance, errors,
-                       moved, moved_what, note)
+    rel = worst_rel(errors)
+    return CheckResult(symmetry, direction, passed, worst_abs(errors), rel, subject.tolerance, errors, moved,
+                       moved_what, note, floored_abs(errors), in_eps(rel, subject.dtype),
+                       first_break(errors, **subject.places), stages(errors, **subject.places))
 
 
 class StreamedGradients:
     """Each parameter gradient of a scrambled run, compared with the original's as backward hands it over and then
-    dropped: its difference after un-scrambling, and its movement before (only until one moved enough, as
-    weight_movement stops at the first moved weight)."""
+    dropped: its difference after un-scrambling."""
 
     def __init__(self, subject: Subject, scramble: Scramble, original: dict[str, Record]):
         self.subject, self.original = subject, original
         self.inverse = _inverse_of_spaces(scramble, original)
         self.scale = subject._scales(original, list(original), subject.dtype)
         self.differences: dict[str, tuple[float, float, bool]] = {}
-        self.moved: dict[str, float] = {}
 
     def __call__(self, parameter: str, record: Record) -> None:
         name = f"grad.param.{parameter}"
@@ -400,10 +462,6 @@ class StreamedGradients:
         reference = {name: self.original[name].tensor}
         restored = Unscrambled({name: record}, self.inverse, self.subject.geometry.patch_size)
         self.differences.update(relative_differences(reference, restored, self.scale))
-        if max(self.moved.values(), default=0.0) < MOVED_AT and name not in self.subject.floor_reasons:
-            for _, rel, finite in relative_differences(reference, {name: record.tensor}, self.scale).values():
-                if finite:
-                    self.moved[name] = rel
 
 
 def check_scramble(subject: Subject, scramble: Scramble, label: str, original: dict[str, Record],
@@ -414,50 +472,18 @@ def check_scramble(subject: Subject, scramble: Scramble, label: str, original: d
     scrambled = subject.trace(scramble, backward=backward, params=subject.transformed_params(scramble),
                               on_param_grad=streamed)
     # The transformed set is not kept through the comparison (a model's worth of memory): the weights'
-    # movement, asked only when no traced tensor moved, builds the few tensors it looks at again.
+    # movement builds the few tensors it looks at again.
     errors = subject.errors(original, subject.unscramble_lazily(scrambled, scramble), scramble,
                             streamed.differences if streamed else None)
     if streamed is not None and not (errors and all(e.passed for e in errors)):
         del scrambled, errors
         return check_scramble(subject, scramble, label, original, backward, stream=False)
-    tolerance = TOLERANCE.get(subject.dtype, TOLERANCE[torch.float32])
-    grads = {n: r for n, r in scrambled.items() if n.startswith("grad.")}
-    forward = {n: r for n, r in scrambled.items() if not n.startswith("grad.")}
-    directions = [("forward", forward)] + ([("backward", grads)] if backward else [])
-    weights_found = {}
-
-    def weights():
-        if not weights_found:
-            weights_found.update(subject.weight_movement(TransformedOnDemand(subject, scramble)))
-        return weights_found
-
-    def parameter_gradients_then_weights(records):
-        # Comparing every parameter's gradient costs a pass over a model-sized tensor set, so they are asked only
-        # when no activation gradient moved enough (then weights, the same way).
-        def moved():
-            amount, what = subject.movement(original, records, weights)
-            return {what: amount} if what else {}
-        return moved
-
-    def streamed_gradients_then_weights():
-        found = dict(streamed.moved)
-        if not max(found.values(), default=0.0) >= MOVED_AT:
-            found.update(weights())
-        amount, what = most_moved(found)
-        return {what: amount} if what else {}
-
+    del scrambled
+    moved, what = subject.element_movement(scramble)
     results = []
-    for direction, records in directions:
-        if direction == "backward":
-            parameter_grads = {n: r for n, r in records.items() if n.startswith("grad.param.")}
-            activation_grads = {n: r for n, r in records.items() if n not in parameter_grads}
-            moved, what = subject.movement(original, activation_grads,
-                                           streamed_gradients_then_weights if streamed else
-                                           parameter_gradients_then_weights(parameter_grads))
-        else:
-            moved, what = subject.movement(original, records, weights)
+    for direction in ("forward", "backward") if backward else ("forward",):
         mine = [e for e in errors if e.name.startswith("grad.") == (direction == "backward")]
-        results.append(_summarize(label, direction, mine, tolerance, moved, what))
+        results.append(_summarize(subject, label, direction, mine, moved, what))
     return results
 
 
@@ -475,6 +501,45 @@ def run_control(subject: Subject, control: symmetries.Control, original: dict[st
         raise VacuousCheckError(f"control {control.symmetry}/{control.name} compared no tensors")
     amount = worst_rel(errors)
     return ControlResult(control.symmetry, control.name, control.description, amount > BROKEN_AT, amount)
+
+
+def uniform_tensors(params: Mapping[str, torch.Tensor]) -> list[str]:
+    """Parameters whose entries are all equal (a norm gain of ones, a zero bias): no permutation or rotation that
+    respects their shape can change them, so a control that gets only their transform wrong cannot bite."""
+    return [name for name, p in params.items()
+            if p.numel() > 1 and p.is_floating_point() and bool((p == p.reshape(-1)[0]).all())]
+
+
+def randomized(params: Mapping[str, torch.Tensor], names: list[str], seed: int = 0) -> dict[str, torch.Tensor]:
+    """A copy of `params` with each named tensor given distinct values around its own (or around 1 if it is 0)."""
+    generator = torch.Generator().manual_seed(seed)
+    copied = dict(params)
+    for name in names:
+        p = params[name].detach()
+        level = p.reshape(-1)[0].abs().item() or 1.0
+        noise = torch.randn(p.shape, generator=generator, dtype=torch.float64).to(p.dtype)
+        copied[name] = p + 0.5 * level * noise
+    return copied
+
+
+def explain_unbroken(subject: Subject, control: symmetries.Control, result: ControlResult) -> ControlResult:
+    """A control that did not break is not informative (and does not fail the report) only when this checkpoint
+    cannot tell it from the symmetry, shown, not assumed: its error here is round-off, some tensors are uniform,
+    and on a copy with exactly those tensors randomized the same control breaks. Otherwise it stays NOT BROKEN."""
+    tolerance = subject.tolerance
+    skipped = control.scramble.skip_tags | {"norm"}  # what a control leaves out is named first
+    uniform = sorted(uniform_tensors(subject.params), key=lambda n: subject.claims[n].rule.tag not in skipped)
+    if result.broken or not uniform or not result.max_rel_error <= tolerance:
+        return result
+    varied = subject.with_params(randomized(subject.params, uniform))
+    elsewhere = run_control(varied, control, varied.trace())
+    if not elsewhere.broken:
+        return result
+    example = subject.params[uniform[0]].reshape(-1)[0].item()
+    note = (f"not informative on this checkpoint: {len(uniform)} tensor(s) are uniform here ({uniform[0]} is "
+            f"{example:g} everywhere), so the control's element is itself a symmetry (error "
+            f"{result.max_rel_error:.1e}); with those tensors randomized it breaks by {elsewhere.max_rel_error:.1e}")
+    return dataclasses.replace(result, informative=False, note=note)
 
 
 EARLY_LAYER = 1  # block 0 whole, then block 1's attention and MLP input projection
@@ -513,9 +578,8 @@ def measure_break(subject: Subject, scramble: Scramble, original: dict[str, Reco
 def _cannot_move(subject: Subject, name: str, backward: bool) -> list[CheckResult]:
     note = (f"the input has {subject.movable_tokens} movable token(s): the tokens symmetry cannot move "
             "anything, so there is nothing to check")
-    tolerance = TOLERANCE.get(subject.dtype, TOLERANCE[torch.float32])
     directions = ("forward", "backward") if backward else ("forward",)
-    return [_summarize(name, d, [], tolerance, 0.0, "", note) for d in directions]
+    return [_summarize(subject, name, d, [], 0.0, "", note) for d in directions]
 
 
 def check(model, inputs: dict, symmetry_names=symmetries.SYMMETRIES, key: int | Mapping[str, int] = 0,
@@ -532,6 +596,7 @@ def check(model, inputs: dict, symmetry_names=symmetries.SYMMETRIES, key: int | 
     if progress:
         progress(0.0, "original run" + (" and its gradients" if backward else ""))
     original = subject.trace(backward=backward)
+    report.oracle = oracle.consult(subject, original)
     not_holding = subject.geometry.not_holding()
     missing = [name for name in names if name in not_holding]
     names = [name for name in names if name not in not_holding]
@@ -560,7 +625,7 @@ def check(model, inputs: dict, symmetry_names=symmetries.SYMMETRIES, key: int | 
         report.checks.extend(check_scramble(subject, subject.build(keys), name, original, backward))
         for control in controls.get(name, []):
             advance(f"{name}: control {control.name}")
-            report.controls.append(run_control(subject, control, original))
+            report.controls.append(explain_unbroken(subject, control, run_control(subject, control, original)))
     for name in missing:
         advance(f"{name}: measuring why it does not hold")
         scramble = subject.build({name: key_of[name]})

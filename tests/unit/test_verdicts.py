@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import types
 
 import pytest
 import torch
@@ -21,6 +22,10 @@ from perm_core.transforms import Permutation
 from perm_core.verify import KEY_BIAS_REASON, Subject, VacuousCheckError, _summarize, check
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+# What _summarize reads of a subject, for checks judged without a model
+FLOAT64_SUBJECT = types.SimpleNamespace(tolerance=1e-9, dtype=torch.float64, places={"n_layers": 2})
 
 
 def strict(text: str):
@@ -40,7 +45,7 @@ def test_non_finite_fails_wherever_it_sits(bad, position):
     errors = tensor_errors(original, restored)
     assert [e.name for e in errors if not e.finite] == [name]
     assert worst(e.max_rel_error for e in errors) == math.inf
-    result = _summarize("channels", "forward", errors, 1e-9, moved=1.0, moved_what="x")
+    result = _summarize(FLOAT64_SUBJECT, "channels", "forward", errors, moved=1.0, moved_what="x")
     assert not result.passed and "non-finite" in result.note and name in result.note
     assert result.non_finite == [name]
 
@@ -167,7 +172,7 @@ def test_an_empty_check_is_an_error():
     with pytest.raises(VacuousCheckError):
         check(model, random_inputs("vit", model, seed=3), symmetry_names=[])
     with pytest.raises(VacuousCheckError):
-        _summarize("channels", "forward", [], 1e-9, 1.0, "x")
+        _summarize(FLOAT64_SUBJECT, "channels", "forward", [], 1.0, "x")
 
 
 def test_a_dropped_control_is_an_error(monkeypatch):

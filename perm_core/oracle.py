@@ -1,0 +1,97 @@
+"""The oracle row of every check: the project's original traced run against transformers' own forward.
+
+A check compares the project's scrambled run with the project's original run, so a bug both runs share (a
+sliding-window mask off by one, RoBERTa's positions one too low, an attention function that drops a bias) would
+pass it. The oracle ties the original run to the stock model: the same weights and input through the model's own
+`forward`, with transformers' own attention (SDPA where the model has it, else its eager attention), its own norms,
+and its own position ids and masks built from the raw input. Their outputs must agree to round-off.
+
+Tolerance: the stock code computes some steps in float32 even for a float64 model (RMSNorm; eager softmax), so a
+float64 comparison is held to 1e-5 relative, about 100 float32 unit round-offs (2^-24 = 6e-8): depth accumulates
+them. A float32 one is held to 1e-3, the cap on float32 round-off the checks use (compare.ROUNDOFF_CAP). A shared
+bug moves outputs by far more: a position table read one row off, or one token let through a mask, is O(1e-2) or
+more on weights away from init.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from perm_core.compare import ROUNDOFF_CAP, largest_magnitude, relative_differences
+from perm_core.numerics import EXACT_EAGER
+from perm_core.spec import Scramble
+from perm_core.stateless import model_lock
+from perm_core.tokens import model_inputs
+
+ORACLE_TOLERANCE = {torch.float64: 1e-5, torch.float32: ROUNDOFF_CAP}
+OUTPUTS = ("output.logits", "output.last_hidden")
+
+
+@dataclass
+class OracleResult:
+    output: str  # which traced output was compared with the stock forward's
+    max_rel_error: float
+    tolerance: float
+    attention: str  # the stock attention the model ran with
+
+    @property
+    def passed(self) -> bool:
+        return self.max_rel_error <= self.tolerance
+
+
+def stock_kwargs(inputs: dict, geometry, dtype: torch.dtype) -> dict:
+    """The raw input as a user hands it to the model: no position ids, the 2-D padding mask, pixels in the dtype."""
+    kwargs = model_inputs(inputs, geometry, Scramble(), dtype)
+    kwargs.pop("position_ids", None)
+    if geometry.input_kind != "image":
+        ids = kwargs["input_ids"]
+        mask = inputs.get("attention_mask")
+        kwargs["attention_mask"] = torch.ones_like(ids) if mask is None else mask.reshape(ids.shape)
+    return kwargs
+
+
+@contextlib.contextmanager
+def stock_numerics(model):
+    """The model as transformers ships it, for the duration: its own attention and norm forwards (the project's
+    exact-numerics replacements are instance attributes, set aside and put back). Holds the model's lock, as every
+    forward on a shared model does."""
+    with model_lock(model):
+        replaced = {module: module.__dict__.pop("forward") for module in model.modules()
+                    if "forward" in module.__dict__}
+        attention = "eager"
+        try:
+            try:
+                model.set_attn_implementation("sdpa")
+                attention = "sdpa"
+            except (ValueError, ImportError):
+                model.set_attn_implementation("eager")
+            yield attention
+        finally:
+            for module, forward in replaced.items():
+                module.forward = forward
+            model.set_attn_implementation(EXACT_EAGER)
+
+
+def _output(out) -> torch.Tensor:
+    found = getattr(out, "logits", None)
+    return found if found is not None else out.last_hidden_state
+
+
+def consult(subject, original: dict) -> OracleResult | None:
+    """The stock forward's primary output against the original run's; None where the run traced neither output."""
+    name = next((n for n in OUTPUTS if n in original), None)
+    if name is None:
+        return None
+    kwargs = stock_kwargs(subject.inputs, subject.geometry, subject.dtype)
+    with stock_numerics(subject.model) as attention, torch.no_grad():
+        stock = _output(subject.model(**kwargs)).detach()
+    traced = original[name].tensor
+    if stock.shape != traced.shape:
+        return OracleResult(name, float("inf"), ORACLE_TOLERANCE.get(subject.dtype, ROUNDOFF_CAP), attention)
+    scale = {name: largest_magnitude(stock)}
+    _, rel, finite = relative_differences({name: stock}, {name: traced}, scale)[name]
+    return OracleResult(name, rel if finite else float("inf"), ORACLE_TOLERANCE.get(subject.dtype, ROUNDOFF_CAP),
+                        attention)
