@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 import transformers as hf
 
+from perm_core.families import family_by_name
 from perm_core.numerics import use_exact_numerics
 
 RANDOM_SIZES = ("tiny", "base")
@@ -164,23 +165,37 @@ def build_random_model(family: str, size: str = "tiny", seed: int = 0, model_cla
     return model.eval(), None
 
 
+CHOICES = 3  # a multiple-choice head's inputs: [1, CHOICES, tokens]
+
+
 def random_inputs(family: str, model, seed: int = 0, n_tokens: int = 12) -> dict:
-    """Inputs for a random model: an image batch, or ids with a padded last position."""
+    """Inputs for a random model: an image batch, or ids with a padded last position ([1, CHOICES, tokens] for a
+    multiple-choice head)."""
     generator = torch.Generator().manual_seed(seed)
     config = model.config
+    head = type(model).__name__
     if family in IMAGE_FAMILIES:
         shape = (1, config.num_channels, config.image_size, config.image_size)
         return {"pixel_values": torch.randn(shape, generator=generator)}
-    ids = torch.randint(0, config.vocab_size, (1, n_tokens), generator=generator)
+    shape = (1, CHOICES, n_tokens) if head.endswith("ForMultipleChoice") else (1, n_tokens)
+    ids = torch.randint(0, config.vocab_size, shape, generator=generator)
     mask = torch.ones_like(ids)
-    mask[:, -1] = 0
+    mask[..., -1] = 0
     inputs = {"input_ids": ids, "attention_mask": mask}
     if family == "bert":
-        inputs["token_type_ids"] = torch.randint(0, 2, (1, n_tokens), generator=generator)
-    if family == "t5":  # the decoder's own sequence, of another length than the encoder's
+        inputs["token_type_ids"] = torch.randint(0, 2, shape, generator=generator)
+    if family == "t5" and head == "T5ForSequenceClassification":
+        # It reads the decoder's state at the last <eos> of input_ids, so its decoder runs on the input's own
+        # length (transformers shifts the input right; perm_core passes the input itself): one <eos>, last.
+        ids[ids == config.eos_token_id] = config.eos_token_id + 1
+        ids[..., -1] = config.eos_token_id
+    elif family == "t5" and config.is_encoder_decoder:  # the decoder's own sequence, of another length
         inputs["decoder_input_ids"] = torch.randint(0, config.vocab_size, (1, DECODER_TOKENS), generator=generator)
     if family == "roberta":  # as a tokenizer pads: the pad id only where the mask is 0
         pad = config.pad_token_id
         ids[ids == pad] = pad + 1
-        ids[:, -1] = pad
+        ids[..., -1] = pad
+    pad = getattr(config, "pad_token_id", None)
+    if head.endswith("ForSequenceClassification") and pad is not None and family_by_name(family).pools_last_token:
+        ids[..., -1] = (pad + 1) % config.vocab_size  # a causal classifier pools the last token that is no pad
     return inputs

@@ -29,13 +29,15 @@ DESCRIPTIONS = {
 }
 
 
-def token_permutation(key: int, n_tokens: int, fixed_tokens: int | bool) -> Permutation:
-    """The first `fixed_tokens` tokens stay in place (True means one: a [CLS]); the rest are shuffled."""
+def token_permutation(key: int, n_tokens: int, fixed_tokens: int | bool, fixed_last: bool = False) -> Permutation:
+    """The first `fixed_tokens` tokens stay in place (True means one: a [CLS]), and the last one with `fixed_last`
+    (a causal sequence classifier's pooled token); the rest are shuffled."""
     fixed = int(fixed_tokens)
-    if not fixed:
+    if not fixed and not fixed_last:
         return Permutation(keys.permutation(key, n_tokens, "tokens"))
-    rest = keys.permutation(key, n_tokens - fixed, "tokens") + fixed
-    return Permutation(torch.cat([torch.arange(fixed), rest]))
+    movable = n_tokens - fixed - int(fixed_last)
+    rest = keys.permutation(key, movable, "tokens") + fixed
+    return Permutation(torch.cat([torch.arange(fixed), rest, torch.arange(fixed + movable, n_tokens)]))
 
 
 def _channel_index(head_index: torch.Tensor, channel_perms: torch.Tensor | None, head_dim: int) -> torch.Tensor:
@@ -202,7 +204,7 @@ def build(name: str, key: int, g: Geometry, n_tokens: int | None = None) -> Scra
     if name == "tokens":
         if not n_tokens:
             raise ValueError("the tokens symmetry needs the number of input tokens")
-        return Scramble(tokens=token_permutation(key, n_tokens, g.fixed_tokens))
+        return Scramble(tokens=token_permutation(key, n_tokens, g.fixed_tokens, g.fixed_last_token))
     builders = {"channels": channels, "heads": heads, "head_channels": head_channels, "mlp": mlp,
                 "rotation": rotation}
     if name not in builders:
@@ -256,11 +258,20 @@ def _heads_out_of_step(element: Scramble, g: Geometry) -> Scramble:
     return Scramble(spaces)
 
 
-def _nontrivial_tokens(element: Scramble, fixed_tokens: int) -> Scramble:
+def _nontrivial_tokens(element: Scramble, g: Geometry) -> Scramble:
     """A control needs tokens that really move: an identity draw becomes a cyclic shift of the movable ones."""
     index = element.tokens.index
     if torch.equal(index, torch.arange(len(index))):
-        index = torch.cat([index[:fixed_tokens], index[fixed_tokens:].roll(1)])
+        end = len(index) - int(g.fixed_last_token)
+        index = torch.cat([index[:g.fixed_tokens], index[g.fixed_tokens:end].roll(1), index[end:]])
+    return Scramble(tokens=Permutation(index))
+
+
+def _last_token_moved(element: Scramble, g: Geometry) -> Scramble:
+    """The element with its last token traded for the first movable one: a causal model is still equivariant
+    token by token, but a classifier pooling the last position now reads another token."""
+    index = element.tokens.index.clone()
+    index[[g.fixed_tokens, -1]] = index[[-1, g.fixed_tokens]]
     return Scramble(tokens=Permutation(index))
 
 
@@ -278,12 +289,16 @@ def controls(name: str, key: int, g: Geometry, n_tokens: int | None = None) -> l
 
     found = []
     if name == "tokens":
-        if n_tokens - g.fixed_tokens >= 2:
+        if g.movable_tokens(n_tokens) >= 2:
             def moving() -> Scramble:
-                return _nontrivial_tokens(element(), g.fixed_tokens)
+                return _nontrivial_tokens(element(), g)
 
             found.append(Control(name, "positions_not_moved", "tokens shuffled but their positions not",
                                  lambda: moving().with_controls(positions_follow_tokens=False)))
+            if g.fixed_last_token:
+                found.append(Control(name, "last_token_moved",
+                                     "the pooled last token shuffled with the others (positions moved with them)",
+                                     lambda: _last_token_moved(moving(), g)))
             if g.sliding_window and n_tokens > g.sliding_window:  # shorter inputs never reach the window
                 from perm_core.tokens import WINDOW_NOT_MOVED
 
@@ -363,7 +378,7 @@ def key_space_bits(name: str, g: Geometry, n_tokens: int | None = None) -> float
     """log2 of the number of distinct elements; rotations are continuous (inf)."""
     perm_bits = keys.permutation_bits
     if name == "tokens":
-        return perm_bits((n_tokens or 1) - g.fixed_tokens)
+        return perm_bits(g.movable_tokens(n_tokens or 1))
     if name == "channels":
         return perm_bits(g.d_model)
     if name == "heads":

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from einops import rearrange
 
-from perm_core.families import Geometry
+from perm_core.families import Geometry, UnsupportedModelError
 from perm_core.spec import Scramble
 from perm_core.transforms import Permutation
 
@@ -32,23 +32,40 @@ WINDOW_NOT_MOVED = "sliding_window_mask"
 
 def shuffle_patches(pixels: torch.Tensor, tokens: Permutation, patch_size: int) -> torch.Tensor:
     """Rearrange an image batch [B, C, H, W] as a mosaic. The tokens beyond the patches lead the sequence
-    (ViT's class token; DeiT's class and distillation tokens): they are no pixels, so they must stay put."""
+    (ViT's class token; DeiT's class and distillation tokens): they are no pixels, so they must stay put.
+    Rows and columns past the last whole patch (an image size that is no multiple of the patch size) are read by
+    no patch, as the patch embedding's strided convolution drops them: they stay where they are."""
     height, width = pixels.shape[-2] // patch_size, pixels.shape[-1] // patch_size
     leading = len(tokens.index) - height * width
     if leading < 0 or not torch.equal(tokens.index[:leading], torch.arange(leading)):
         raise ValueError(f"a permutation of {len(tokens.index)} tokens cannot shuffle {height * width} patches "
                          "while keeping the leading non-patch tokens in place")
     patch_order = tokens.index[leading:] - leading
-    patches = rearrange(pixels, "b c (h p1) (w p2) -> b (h w) c p1 p2", p1=patch_size, p2=patch_size)
+    tiled = pixels[..., :height * patch_size, :width * patch_size]
+    patches = rearrange(tiled, "b c (h p1) (w p2) -> b (h w) c p1 p2", p1=patch_size, p2=patch_size)
     patches = patches[:, patch_order.to(pixels.device)]
-    return rearrange(patches, "b (h w) c p1 p2 -> b c (h p1) (w p2)", h=height)
+    shuffled = rearrange(patches, "b (h w) c p1 p2 -> b c (h p1) (w p2)", h=height)
+    if shuffled.shape == pixels.shape:
+        return shuffled
+    result = pixels.clone()
+    result[..., :height * patch_size, :width * patch_size] = shuffled
+    return result
 
 
 def n_tokens(inputs: dict, g: Geometry) -> int:
+    """The tokens of the sequence the model runs (of each choice, for a multiple-choice head). An image whose
+    patches do not fill the model's position table exactly is refused (UnsupportedModelError: a CLI usage error):
+    the table's rows would not be the tokens that move."""
     if g.input_kind == "image":
         pixels = inputs["pixel_values"]
-        return (pixels.shape[-2] // g.patch_size) * (pixels.shape[-1] // g.patch_size) + g.fixed_tokens
-    return inputs["input_ids"].shape[1]
+        count = (pixels.shape[-2] // g.patch_size) * (pixels.shape[-1] // g.patch_size) + g.fixed_tokens
+        if g.image_tokens is not None and count != g.image_tokens:
+            raise UnsupportedModelError(
+                f"an image of {pixels.shape[-2]}x{pixels.shape[-1]} pixels gives {count - g.fixed_tokens} patches of "
+                f"{g.patch_size} and {g.fixed_tokens} fixed token(s), but the model's position table holds "
+                f"{g.image_tokens} tokens: the image must have the size the config names")
+        return count
+    return inputs["input_ids"].shape[-1]
 
 
 def model_inputs(inputs: dict, g: Geometry, scramble: Scramble, dtype: torch.dtype) -> dict:
@@ -58,18 +75,24 @@ def model_inputs(inputs: dict, g: Geometry, scramble: Scramble, dtype: torch.dty
         pixels = inputs["pixel_values"]
         pixels = pixels if pixels.dtype == dtype else pixels.to(dtype)  # a call even when a no-op: a GIL wait
         return {"pixel_values": shuffle_patches(pixels, tokens, g.patch_size) if tokens is not None else pixels}
-    ids = inputs["input_ids"]
-    batch, length = ids.shape
-    mask = inputs.get("attention_mask")
+    ids, mask, token_types = inputs["input_ids"], inputs.get("attention_mask"), inputs.get("token_type_ids")
+    if g.multiple_choice and ids.dim() == 2:  # [batch, tokens]: one choice each
+        ids, mask, token_types = (None if t is None else t[:, None] for t in (ids, mask, token_types))
+    length = ids.shape[-1]
     mask = torch.ones_like(ids) if mask is None else mask
-    positions = (torch.arange(length, device=ids.device) + g.position_offset).expand(batch, length)
-    token_types = inputs.get("token_type_ids")
-    if tokens is not None:
+    positions = (torch.arange(length, device=ids.device) + g.position_offset).expand(ids.shape)
+    if g.position_offset:  # RoBERTa: padding tokens sit at position padding_idx and do not count, as in its forward
+        padding_idx = g.position_offset - 1
+        real = ids != padding_idx
+        positions = torch.where(real, torch.cumsum(real, dim=-1) + padding_idx, padding_idx)
+    if tokens is not None:  # the last axis is the tokens' (of each choice, for a multiple-choice head)
         order = tokens.index.to(ids.device)
-        ids, mask = ids[:, order], mask[:, order]
-        token_types = token_types[:, order] if token_types is not None else None
+        ids, mask = ids[..., order], mask[..., order]
+        token_types = token_types[..., order] if token_types is not None else None
         if scramble.positions_follow_tokens:
-            positions = positions[:, order]
+            positions = positions[..., order]
+    if ids.dim() == 3:  # [batch, choices, tokens]: the heads flatten ids to [batch * choices, tokens], and
+        positions = positions.reshape(-1, length)  # DistilBERT's does not flatten position ids: given so
     if g.input_kind == "seq2seq-text":  # T5 takes no position ids: its positions are the sequence order
         return {"input_ids": ids, "attention_mask": mask, **_decoder_inputs(inputs, g)}
     kwargs = {"input_ids": ids, "position_ids": positions}
@@ -80,7 +103,7 @@ def model_inputs(inputs: dict, g: Geometry, scramble: Scramble, dtype: torch.dty
     elif g.sliding_window:
         window_positions = positions
         if WINDOW_NOT_MOVED in scramble.skip_tags:
-            window_positions = torch.arange(length, device=ids.device).expand(batch, length)
+            window_positions = torch.arange(length, device=ids.device).expand(ids.shape)
         sliding = causal_float_mask(positions, mask, dtype, g.sliding_window, window_positions)
         kwargs["attention_mask"] = sliding if g.window_in_every_layer else {
             "full_attention": causal_float_mask(positions, mask, dtype), "sliding_attention": sliding}

@@ -7,6 +7,12 @@ Names, the same for every family:
   blocks.{i}.cross_attn      an encoder-decoder's cross-attention          [B, H, decoder T, encoder T]
   decoder.embed              an encoder-decoder's decoder embedding output [B, decoder T, d]
   output.logits / output.pooler / output.last_hidden
+  output.start_logits / output.end_logits      question answering, one score per token [B, T]
+  output.prediction_logits / output.seq_relationship_logits / output.cls_logits / output.distillation_logits
+                             the other heads' outputs (BERT pre-training; DeiT's two classifiers)
+A head's output has a token axis where it has one entry per token (a language model's or token classifier's
+logits [B, T, classes], question answering's [B, T]); pooled outputs ([B, classes], a multiple-choice head's
+[B, choices]) have none. An encoder-decoder's per-token outputs are the decoder's, whose tokens never move.
   grad.input                 d loss / d pixels (ViT) or d loss / d embed (text)
   grad.blocks.{i}.hidden     d loss / d hidden state
   grad.param.{name}          d loss / d parameter
@@ -78,10 +84,10 @@ def _forward_records(out, model, g: Geometry) -> dict[str, Record]:
         records[f"blocks.{i}.hidden"] = Record(state, TOKEN_RESID)
     for i, probs in enumerate(out.attentions):
         records[f"blocks.{i}.attn"] = Record(probs, (None, ("heads", i), "tokens", "tokens"))
-    logits = getattr(out, "logits", None)
-    if logits is not None:
-        per_token = logits.dim() == 3  # language-model heads; classifiers pool to [B, classes]
-        records["output.logits"] = Record(logits, (None, "tokens", None) if per_token else (None, None))
+    for name, per_token_dims in HEAD_OUTPUTS.items():
+        tensor = getattr(out, name, None)
+        if tensor is not None:
+            records[f"output.{name}"] = Record(tensor, _head_axes(tensor, tensor.dim() == per_token_dims))
     if getattr(out, "pooler_output", None) is not None:
         records["output.pooler"] = Record(out.pooler_output, (None, "resid"))
     if getattr(out, "last_hidden_state", None) is not None:
@@ -104,17 +110,34 @@ def _seq2seq_records(out) -> dict[str, Record]:
                                        start=encoder_layers):
         records[f"blocks.{i}.attn"] = Record(probs, (None, ("heads", i), None, None))
         records[f"blocks.{i}.cross_attn"] = Record(cross, (None, ("heads", i), None, "tokens"))
-    if getattr(out, "logits", None) is not None:
-        records["output.logits"] = Record(out.logits, (None, None, None))  # one row per decoder token
-    else:
+    heads = {name: getattr(out, name, None) for name in HEAD_OUTPUTS}
+    for name, tensor in heads.items():  # one row per decoder token, or pooled: no axis moves
+        if tensor is not None:
+            records[f"output.{name}"] = Record(tensor, _head_axes(tensor, False))
+    if all(tensor is None for tensor in heads.values()):
         records["output.last_hidden"] = Record(out.last_hidden_state, decoder_resid)
     return records
 
 
+# Output field -> the number of dimensions it has when it holds one entry per token.
+HEAD_OUTPUTS = {"logits": 3, "start_logits": 2, "end_logits": 2, "prediction_logits": 3,
+                "seq_relationship_logits": 3, "cls_logits": 3, "distillation_logits": 3}
+
+
+def _head_axes(tensor: torch.Tensor, per_token: bool) -> tuple:
+    return (None, "tokens", *(None,) * (tensor.dim() - 2)) if per_token else (None,) * tensor.dim()
+
+
 def primary_output(records: dict[str, Record]) -> torch.Tensor:
-    for name in ("output.logits", "output.last_hidden"):
-        if name in records:
-            return records[name].tensor
+    """What the invariant loss reads: the logits; else every head output, flattened end to end (question
+    answering's start and end scores; BERT pre-training's two heads); else the last hidden state."""
+    if "output.logits" in records:
+        return records["output.logits"].tensor
+    heads = [records[f"output.{name}"].tensor.flatten() for name in HEAD_OUTPUTS if f"output.{name}" in records]
+    if heads:
+        return torch.cat(heads)
+    if "output.last_hidden" in records:
+        return records["output.last_hidden"].tensor
     raise ValueError("the model produced neither logits nor a last hidden state")
 
 

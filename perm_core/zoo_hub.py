@@ -231,6 +231,11 @@ _AUTO_FOR_TASK = {
     "masked-lm": "AutoModelForMaskedLM",
     "text-classification": "AutoModelForSequenceClassification",
     "token-classification": "AutoModelForTokenClassification",
+    "question-answering": "AutoModelForQuestionAnswering",
+    "multiple-choice": "AutoModelForMultipleChoice",
+    "text2text-generation": "AutoModelForSeq2SeqLM",
+    "pretraining": "AutoModelForPreTraining",
+    "next-sentence-prediction": "AutoModelForNextSentencePrediction",
     "feature-extraction": "AutoModel",
 }
 
@@ -239,18 +244,28 @@ def looks_like_path(name: str) -> bool:
     return name.startswith((".", "/", "~")) or os.sep in name or Path(name).expanduser().is_dir()
 
 
+# The end of an architecture's class name -> its task (the first that matches; DeiT's teacher classifier is an
+# image classifier too).
+_TASK_OF_SUFFIX = (
+    (("ForImageClassification", "ForImageClassificationWithTeacher"), "image-classification"),
+    (("ForCausalLM", "LMHeadModel"), "causal-lm"),
+    (("ForMaskedLM",), "masked-lm"),
+    (("ForSequenceClassification",), "text-classification"),
+    (("ForTokenClassification",), "token-classification"),
+    (("ForQuestionAnswering",), "question-answering"),
+    (("ForMultipleChoice",), "multiple-choice"),
+    (("ForConditionalGeneration",), "text2text-generation"),
+    (("ForPreTraining",), "pretraining"),
+    (("ForNextSentencePrediction",), "next-sentence-prediction"),
+)
+
+
 def _task_from_architectures(architectures: list[str]) -> str:
     arch = architectures[0] if architectures else ""
-    if arch.endswith("ForImageClassification"):
-        return "image-classification"
-    if arch.endswith(("ForCausalLM", "LMHeadModel")):
-        return "causal-lm"
-    if arch.endswith("ForMaskedLM"):
-        return "masked-lm"
-    if arch.endswith("ForSequenceClassification"):
-        return "text-classification"
-    if arch.endswith("ForTokenClassification"):
-        return "token-classification"
+    arch = arch if isinstance(arch, str) else ""
+    for suffixes, task in _TASK_OF_SUFFIX:
+        if arch.endswith(suffixes):
+            return task
     return "feature-extraction"
 
 
@@ -355,15 +370,22 @@ def load_local_dir(path_text: str, dtype: torch.dtype) -> zoo.LoadedModel:
         raise zoo.ModelLoadError(f"{path}/config.json is not a JSON object.")
     model_type = config.get("model_type", "?")
     family = _family_of_model_type(model_type)
+    architectures = config.get("architectures") or []
     if family is None:
         from perm_core.families import _registry
 
+        named = architectures[0] if architectures and isinstance(architectures[0], str) else ""
+        reason = next((f.refusal(named) for f in _registry().values() if f.refusal(named)), None)
+        if reason:  # a class a family knows and refuses (Gemma 3's multimodal model): say why
+            raise zoo.ModelLoadError(f"{path}: {named} is not supported: {reason}.")
         supported = sorted({t for f in _registry().values() for t in f.model_types})
         raise zoo.ModelLoadError(
             f"{path}: model_type {model_type!r} is not supported; supported: {', '.join(supported)}."
         )
-    task = _task_from_architectures(config.get("architectures") or [])
+    task = _task_from_architectures(architectures)
     cls = _architecture_class(path, config, family, task)
+    if family.refusal(cls.__name__):  # known and refused: the reason, not the parameters it leaves unclaimed
+        raise zoo.ModelLoadError(f"{path}: {cls.__name__} is not supported: {family.refusal(cls.__name__)}.")
     with _quiet_loading():
         model = cls.from_pretrained(
             path, attn_implementation="eager", dtype=dtype, use_safetensors=True, trust_remote_code=False,

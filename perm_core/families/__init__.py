@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from perm_core.spec import FamilySpec, Rule
 
@@ -39,12 +39,29 @@ class Geometry:
     fixed_tokens: int | None = None
     position_offset: int = 0  # the first token's position id (RoBERTa counts from padding_idx + 1)
     window_in_every_layer: bool = False  # Mistral: one mask for all layers, so the window is built into it
+    # The last token stays in place under token permutation: a causal sequence classifier pools the last token in
+    # array order (HF's *ForSequenceClassification reads the rightmost non-pad token). Set by the head class
+    # (Family.class_geometry), not by the config.
+    fixed_last_token: bool = False
+    # Inputs are [batch, choices, tokens] (*ForMultipleChoice); ids given as [batch, tokens] get one choice each.
+    multiple_choice: bool = False
+    # Image families: the tokens the position table holds (patches of config.image_size plus the leading fixed
+    # tokens). An image giving another count cannot be checked: its tokens would not match the table's rows.
+    image_tokens: int | None = None
 
     def __post_init__(self):
         if self.fixed_tokens is None:
             object.__setattr__(self, "fixed_tokens", int(self.first_token_fixed))
         elif self.first_token_fixed != (self.fixed_tokens > 0):
             raise ValueError(f"first_token_fixed={self.first_token_fixed} contradicts fixed_tokens={self.fixed_tokens}")
+
+    @property
+    def fixed_count(self) -> int:
+        """Every token that stays in place under token permutation: the leading ones and a fixed last one."""
+        return self.fixed_tokens + int(self.fixed_last_token)
+
+    def movable_tokens(self, n_tokens: int) -> int:
+        return max(n_tokens - self.fixed_count, 0)
 
     @property
     def heads_per_group(self) -> int:
@@ -106,15 +123,52 @@ class Geometry:
 
 
 @dataclass(frozen=True)
+class _ClassGeometry:
+    """A family's geometry with the fields its head class decides (Family.class_geometry) set: a callable of the
+    config like the family's own, and equal to another built from the same parts (lru caches key on it)."""
+
+    base: Callable[[object], Geometry]
+    fields: tuple[tuple[str, object], ...]
+
+    def __call__(self, config) -> Geometry:
+        return replace(self.base(config), **dict(self.fields))
+
+
+# What a head class implies for the geometry, by the end of its name: a multiple-choice head takes
+# [batch, choices, tokens]; a sequence classifier of a family that pools the last token (Family.pools_last_token)
+# keeps that token in place (Geometry.fixed_last_token).
+_MULTIPLE_CHOICE = "ForMultipleChoice"
+_LAST_TOKEN_POOLING = "ForSequenceClassification"
+
+
+@dataclass(frozen=True)
 class Family:
     name: str
     model_types: tuple[str, ...]
     classes: tuple[str, ...]  # the Hugging Face classes whose every parameter the spec claims
     geometry: Callable[[object], Geometry]
     rules: Callable[[Geometry], tuple[Rule, ...]]
+    # class name -> why it is refused (one sentence): Hugging Face classes of this family's model types that no
+    # spec describes, so that loading one says why rather than "not supported".
+    refused: tuple[tuple[str, str], ...] = ()
+    # Its *ForSequenceClassification reads the last token in array order (the decoder-only language models).
+    pools_last_token: bool = False
 
     def spec(self, config) -> FamilySpec:
         return FamilySpec(self.name, self.rules(self.geometry(config)))
+
+    def for_class(self, class_name: str) -> Family:
+        """This family with the geometry of one head class: a causal sequence classifier keeps its last token in
+        place, a multiple-choice head takes a choices axis. Every other class gets the family unchanged."""
+        fields = ()
+        if class_name.endswith(_MULTIPLE_CHOICE):
+            fields += (("multiple_choice", True),)
+        if self.pools_last_token and class_name.endswith(_LAST_TOKEN_POOLING):
+            fields += (("fixed_last_token", True),)
+        return replace(self, geometry=_ClassGeometry(self.geometry, fields)) if fields else self
+
+    def refusal(self, class_name: str) -> str | None:
+        return dict(self.refused).get(class_name)
 
 
 def _registry() -> dict[str, Family]:
@@ -156,7 +210,11 @@ def family_of(model) -> Family:
         if model_type in family.model_types:
             if class_name not in family.classes:
                 break
-            return family
+            return family.for_class(class_name)
+    for family in _registry().values():
+        reason = family.refusal(class_name)
+        if reason:
+            raise UnsupportedModelError(f"{class_name} is not supported: {reason}")
     raise UnsupportedModelError(
         f"{class_name} (model_type {model_type!r}) is not supported. Supported: {supported_summary()}."
     )

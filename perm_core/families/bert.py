@@ -9,7 +9,14 @@ QKV = {"query": "q", "key": "k", "value": "v"}
 def geometry(config) -> Geometry:
     d, heads = config.hidden_size, config.num_attention_heads
     return Geometry(d, config.num_hidden_layers, heads, heads, d // heads, config.intermediate_size,
-                    rope=False, first_token_fixed=True, input_kind="bidirectional-text")
+                    rope=False, first_token_fixed=True, input_kind=text_kind(config))
+
+
+def text_kind(config) -> str:
+    """A decoder (is_decoder: BertLMHeadModel, RobertaForCausalLM) attends causally: tokens.py then gives it the
+    causal mask built from the moved positions, as for GPT-2. Its [CLS] stays first all the same (harmless for
+    a language model, and what a pooler reading token 0 needs)."""
+    return "causal-text" if getattr(config, "is_decoder", False) else "bidirectional-text"
 
 
 def encoder_rules(prefix: str) -> tuple[Rule, ...]:
@@ -43,10 +50,17 @@ def rules(g: Geometry) -> tuple[Rule, ...]:
         Rule(r"cls\.predictions\.(?:decoder\.)?bias", (None,), "head"),
         Rule(r"classifier\.weight", (None, "resid"), "head"),
         Rule(r"classifier\.bias", (None,), "head"),
+        Rule(r"cls\.seq_relationship\.weight", (None, "resid"), "head"),  # next-sentence prediction: pooled [CLS]
+        Rule(r"cls\.seq_relationship\.bias", (None,), "head"),
+        Rule(r"qa_outputs\.weight", (None, "resid"), "head"),  # question answering: start | end score per token
+        Rule(r"qa_outputs\.bias", (None,), "head"),
     )
 
 
-# Sequence classification reads the pooled [CLS], which never moves; token classification has one row of
-# logits per token, which moves with its token (trace.py: logits [B, T, labels] carry a token axis).
+# Sequence classification, multiple choice and next-sentence prediction read the pooled [CLS], which never moves;
+# token classification and question answering have one row of scores per token, which moves with its token
+# (trace.py: logits [B, T, labels] and start/end logits [B, T] carry a token axis).
 FAMILY = Family("bert", ("bert",), ("BertModel", "BertForMaskedLM", "BertForSequenceClassification",
-                                    "BertForTokenClassification"), geometry, rules)
+                                    "BertForTokenClassification", "BertForQuestionAnswering", "BertForMultipleChoice",
+                                    "BertLMHeadModel", "BertForPreTraining", "BertForNextSentencePrediction"),
+                geometry, rules)

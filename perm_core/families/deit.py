@@ -3,7 +3,7 @@ token. The sequence is [class, distillation, patches...]; the heads read tokens 
 in place under token permutation (Geometry.fixed_tokens = 2) and only the patches are shuffled."""
 
 from perm_core.families import Family, Geometry, UnsupportedModelError
-from perm_core.families.vit import body_rules
+from perm_core.families.vit import MASKED_IMAGE_MODELING, body_rules, image_tokens, square
 from perm_core.spec import Rule
 
 P = r"(?:deit\.)?"
@@ -14,8 +14,8 @@ def geometry(config) -> Geometry:
     if (getattr(config, "pooler_output_size", None) or d) != d:
         raise UnsupportedModelError("a DeiT pooler whose output is not the width of the residual stream")
     return Geometry(d, config.num_hidden_layers, heads, heads, d // heads, config.intermediate_size,
-                    rope=False, first_token_fixed=True, input_kind="image", patch_size=config.patch_size,
-                    fixed_tokens=2)
+                    rope=False, first_token_fixed=True, input_kind="image", patch_size=square(config, "patch_size"),
+                    fixed_tokens=2, image_tokens=image_tokens(config, 2))
 
 
 def rules(g: Geometry) -> tuple[Rule, ...]:
@@ -31,4 +31,5 @@ def rules(g: Geometry) -> tuple[Rule, ...]:
 
 
 FAMILY = Family("deit", ("deit",), ("DeiTModel", "DeiTForImageClassification",
-                                    "DeiTForImageClassificationWithTeacher"), geometry, rules)
+                                    "DeiTForImageClassificationWithTeacher"), geometry, rules,
+                refused=(("DeiTForMaskedImageModeling", MASKED_IMAGE_MODELING),))

@@ -8,6 +8,7 @@ table's axis 1 holds the class token's row first, like ViT's; the class token st
 """
 
 from perm_core.families import Family, Geometry
+from perm_core.families.vit import image_tokens, square
 from perm_core.spec import Concat, Rule
 
 P = r"(?:dinov2\.)?"
@@ -23,9 +24,9 @@ def d_mlp(config) -> int:
 
 def geometry(config) -> Geometry:
     d, heads = config.hidden_size, config.num_attention_heads
-    patch = config.patch_size if isinstance(config.patch_size, int) else config.patch_size[0]
     return Geometry(d, config.num_hidden_layers, heads, heads, d // heads, d_mlp(config),
-                    rope=False, first_token_fixed=True, input_kind="image", patch_size=patch)
+                    rope=False, first_token_fixed=True, input_kind="image", patch_size=square(config, "patch_size"),
+                    image_tokens=image_tokens(config, 1))
 
 
 def rules(g: Geometry) -> tuple[Rule, ...]:
@@ -52,4 +53,6 @@ def rules(g: Geometry) -> tuple[Rule, ...]:
     )
 
 
-FAMILY = Family("dinov2", ("dinov2",), ("Dinov2Model", "Dinov2ForImageClassification"), geometry, rules)
+FAMILY = Family("dinov2", ("dinov2",), ("Dinov2Model", "Dinov2ForImageClassification"), geometry, rules,
+                refused=(("Dinov2Backbone", "a backbone returns per-stage feature maps [B, d, h, w] for a "
+                          "detection or segmentation model, not a head's output; load Dinov2Model instead"),))

@@ -38,9 +38,12 @@ def rules(g: Geometry) -> tuple[Rule, ...]:
         Rule(r"pre_classifier\.bias", ("resid",), "head"),
         Rule(r"classifier\.weight", (None, "resid"), "head"),
         Rule(r"classifier\.bias", (None,), "head"),
+        Rule(r"qa_outputs\.weight", (None, "resid"), "head"),  # question answering: start | end score per token
+        Rule(r"qa_outputs\.bias", (None,), "head"),
     )
 
 
 FAMILY = Family("distilbert", ("distilbert",), ("DistilBertModel", "DistilBertForMaskedLM",
                                                 "DistilBertForSequenceClassification",
-                                                "DistilBertForTokenClassification"), geometry, rules)
+                                                "DistilBertForTokenClassification", "DistilBertForQuestionAnswering",
+                                                "DistilBertForMultipleChoice"), geometry, rules)

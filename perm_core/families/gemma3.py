@@ -40,7 +40,16 @@ def rules(g: Geometry) -> tuple[Rule, ...]:
         Rule(L + r"mlp\.down_proj\.weight", ("resid", "mlp"), "mlp.out"),
         Rule(P + r"norm\.weight", ("resid",), "norm"),
         Rule(r"lm_head\.weight", (None, "resid"), "head"),
+        Rule(r"score\.weight", (None, "resid"), "head"),  # sequence classification: the last token's scores
+        Rule(r"score\.bias", (None,), "head"),
     )
 
 
-FAMILY = Family("gemma3", ("gemma3_text",), ("Gemma3TextModel", "Gemma3ForCausalLM"), geometry, rules)
+MULTIMODAL = ("Gemma 3's multimodal model (model_type gemma3: a SigLIP vision tower and a projector beside the "
+              "language model) has no symmetry spec here; only the text-only Gemma 3 (gemma3_text) is supported")
+# Gemma3TextForSequenceClassification pools the last token in array order, which stays in place (see gpt2.py).
+FAMILY = Family("gemma3", ("gemma3_text",), ("Gemma3TextModel", "Gemma3ForCausalLM",
+                                             "Gemma3TextForSequenceClassification"), geometry, rules,
+                refused=tuple((name, MULTIMODAL) for name in ("Gemma3ForConditionalGeneration",
+                                                              "Gemma3ForSequenceClassification", "Gemma3Model")),
+                pools_last_token=True)

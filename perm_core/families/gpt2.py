@@ -31,10 +31,18 @@ def rules(g: Geometry) -> tuple[Rule, ...]:
         Rule(r"lm_head\.weight", (None, "resid"), "head"),  # tied to wte unless tie_word_embeddings=False
         Rule(r"classifier\.weight", (None, "resid"), "head"),  # GPT2ForTokenClassification: logits per token
         Rule(r"classifier\.bias", (None,), "head"),
+        # GPT2ForSequenceClassification: the last token's scores (that token stays in place: fixed_last_token).
+        Rule(r"score\.weight", (None, "resid"), "head"),
+        Rule(r"score\.bias", (None,), "head"),
+        Rule(r"qa_outputs\.weight", (None, "resid"), "head"),  # question answering: start | end score per token
+        Rule(r"qa_outputs\.bias", (None,), "head"),
     )
 
 
-# GPT2ForSequenceClassification is not listed: it reads the logits of the LAST token in array order, which a
-# token permutation replaces by another token, so its output is not equivariant (its score.weight stays
-# unclaimed and the model is refused).
-FAMILY = Family("gpt2", ("gpt2",), ("GPT2Model", "GPT2LMHeadModel", "GPT2ForTokenClassification"), geometry, rules)
+# GPT2ForSequenceClassification reads the logits of the LAST token in array order: its last token stays in place
+# under token permutation (pools_last_token, see Geometry.fixed_last_token), as BERT's [CLS] does.
+FAMILY = Family("gpt2", ("gpt2",), ("GPT2Model", "GPT2LMHeadModel", "GPT2ForTokenClassification",
+                                    "GPT2ForSequenceClassification", "GPT2ForQuestionAnswering"), geometry, rules,
+                refused=(("GPT2DoubleHeadsModel", "a language model and a multiple-choice head at once, over "
+                          "[batch, choices, tokens] (logits [B, choices, T, vocab]), has no spec here"),),
+                pools_last_token=True)

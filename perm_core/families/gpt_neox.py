@@ -42,9 +42,14 @@ def rules(g: Geometry) -> tuple[Rule, ...]:
         Rule(r"(?:lm_head|embed_out)\.weight", (None, "resid"), "head"),
         Rule(r"classifier\.weight", (None, "resid"), "head"),  # GPTNeoXForTokenClassification: logits per token
         Rule(r"classifier\.bias", (None,), "head"),
+        Rule(r"score\.weight", (None, "resid"), "head"),  # sequence classification: the last token's scores
+        Rule(r"score\.bias", (None,), "head"),
+        Rule(r"qa_outputs\.weight", (None, "resid"), "head"),  # question answering: start | end score per token
+        Rule(r"qa_outputs\.bias", (None,), "head"),
     )
 
 
-# GPTNeoXForSequenceClassification is not listed: it pools the last token in array order (see gpt2.py).
-FAMILY = Family("gpt_neox", ("gpt_neox",), ("GPTNeoXModel", "GPTNeoXForCausalLM", "GPTNeoXForTokenClassification"),
-                geometry, rules)
+# GPTNeoXForSequenceClassification pools the last token in array order, which stays in place (see gpt2.py).
+FAMILY = Family("gpt_neox", ("gpt_neox",), ("GPTNeoXModel", "GPTNeoXForCausalLM", "GPTNeoXForTokenClassification",
+                                            "GPTNeoXForSequenceClassification", "GPTNeoXForQuestionAnswering"),
+                geometry, rules, pools_last_token=True)

@@ -3,7 +3,7 @@
 from perm_core.families import Family, Geometry
 from perm_core.spec import Rule
 
-P = r"(?:model\.)?"
+P = r"(?:model\.|transformer\.)?"  # LlamaForQuestionAnswering keeps its LlamaModel as `transformer`
 L = P + r"layers\.(?P<layer>\d+)\."
 
 
@@ -30,9 +30,16 @@ def rules(g: Geometry) -> tuple[Rule, ...]:
         Rule(r"lm_head\.weight", (None, "resid"), "head"),
         Rule(r"score\.weight", (None, "resid"), "head"),  # LlamaForTokenClassification: logits per token
         Rule(r"score\.bias", (None,), "head"),
+        Rule(r"qa_outputs\.weight", (None, "resid"), "head"),  # question answering: start | end score per token
+        Rule(r"qa_outputs\.bias", (None,), "head"),
     )
 
 
-# LlamaForSequenceClassification is not listed: like GPT-2's, it pools the last token in array order.
-FAMILY = Family("llama", ("llama",), ("LlamaModel", "LlamaForCausalLM", "LlamaForTokenClassification"), geometry,
-                rules)
+def head_classes(prefix: str) -> tuple[str, ...]:
+    """The classes of a Llama-like family: the model, its language model and every head transformers has.
+    The sequence classifier pools the last token in array order, which stays in place (see gpt2.py)."""
+    return tuple(prefix + suffix for suffix in ("Model", "ForCausalLM", "ForTokenClassification",
+                                                "ForSequenceClassification", "ForQuestionAnswering"))
+
+
+FAMILY = Family("llama", ("llama",), head_classes("Llama"), geometry, rules, pools_last_token=True)

@@ -14,6 +14,5 @@ def geometry(config) -> Geometry:
     return replace(llama.geometry(config), sliding_window=window, window_in_every_layer=window is not None)
 
 
-# MistralForSequenceClassification is not listed: like Llama's, it pools the last token in array order.
-FAMILY = Family("mistral", ("mistral",), ("MistralModel", "MistralForCausalLM", "MistralForTokenClassification"),
-                geometry, llama.rules)
+FAMILY = Family("mistral", ("mistral",), llama.head_classes("Mistral"), geometry, llama.rules,
+                pools_last_token=True)

@@ -38,9 +38,10 @@ def rules(g: Geometry) -> tuple[Rule, ...]:
         Rule(P + r"norm\.weight", ("resid",), "norm"),
         Rule(r"lm_head\.weight", (None, "resid"), "head"),
         Rule(r"score\.weight", (None, "resid"), "head"),  # Phi3ForTokenClassification: logits per token
-        Rule(r"score\.bias", (None,), "head"),
+        Rule(r"score\.bias", (None,), "head"),  # sequence classification: the last token's scores
     )
 
 
-# Phi3ForSequenceClassification is not listed: it pools the last token in array order (see gpt2.py).
-FAMILY = Family("phi3", ("phi3",), ("Phi3Model", "Phi3ForCausalLM", "Phi3ForTokenClassification"), geometry, rules)
+# Phi3ForSequenceClassification pools the last token in array order, which stays in place (see gpt2.py).
+FAMILY = Family("phi3", ("phi3",), ("Phi3Model", "Phi3ForCausalLM", "Phi3ForTokenClassification",
+                                    "Phi3ForSequenceClassification"), geometry, rules, pools_last_token=True)

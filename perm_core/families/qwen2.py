@@ -12,6 +12,5 @@ def geometry(config) -> Geometry:
     return replace(llama.geometry(config), sliding_window=window)
 
 
-# Qwen2ForSequenceClassification is not listed: like Llama's, it pools the last token in array order.
-FAMILY = Family("qwen2", ("qwen2",), ("Qwen2Model", "Qwen2ForCausalLM", "Qwen2ForTokenClassification"),
-                geometry, llama.rules)
+FAMILY = Family("qwen2", ("qwen2",), llama.head_classes("Qwen2"), geometry, llama.rules,
+                pools_last_token=True)

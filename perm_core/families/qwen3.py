@@ -20,6 +20,5 @@ def rules(g: Geometry) -> tuple[Rule, ...]:
     return (Rule(llama.L + r"self_attn\.[qk]_norm\.weight", (None,), "qk_norm"), *llama.rules(g))
 
 
-# Qwen3ForSequenceClassification is not listed: like Llama's, it pools the last token in array order.
-FAMILY = Family("qwen3", ("qwen3",), ("Qwen3Model", "Qwen3ForCausalLM", "Qwen3ForTokenClassification"),
-                geometry, rules)
+FAMILY = Family("qwen3", ("qwen3",), llama.head_classes("Qwen3"), geometry, rules,
+                pools_last_token=True)

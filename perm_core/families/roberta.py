@@ -2,14 +2,14 @@
 counted from padding_idx + 1 (Geometry.position_offset): tokens.py passes them so, moved with their tokens."""
 
 from perm_core.families import Family, Geometry
-from perm_core.families.bert import encoder_rules
+from perm_core.families.bert import encoder_rules, text_kind
 from perm_core.spec import Rule
 
 
 def geometry(config) -> Geometry:
     d, heads = config.hidden_size, config.num_attention_heads
     return Geometry(d, config.num_hidden_layers, heads, heads, d // heads, config.intermediate_size,
-                    rope=False, first_token_fixed=True, input_kind="bidirectional-text",
+                    rope=False, first_token_fixed=True, input_kind=text_kind(config),
                     position_offset=config.pad_token_id + 1)
 
 
@@ -28,9 +28,12 @@ def rules(g: Geometry) -> tuple[Rule, ...]:
         Rule(r"classifier\.out_proj\.bias", (None,), "head"),
         Rule(r"classifier\.weight", (None, "resid"), "head"),  # token classification: logits per token
         Rule(r"classifier\.bias", (None,), "head"),
+        Rule(r"qa_outputs\.weight", (None, "resid"), "head"),  # question answering: start | end score per token
+        Rule(r"qa_outputs\.bias", (None,), "head"),
     )
 
 
-# RobertaForCausalLM is not listed: it is a decoder (is_decoder) whose causal mask this family does not build.
+# RobertaForCausalLM is a decoder (is_decoder): tokens.py gives it a causal mask built from the moved positions.
 FAMILY = Family("roberta", ("roberta",), ("RobertaModel", "RobertaForMaskedLM", "RobertaForSequenceClassification",
-                                          "RobertaForTokenClassification"), geometry, rules)
+                                          "RobertaForTokenClassification", "RobertaForQuestionAnswering",
+                                          "RobertaForMultipleChoice", "RobertaForCausalLM"), geometry, rules)

@@ -22,8 +22,11 @@ def geometry(config) -> Geometry:
                     relative_position_bias=True, n_decoder_layers=decoder, shared_head_bias=True)
 
 
+P = r"(?:transformer\.)?"  # T5ForSequenceClassification and T5ForTokenClassification keep their model there
+
+
 def _stack_rules(stack: str, offset: int) -> tuple[Rule, ...]:
-    block = rf"{stack}\.block\.(?P<layer>\d+)\.layer\."
+    block = P + rf"{stack}\.block\.(?P<layer>\d+)\.layer\."
     attentions = (r"0\.SelfAttention", r"1\.EncDecAttention") if stack == "decoder" else (r"0\.SelfAttention",)
     feed_forward = block + (r"2" if stack == "decoder" else r"1") + r"\.DenseReluDense\."
     return (
@@ -35,18 +38,29 @@ def _stack_rules(stack: str, offset: int) -> tuple[Rule, ...]:
         Rule(block + r"\d\.layer_norm\.weight", ("resid",), "norm", offset),
         Rule(feed_forward + r"wi(?:_0|_1)?\.weight", ("mlp", "resid"), "mlp.in", offset),  # relu or gated
         Rule(feed_forward + r"wo\.weight", ("resid", "mlp"), "mlp.out", offset),
-        Rule(rf"{stack}\.final_layer_norm\.weight", ("resid",), "norm"),
-        Rule(rf"{stack}\.embed_tokens\.weight", (None, "resid"), "embedding"),  # when not tied to `shared`
+        Rule(P + rf"{stack}\.final_layer_norm\.weight", ("resid",), "norm"),
+        Rule(P + rf"{stack}\.embed_tokens\.weight", (None, "resid"), "embedding"),  # when not tied to `shared`
     )
 
 
 def rules(g: Geometry) -> tuple[Rule, ...]:
     return (
-        Rule(r"shared\.weight", (None, "resid"), "embedding"),
+        Rule(P + r"shared\.weight", (None, "resid"), "embedding"),
         *_stack_rules("encoder", 0),
         *_stack_rules("decoder", g.n_layers - g.n_decoder_layers),
         Rule(r"lm_head\.weight", (None, "resid"), "head"),
+        # T5ForSequenceClassification: the decoder's state at the last <eos> through dense, tanh (per channel),
+        # out_proj. T5ForTokenClassification (encoder only): scores per encoder token. T5ForQuestionAnswering:
+        # start | end scores per decoder token.
+        Rule(r"classification_head\.dense\.weight", ("resid", "resid"), "head"),
+        Rule(r"classification_head\.dense\.bias", ("resid",), "head"),
+        Rule(r"classification_head\.out_proj\.weight", (None, "resid"), "head"),
+        Rule(r"classification_head\.out_proj\.bias", (None,), "head"),
+        Rule(r"(?:classifier|qa_outputs)\.weight", (None, "resid"), "head"),
+        Rule(r"(?:classifier|qa_outputs)\.bias", (None,), "head"),
     )
 
 
-FAMILY = Family("t5", ("t5",), ("T5Model", "T5ForConditionalGeneration", "T5EncoderModel"), geometry, rules)
+FAMILY = Family("t5", ("t5",), ("T5Model", "T5ForConditionalGeneration", "T5EncoderModel",
+                              "T5ForSequenceClassification", "T5ForTokenClassification", "T5ForQuestionAnswering"),
+                geometry, rules)

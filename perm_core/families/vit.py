@@ -1,6 +1,6 @@
 """ViT (transformers 5.x names: vit.layers.N.attention.{q,k,v,o}_proj, mlp.fc1/fc2)."""
 
-from perm_core.families import Family, Geometry
+from perm_core.families import Family, Geometry, UnsupportedModelError
 from perm_core.spec import Rule
 
 P = r"(?:vit\.)?"
@@ -9,7 +9,28 @@ P = r"(?:vit\.)?"
 def geometry(config) -> Geometry:
     d, heads = config.hidden_size, config.num_attention_heads
     return Geometry(d, config.num_hidden_layers, heads, heads, d // heads, config.intermediate_size,
-                    rope=False, first_token_fixed=True, input_kind="image", patch_size=config.patch_size)
+                    rope=False, first_token_fixed=True, input_kind="image", patch_size=square(config, "patch_size"),
+                    image_tokens=image_tokens(config, 1))
+
+
+def square(config, name: str) -> int:
+    """An image or patch size given as one number (or a square pair): inputs are drawn as square images."""
+    size = getattr(config, name)
+    if isinstance(size, (list, tuple)):
+        if len(size) != 2 or size[0] != size[1]:
+            raise UnsupportedModelError(f"a non-square {name} ({list(size)}) is not supported: images are square here")
+        size = size[0]
+    return int(size)
+
+
+def image_tokens(config, fixed: int) -> int:
+    """The tokens the position table holds: the whole patches of config.image_size (the patch embedding's
+    strided convolution drops a remainder), and the `fixed` leading tokens."""
+    side = square(config, "image_size") // square(config, "patch_size")
+    if side < 1:
+        raise UnsupportedModelError(f"an image size of {square(config, 'image_size')} holds no patch of "
+                                    f"{square(config, 'patch_size')}")
+    return side * side + fixed
 
 
 def body_rules(prefix: str) -> tuple[Rule, ...]:
@@ -44,4 +65,8 @@ def rules(g: Geometry) -> tuple[Rule, ...]:
     )
 
 
-FAMILY = Family("vit", ("vit",), ("ViTModel", "ViTForImageClassification"), geometry, rules)
+MASKED_IMAGE_MODELING = ("a masked-image-modeling head (pre-training: it reconstructs the pixels of masked "
+                         "patches from bool_masked_pos) has no symmetry spec here; supported: the model and its "
+                         "image classifier")
+FAMILY = Family("vit", ("vit",), ("ViTModel", "ViTForImageClassification"), geometry, rules,
+                refused=(("ViTForMaskedImageModeling", MASKED_IMAGE_MODELING),))
