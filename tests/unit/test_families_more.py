@@ -39,8 +39,9 @@ KEYS = (12345, 7)
 OWN_CONTROLS = {"mistral": "window_not_moved", "qwen2": "window_not_moved", "qwen3": "plane_rotation_with_qk_norm",
                 "distilbert": "qk_across_heads", "roberta": "qk_across_heads", "deit": "qk_across_heads"}
 # Heads these families leave out, each for a reason given in its family module.
-REFUSED = {"mistral": "MistralForSequenceClassification", "qwen2": "Qwen2ForSequenceClassification",
-           "qwen3": "Qwen3ForSequenceClassification", "roberta": "RobertaForCausalLM"}
+# Every head class of these families is supported now (tests/unit/test_head_classes.py); GPT-2's double-heads
+# model and the vision families' masked-image-modeling heads are refused with a reason.
+REFUSED = {"deit": "DeiTForMaskedImageModeling"}
 _reports = {}
 
 

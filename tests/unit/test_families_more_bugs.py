@@ -153,5 +153,5 @@ def test_deit_treated_like_vit_with_one_fixed_token_fails(monkeypatch):
     subject = subject_of("deit", "DeiTForImageClassificationWithTeacher")
     monkeypatch.setattr(deit, "FAMILY", replace(deit.FAMILY, geometry=lambda c: replace(deit.geometry(c),
                                                                                         fixed_tokens=1)))
-    with pytest.raises(ValueError, match="cannot act on an axis of size 18"):  # the position table's 2 + 16 rows
+    with pytest.raises(ValueError, match="position table holds 18 tokens"):  # its 2 + 16 rows, not 1 + 16
         check(subject.model, subject.inputs, ["tokens"], key=7, backward=False)

@@ -218,27 +218,32 @@ def refused(directory: Path, capsys) -> str:
     return lines[0]
 
 
+def cross_attention_decoder(directory: Path) -> Path:
+    """A listed BERT class (a decoder with cross-attention) whose crossattention.* parameters no rule claims."""
+    config = random_config("bert")
+    config.is_decoder = config.add_cross_attention = True
+    return save_checkpoint(directory, "BertLMHeadModel", config=config)
+
+
 def test_unclaimed_parameters_are_named(tmp_path, one_thread, capsys):
-    line = refused(save_checkpoint(tmp_path / "qa", "BertForQuestionAnswering"), capsys)
-    assert "qa_outputs.weight" in line and "qa_outputs.bias" in line and "BertForQuestionAnswering" in line
-    line = refused(save_checkpoint(tmp_path / "seq", "GPT2ForSequenceClassification"), capsys)
-    assert "score.weight" in line
+    line = refused(cross_attention_decoder(tmp_path / "qa"), capsys)
+    assert "bert.encoder.layer.0.crossattention.self.query.weight" in line and "BertLMHeadModel" in line
     cross = random_config("gpt2")
     cross.add_cross_attention = True  # a listed class with parameters the spec has no rule for
     line = refused(save_checkpoint(tmp_path / "cross", "GPT2Model", config=cross), capsys)
     assert "h.0.crossattention.c_attn.weight" in line and "GPT2Model" in line
     assert cli("scramble", tmp_path / "qa", "--symmetry", "mlp", "--key", 1, "--out", tmp_path / "x") == 2
-    assert "qa_outputs.weight" in capsys.readouterr().err
+    assert "crossattention.self.query.weight" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
 
 
 def test_refusal_is_one_line_in_a_real_process(tmp_path):
-    directory = save_checkpoint(tmp_path / "qa", "BertForQuestionAnswering")
+    directory = cross_attention_decoder(tmp_path / "qa")
     result = subprocess.run([sys.executable, "-m", "perm_core", "check", str(directory)], cwd=ROOT,
                             capture_output=True, text=True, timeout=300,
                             env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
     assert result.returncode == 2
-    assert result.stderr.strip().count("\n") == 0 and "qa_outputs.weight" in result.stderr
+    assert result.stderr.strip().count("\n") == 0 and "crossattention.self.query.weight" in result.stderr
 
 
 def test_a_tokenizer_larger_than_the_vocabulary_is_refused_in_one_line(tmp_path, one_thread, capsys):

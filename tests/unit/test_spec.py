@@ -32,10 +32,11 @@ def test_other_architectures_are_refused_by_name(config):
 
 
 def test_supported_family_with_unsupported_head_is_refused():
-    # BertForTokenClassification is supported now (its logits move with their tokens); a QA head is not listed.
-    model = hf.BertForQuestionAnswering(hf.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1,
-                                                      num_attention_heads=4, intermediate_size=64))
-    with pytest.raises(UnsupportedModelError, match="BertForQuestionAnswering"):
+    # Every BERT head is supported now (tests/unit/test_head_classes.py); ViT's masked-image-modeling head is not.
+    model = hf.ViTForMaskedImageModeling(hf.ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                                      intermediate_size=64, image_size=8, patch_size=4,
+                                                      encoder_stride=4))
+    with pytest.raises(UnsupportedModelError, match="ViTForMaskedImageModeling is not supported: a masked-image"):
         family_of(model)
 
 

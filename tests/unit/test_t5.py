@@ -19,10 +19,10 @@ import transformers as hf
 from perm_core import symmetries, zoo
 from perm_core.__main__ import main
 from perm_core.defaults import default_inputs
-from perm_core.families import UnsupportedModelError, family_of, t5
+from perm_core.families import family_of, t5
 from perm_core.numerics import use_exact_numerics
 from perm_core.random_models import random_config, random_inputs, randomize_
-from perm_core.spec import FamilySpec, Rule
+from perm_core.spec import FamilySpec, Rule, UnclaimedParameterError
 from perm_core.tokens import model_inputs
 from perm_core.verify import BROKEN_AT, Subject, check, check_scramble, measure_break
 from tests.unit.scrambled_checkpoints import save_and_scramble
@@ -243,10 +243,15 @@ def test_zoo_lists_and_loads_random_t5():
     assert "random:t5" in zoo.offline_model_names()
 
 
-def test_t5_heads_the_spec_does_not_list_are_refused():
+def test_t5_heads_are_claimed_whole():
+    """T5's classification, token-classification and question-answering heads (tests/unit/test_head_classes.py
+    checks them); a parameter no rule names is still refused."""
     config = hf.T5Config(**{**random_config("t5").to_dict(), "num_labels": 3})
-    with pytest.raises(UnsupportedModelError, match="T5ForQuestionAnswering"):
-        family_of(hf.T5ForQuestionAnswering(config))
+    for cls in (hf.T5ForQuestionAnswering, hf.T5ForSequenceClassification, hf.T5ForTokenClassification):
+        model = cls(config)
+        assert family_of(model).spec(model.config).unclaimed(dict(model.named_parameters())) == [], cls
+    with pytest.raises(UnclaimedParameterError, match="qa_extra"):
+        family_of(model).spec(model.config).claim_all(["qa_extra.weight"])
 
 
 def test_text_alone_is_read_by_the_decoder_in_its_original_order(tiny):
