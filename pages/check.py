@@ -68,20 +68,45 @@ payload = report.to_json()
 n_checks = len(report.checks)
 n_passed = sum(c.passed for c in report.checks)
 n_broken = sum(c.broken for c in report.controls)
+uninformative = [c for c in report.controls if not c.informative]
 summary = (f"{report.model} ({report.family}, {report.dtype}): {n_passed}/{n_checks} checks pass, "
-           f"{n_broken}/{len(report.controls)} negative controls break.")
+           f"{n_broken}/{len(report.controls)} negative controls break"
+           + (f" ({len(uninformative)} cannot bite on this checkpoint, see below)." if uninformative else "."))
 (st.success if report.passed else st.error)(("PASSED — " if report.passed else "FAILED — ") + summary)
+if report.oracle is not None:
+    o = report.oracle
+    (st.caption if o.passed else st.error)(
+        f"Oracle: the original run's {o.output} equals transformers' own forward ({o.attention} attention) to "
+        f"{o.max_rel_error:.1e} (relative; tolerance {o.tolerance:.0e})" if o.passed else
+        f"Oracle FAILED: the original run's {o.output} differs from transformers' own forward by "
+        f"{o.max_rel_error:.1e} (tolerance {o.tolerance:.0e}): the traced run is not the stock model.")
 
 st.dataframe(pd.DataFrame([{"symmetry": c.symmetry, "direction": c.direction, "max abs error": c.max_abs_error,
-                            "max rel error": c.max_rel_error, "tolerance": c.tolerance,
-                            "result": "pass" if c.passed else "FAIL"} for c in report.checks]),
+                            "max rel error": c.max_rel_error, "in eps": round(c.max_rel_error_eps, 1),
+                            "tolerance": c.tolerance, "result": "pass" if c.passed else "FAIL",
+                            "first breaks at": c.first_break} for c in report.checks]),
              hide_index=True, width="stretch", column_config=SCIENTIFIC)
+floored = {name for c in report.checks for name in c.floored}
+if floored:
+    largest = max(c.floored_max_abs_error for c in report.checks)
+    st.caption(f"Errors above leave out {len(floored)} tensor(s) that are zero in exact arithmetic (key-bias "
+               f"gradients): what is left in them is round-off, |x| ≤ {largest:.1e}. \"in eps\": the relative "
+               f"error in units of {report.dtype} machine epsilon.")
+failing = [c for c in report.checks if c.first_break]
+if failing:
+    st.subheader("Where it first breaks")
+    st.markdown("\n".join(f"- **{c.symmetry} / {c.direction}**: first tensor over its tolerance, in the order the "
+                          f"run computed them: `{c.first_break}`" for c in failing))
+    st.caption("The first failing check is picked under Per-tensor errors below, with its error place by place.")
 st.subheader("Negative controls")
 # A static table wraps long control names and results instead of clipping them in a narrow window.
 st.table(pd.DataFrame([{"control": f"{c.symmetry}: {c.description}", "max rel error": f"{c.max_rel_error:.1e}",
                         "measured on": c.measured_on,
-                        "result": "broken, as it must" if c.broken else "NOT BROKEN"} for c in report.controls]),
+                        "result": "broken, as it must" if c.broken else
+                        "cannot bite here" if not c.informative else "NOT BROKEN"} for c in report.controls]),
          hide_index=True)
+for c in uninformative:
+    st.caption(f"**{c.symmetry}: {c.description}** — {c.note}.")
 if report.restricted:
     st.subheader("Checked in a restricted form")
     st.markdown("\n".join(f"- **{SYMMETRY_LABELS[name]}**: {reason}" for name, reason in report.restricted.items()))
@@ -95,8 +120,11 @@ if report.not_symmetries:
 
 st.subheader("Per-tensor errors")
 labels = [f"{c.symmetry} / {c.direction}" for c in report.checks]
-picked = st.selectbox("Check", range(len(labels)), format_func=labels.__getitem__)
+first_failing = next((i for i, c in enumerate(report.checks) if not c.passed), 0)
+picked = st.selectbox("Check", range(len(labels)), index=first_failing, format_func=labels.__getitem__)
 tensors = report.checks[picked].tensors
+chart(figures.stage_chart(report.checks[picked].stages, f"{labels[picked]}: worst error over tolerance, place by "
+                                                        "place"), width="stretch")
 fig = figures.tensor_error_chart([t.name for t in tensors], [t.max_abs_error for t in tensors],
                                  [t.max_rel_error for t in tensors], f"{labels[picked]}: every tensor",
                                  report.checks[picked].tolerance, tolerances=[t.tolerance for t in tensors])

@@ -332,6 +332,21 @@ def tensor_error_chart(names, abs_errors, rel_errors, title: str, tolerance: flo
                        legend=dict(orientation="h", y=-0.12))
 
 
+def stage_chart(stages, title: str) -> go.Figure:
+    """Where a check breaks: each place of the run (embeddings, block by block, output; a backward run in its own
+    reverse order) with its worst tensor's error over that tensor's tolerance, on a log axis; above 1 fails."""
+    labels = [s.where for s in stages]
+    values = [s.error_over_tolerance if math.isfinite(s.error_over_tolerance) else 1e30 for s in stages]
+    colors = ["#e45756" if v > 1 else "#4c78a8" for v in values]
+    fig = _figure(dict(type="bar", x=labels, y=[max(v, 1e-12) for v in values], marker=dict(color=colors),
+                       hovertext=[f"{s.worst_tensor}: {s.error_over_tolerance:.2g} x tolerance" for s in stages],
+                       hoverinfo="text", name="worst error / tolerance"),
+                  title, 320, yaxis=_axis("worst error / tolerance", type="log"),
+                  xaxis=_axis("in the order the run computed them", type="category"))
+    threshold(fig, 1.0, "tolerance", color="#e45756")
+    return fig
+
+
 # Transparent where the class token does not look, opaque hot colours where it does: the photo stays visible.
 HEAT = [[0.0, "rgba(20,20,90,0)"], [0.2, "rgba(40,40,200,0.12)"], [0.45, "rgba(130,50,220,0.45)"],
         [0.7, "rgba(240,70,40,0.7)"], [1.0, "rgba(255,235,0,0.9)"]]

@@ -49,8 +49,9 @@ def test_check_digits_float64_every_symmetry_with_the_sidebar_keys():
     assert (controls["result"] == "broken, as it must").all()
     per_tensor = at.dataframe[1].value
     assert per_tensor["floor_reason"].map(lambda v: isinstance(v, str)).all()  # never a "None" cell
-    chart = json.loads(at.get("plotly_chart")[0].proto.spec)
-    assert chart["layout"]["yaxis"]["type"] == "log"
+    stages, chart = (json.loads(c.proto.spec) for c in at.get("plotly_chart")[:2])
+    assert stages["layout"]["yaxis"]["type"] == "log" and chart["layout"]["yaxis"]["type"] == "log"
+    assert stages["data"][0]["x"][0] == "embeddings" and max(stages["data"][0]["y"]) < 1  # all under tolerance
     downloads = at.get("download_button")
     labels = [d.proto.label for d in downloads]
     assert "Download the report (JSON)" in labels
@@ -143,3 +144,33 @@ def test_the_reproduce_command_gives_the_pages_report(query):
     # The controls' breaks (order 1, far above round-off) pin the same model, input and keys.
     assert [f"{c['max_rel_error']:.1e}" for c in reproduced["controls"]] == list(at.table[0].value["max rel error"])
     assert reproduced["passed"] is True
+
+
+def test_a_failing_check_shows_where_it_first_breaks(monkeypatch):
+    """A bug planted in block 1 of digits-vit: the page fails, names the first tensor over tolerance in
+    computation order, and charts the error place by place with block 1 the first over the line."""
+    from perm_core.verify import Subject
+
+    real = Subject.transformed_params
+
+    def with_bug(self, scramble):
+        params = dict(real(self, scramble))
+        name = next(n for n, c in self.claims.items() if c.layer == 1 and c.rule.tag == "mlp.out"
+                    and n.endswith("weight"))
+        params[name] = params[name].flip(0)
+        return params
+
+    monkeypatch.setattr(Subject, "transformed_params", with_bug)
+    at = check_page(model="digits-vit", dtype="float64", on_mlp="1", on_tokens="0", on_channels="0", on_heads="0",
+                    on_head_channels="0", on_rotation="0")
+    run_button(at).click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.error[0].value.startswith("FAILED")
+    checks = at.dataframe[0].value
+    forward = checks[checks["direction"] == "forward"].iloc[0]
+    assert forward["result"] == "FAIL" and forward["first breaks at"] == "blocks.1.hidden"
+    assert "Where it first breaks" in [h.value for h in at.subheader]
+    stages = json.loads(at.get("plotly_chart")[0].proto.spec)["data"][0]
+    assert stages["x"][:2] == ["embeddings", "block 0"] and "block 1" in stages["x"]
+    over = [x for x, color in zip(stages["x"], stages["marker"]["color"], strict=True) if color == "#e45756"]
+    assert over[0] == "block 1"
