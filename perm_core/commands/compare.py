@@ -1,6 +1,7 @@
 """python -m perm_core compare A B [--probes N] [--json]
 
 Are A and B (two checkpoints of one family) the same function, and which group element maps A to B?
+Computed in float64; a pair stored in float32, bfloat16 or float16 is held to that dtype's rounding.
 Exit 0: same function and the recovered element reproduces B; 1: same function but the element was not
 recovered, or different functions; 2: bad usage, different families or shapes, a model that cannot load.
 """
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from perm_core.commands import UsageError, load_or_usage_error, print_json
+from perm_core.commands import UsageError, load_or_usage_error, print_json, stored_dtype
 from perm_core.compare import worst_rel
 
 
@@ -32,7 +33,8 @@ def run(args) -> int:
     loaded_b = load_or_usage_error(args.model_b, torch.float64)
     try:
         comparison = compare_models(loaded_a.model, loaded_b.model, probe_inputs(loaded_a, args.probes),
-                                    args.model_a, args.model_b)
+                                    args.model_a, args.model_b,
+                                    stored=(stored_dtype(args.model_a), stored_dtype(args.model_b)))
     except IncomparableError as error:
         raise UsageError(str(error)) from None
     print_json(comparison.to_json()) if args.json else print(format_comparison(comparison))
@@ -40,10 +42,19 @@ def run(args) -> int:
 
 
 def format_comparison(c) -> str:
+    from perm_core.same_function import dtype_name
+
     s = c.recovered.summary()
-    lines = [f"A = {c.a}", f"B = {c.b}",
-             f"{c.family}, float64, {c.n_probes} probe input(s), tolerance {c.tolerance:.0e}", "",
-             f"outputs: worst relative error {c.output_error:.2e} ({_name(c.outputs)})"
+    stored = [f"{who} = {name}" + (f"  (stored as {dtype_name(dtype)})" if dtype is not None else "")
+              for who, name, dtype in (("A", c.a, c.stored[0]), ("B", c.b, c.stored[1]))]
+    if c.precision:
+        held = (f"held to {c.rounding}: weights within {c.weight_bound:.1e} of each tensor's largest entry, "
+                f"traced tensors within their propagated bounds")
+    else:
+        held = f"tolerance {c.tolerance:.0e}"
+    lines = [*stored, f"{c.family}, float64, {c.n_probes} probe input(s), {held}", "",
+             f"outputs: worst relative error {c.output_error:.2e} ({_name(c.outputs)}"
+             + (f", bound {c.output_bound:.1e}" if c.precision else "") + ")"
              f" -> {'same function' if c.same_function else 'different'}", "",
              "element recovered from the weights (B = A transformed by it):",
              f"  channels       {s['channels']['moved']} of {s['channels']['of']} residual channels moved",
@@ -57,7 +68,8 @@ def format_comparison(c) -> str:
              *(["                 (a channel permutation followed by a rotation is one orthogonal map, counted "
                 "as a rotation)"] if s["rotation"]["rotated"] else []),
              "  tokens         not recovered: a token permutation acts on the inputs, not on the weights", "",
-             f"parameter residual (A moved by it, against B): {c.residual:.2e} ({_name(c.parameters)})",
+             f"parameter residual (A moved by it, against B): {c.residual:.2e} ({_name(c.parameters)})"
+             + (f", bound {c.weight_bound:.1e}" if c.precision else ""),
              f"traced tensors of B un-scrambled by it, against A: worst {worst_rel(c.tensors):.2e} "
              f"({_name(c.tensors)}) over {len(c.tensors)} tensors", "",
              f"VERDICT: {c.verdict}: {c.explanation()}"]
