@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from perm_core.commands import DTYPES, UsageError, key_or_usage_error, load_or_usage_error, print_json
+from perm_core.commands import DTYPES, UsageError, key_or_usage_error, load_or_usage_error, print_json, stored_dtype
 from perm_core.compare import worst
 from perm_core.symmetries import SYMMETRIES
 
@@ -37,10 +37,17 @@ def run(args) -> int:
     with terminal_bar(f"check {args.model}") as progress:
         report = check(loaded.model, inputs, names, keys, model_name=args.model, progress=progress,
                        backward=not args.forward_only)
+    stored = stored_dtype(args.model)  # a local checkpoint's own dtype: upcast (or rounded) to --dtype
+    stored_name = None if stored is None else str(stored).removeprefix("torch.")
     if args.json:
-        print_json(report.to_json())
+        print_json({**report.to_json(), **({"stored_dtype": stored_name} if stored is not None else {})})
     else:
-        print(format_report(report))
+        lines = format_report(report).split("\n")
+        if stored is not None:
+            size, checked = stored.itemsize, DTYPES[args.dtype].itemsize
+            how = "upcast" if size < checked else "rounded" if size > checked else "as stored"
+            lines.insert(1, f"weights stored as {stored_name}, checked in {args.dtype} ({how})")
+        print("\n".join(lines))
     return 0 if report.passed else 1
 
 
