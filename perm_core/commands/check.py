@@ -79,13 +79,18 @@ def input_or_usage_error(loaded, spec: str) -> dict:
 def format_report(report) -> str:
     lines = [f"{report.model}  ({report.family}, {report.dtype})", "",
              f"{'symmetry':<14} {'direction':<9} {'moved':>9} {'max abs err':>12} {'max rel err':>12} "
-             f"{'tolerance':>10} {'err/tol':>8}  result"]
+             f"{'in eps':>8} {'tolerance':>10} {'err/tol':>8}  result"]
     for c in report.checks:
         margin = worst(t.max_rel_error / t.tolerance for t in c.tensors)
         lines.append(f"{c.symmetry:<14} {c.direction:<9} {c.moved:>9.2g} {c.max_abs_error:>12.2e} "
-                     f"{c.max_rel_error:>12.2e} {c.tolerance:>10.0e} {margin:>8.2f}  {'pass' if c.passed else 'FAIL'}")
+                     f"{c.max_rel_error:>12.2e} {c.max_rel_error_eps:>8.3g} {c.tolerance:>10.0e} {margin:>8.2f}  "
+                     f"{'pass' if c.passed else 'FAIL'}")
         if c.note:
             lines.append(f"    {c.note}")
+        if c.first_break:
+            lines.append(f"    first breaks at {c.first_break}; worst error over tolerance, in the order the run "
+                         "computed them:")
+            lines += [f"      {s.where:<20} {s.error_over_tolerance:>10.3g}  {s.worst_tensor}" for s in c.stages]
         raised = [t for t in c.tensors if t.finite and t.tolerance > c.tolerance]
         if raised:
             top = max(raised, key=lambda t: t.tolerance)
@@ -94,7 +99,9 @@ def format_report(report) -> str:
     floored = {name: reason for c in report.checks for name, reason in c.floored.items()}
     if floored:
         reasons = sorted(set(floored.values()))
-        lines += ["", f"judged against the floor (zero in exact arithmetic): {len(floored)} tensor(s)"]
+        largest = worst(c.floored_max_abs_error for c in report.checks)
+        lines += ["", f"judged against the floor (zero in exact arithmetic, left out of the errors above): "
+                      f"{len(floored)} tensor(s), |x| <= {largest:.1e}"]
         lines += [f"    {reason}" for reason in reasons]
     for symmetry, reason in report.restricted.items():
         lines += ["", f"{symmetry} is checked in a restricted form: {reason}"]
@@ -105,11 +112,20 @@ def format_report(report) -> str:
                          f"{n.reason}")
     lines += ["", f"{'negative control':<40} {'max rel err':>12}  result"]
     for c in report.controls:
-        lines.append(f"{c.symmetry + ': ' + c.name:<40} {c.max_rel_error:>12.2e}  "
-                     f"{'broken (as it must be)' if c.broken else 'NOT BROKEN'}"
+        verdict = "broken (as it must be)" if c.broken else "not informative" if not c.informative else "NOT BROKEN"
+        lines.append(f"{c.symmetry + ': ' + c.name:<40} {c.max_rel_error:>12.2e}  {verdict}"
                      + ("" if c.measured_on == "every traced tensor" else f", on {c.measured_on}"))
-    lines += ["", "moved: how far the scramble moved its most-moved weight or tensor (relative; a check "
-              "needs >= 0.1)", "err/tol: the worst tensor's error over its own tolerance (a pass needs <= 1)",
+        if c.note:
+            lines.append(f"    {c.note}")
+    if report.oracle is not None:
+        o = report.oracle
+        lines += ["", f"oracle: the original run's {o.output} against transformers' own forward ({o.attention} "
+                      f"attention): {o.max_rel_error:.2e} relative, tolerance {o.tolerance:.0e}  "
+                      f"{'agrees' if o.passed else 'DISAGREES: the traced run is not the stock model'}"]
+    lines += ["", "moved: how far the element moves what it acts on: the share of movable tokens, or a weight's "
+              "relative change on its own scale (a check needs >= 0.1)",
+              "max rel err: over tensors judged by relative error; in eps: the same in units of machine epsilon",
+              "err/tol: the worst tensor's error over its own tolerance (a pass needs <= 1)",
               "a control is first run up to block 1's MLP; it runs in full where that shows no break",
               "PASSED" if report.passed else "FAILED"]
     return "\n".join(lines)

@@ -34,8 +34,9 @@ def test_check_json_shape_and_exit_zero():
                  "--json")
     assert result.returncode == 0, result.stderr
     report = strict_json(result.stdout)
-    assert set(report) == {"model", "family", "dtype", "keys", "passed", "checks", "controls", "not_symmetries",
-                           "restricted"}
+    assert set(report) - {"stored_dtype"} == {"model", "family", "dtype", "keys", "passed", "checks", "controls",
+                                              "not_symmetries", "restricted", "oracle"}
+    assert report["oracle"]["passed"] and report["oracle"]["max_rel_error"] < 1e-12
     assert report["not_symmetries"] == [] and isinstance(report["restricted"], dict)
     assert report["keys"] == {"channels": 99, "tokens": 99}
     assert (report["model"], report["family"], report["dtype"], report["passed"]) == (
@@ -44,13 +45,15 @@ def test_check_json_shape_and_exit_zero():
         (s, d) for s in ("channels", "tokens", "all") for d in ("forward", "backward")}
     for c in report["checks"]:
         assert set(c) == {"symmetry", "direction", "passed", "max_abs_error", "max_rel_error", "tolerance",
-                          "tensors", "moved", "moved_what", "note", "non_finite", "floored"}
+                          "tensors", "moved", "moved_what", "note", "non_finite", "floored", "floored_max_abs_error",
+                          "max_rel_error_eps", "first_break", "stages"}
+        assert c["first_break"] == "" and c["stages"][0]["where"] in ("embeddings", "head")
         assert c["passed"] and c["max_rel_error"] < 1e-9 and c["tolerance"] == 1e-9
         assert c["moved"] >= 0.1 and c["moved_what"] and c["note"] == "" and c["non_finite"] == []
         assert all(set(t) >= {"name", "max_abs_error", "max_rel_error", "tolerance", "finite"} for t in c["tensors"])
     assert report["controls"]
     for c in report["controls"]:
-        assert set(c) == {"symmetry", "name", "broken", "max_rel_error", "measured_on"}
+        assert set(c) == {"symmetry", "name", "broken", "max_rel_error", "measured_on", "informative"}
         assert c["broken"] and c["max_rel_error"] > 1e-2
 
 
@@ -131,8 +134,9 @@ def test_check_takes_a_key_per_symmetry_and_a_named_input():
     assert {c["direction"] for c in report["checks"]} == {"forward"}
     other = strict_json(cli("check", "digits-vit", "--symmetry", "tokens", "--symmetry", "mlp", "--key", "5",
                             "--key", "mlp=9", "--input", "digit:4", "--forward-only", "--json").stdout)
-    moved = [c["moved"] for c in report["checks"]]
-    assert moved != [c["moved"] for c in other["checks"]]  # the input really is the one named
+    def errors(found):
+        return [t["max_abs_error"] for c in found["checks"] for t in c["tensors"]]
+    assert errors(report) != errors(other)  # the input really is the one named
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -12,6 +12,7 @@ import torch
 import transformers as hf
 
 from perm_core import oracle, symmetries, verify
+from perm_core.commands.check import format_report
 from perm_core.compare import BROKEN_AT
 from perm_core.random_models import build_random_model, random_inputs
 from perm_core.spec import Scramble
@@ -99,6 +100,7 @@ def test_a_control_without_bite_at_init_is_not_informative_and_does_not_fail_the
     broken_elsewhere = float(norms.note.rsplit("breaks by ", 1)[1])
     assert broken_elsewhere > BROKEN_AT  # shown on a copy with the uniform tensors randomized, not assumed
     assert report.to_json()["controls"][0]["informative"] is False
+    assert "not informative" in format_report(report) and "NOT BROKEN" not in format_report(report)
 
 
 def test_the_true_element_as_a_control_is_not_broken_and_fails_the_report(monkeypatch):
@@ -173,6 +175,8 @@ def test_a_bug_planted_in_a_middle_block_is_named_first(monkeypatch):
     assert next(s for s in forward.stages if s.where == f"block {middle}").error_over_tolerance > 1
     assert not backward.passed and backward.first_break
     assert report.to_json()["checks"][0]["first_break"] == f"blocks.{middle}.hidden"
+    text = format_report(report)
+    assert f"first breaks at blocks.{middle}.hidden" in text and f"block {middle}" in text and "FAILED" in text
     # the control: without the bug nothing is named
     monkeypatch.setattr(Subject, "transformed_params", real)
     clean = check(model, inputs, ["mlp"], key=3)
