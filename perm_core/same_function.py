@@ -150,9 +150,14 @@ class Comparison:
         return self.weights_within and self.tensors_within
 
     @property
+    def exact(self) -> bool:
+        """Everything within float64 round-off: a rounded pair that needed none of its rounding (permutations)."""
+        return self.residual <= self.tolerance and worst_rel(self.tensors) <= self.tolerance
+
+    @property
     def verdict(self) -> str:
         if self.same_function and self.element_recovered:
-            return f"same function up to {self.rounding}" if self.precision else "same function"
+            return f"same function up to {self.rounding}" if self.precision and not self.exact else "same function"
         if (self.same_function and self.weights_within) or self.outputs_exact:
             return "same function, element not recovered"
         return "different functions"
@@ -165,7 +170,7 @@ class Comparison:
         """One sentence behind the verdict, naming the tensor that decides it."""
         parameter, output = worst_of(self.parameters, over_bound=True), worst_of(self.outputs, over_bound=True)
         traced = worst_of(self.tensors, over_bound=True)
-        if self.exit_code == 0 and self.precision:
+        if self.exit_code == 0 and self.precision and not self.exact:
             return (f"B is A transformed by the recovered element, up to {self.rounding}: parameters within "
                     f"{self.residual:.1e} of their largest entries (bound {self.weight_bound:.1e} = {ROUNDINGS} u_"
                     f"{dtype_name(self.precision)} + {FLOAT32_ARITHMETIC} u_float32), outputs within "

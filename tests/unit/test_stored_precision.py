@@ -99,6 +99,17 @@ def test_a_rounded_scramble_is_the_same_function_up_to_its_rounding(family, dtyp
     assert f"(stored as {name})" in text and f"bound {report['bounds']['weights']:.1e}" in text
 
 
+def test_a_rounded_pair_that_needed_no_rounding_is_the_same_function(tmp_path, capsys):
+    """Permutations move float32 weights exactly: nothing to excuse, so the verdict is the plain one."""
+    source = saved(tmp_path / "source", "gpt2", torch.float32)
+    code, _, err = cli(capsys, "scramble", source, "--key", KEY, "--out", tmp_path / "permuted", "--symmetry",
+                       "channels", "--symmetry", "heads", "--symmetry", "head_channels", "--symmetry", "mlp")
+    assert code == 0, err
+    code, report = compare_json(capsys, source, tmp_path / "permuted")
+    assert code == 0 and report["verdict"] == "same function" and report["precision"] == "float32"
+    assert report["residual"]["max_rel_error"] == 0.0 and report["output_error"] < 1e-12
+
+
 def nudged(directory: Path, name: str, relative: float) -> None:
     """One entry of one stored weight moved by `relative` x the tensor's largest |entry|, in place."""
     path = directory / "model.safetensors"
