@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import pkgutil
 import sys
 
@@ -32,7 +31,9 @@ def main(argv=None) -> int:
     from perm_core.spec import UnclaimedParameterError
 
     args = build_parser().parse_args(argv)
-    if os.environ.get("TSE_KEEP_FREED_MEMORY", "1") != "0":  # 0: glibc's defaults, for a benchmark's baseline
+    from perm_core import limits
+
+    if limits.current().keep_freed_memory:  # TSE_KEEP_FREED_MEMORY=0: glibc's defaults, a benchmark's baseline
         keep_freed_memory()
     try:
         return args.run(args)

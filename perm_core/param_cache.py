@@ -23,17 +23,17 @@ measures it).
 from __future__ import annotations
 
 import itertools
-import os
 import threading
 from collections import OrderedDict
 
 import torch
 
+from perm_core import limits
 from perm_core.batched_gathers import gather_many, steps_of
 from perm_core.spec import Concat, Scramble, apply_axes
 from perm_core.transforms import Permutation, composed
 
-CACHE_BYTES = int(float(os.environ.get("TSE_PARAMS_CACHE_MB", "640")) * 2**20)
+CACHE_BYTES = limits.current().params_cache_bytes
 
 # Kept siblings a missing tensor is compared with (the most recent first; each comparison is torch calls on the key
 # change's path): a classroom's sessions keep dozens of one weight's transformed copies under their own keys.

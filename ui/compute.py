@@ -11,7 +11,6 @@ bound (perm_core.param_cache, TSE_PARAMS_CACHE_MB).
 from __future__ import annotations
 
 import copy
-import os
 import threading
 import time
 from contextlib import contextmanager, nullcontext
@@ -19,6 +18,7 @@ from contextlib import contextmanager, nullcontext
 import streamlit as st
 import torch
 
+from perm_core import limits
 from perm_core.explore import Exploration, ExploreResult
 from perm_core.param_cache import TensorCache
 from ui import memory_audit
@@ -31,14 +31,11 @@ def model_on(model_name: str, dtype_name: str, device: str, _model):
     return _model if device == "cpu" else copy.deepcopy(_model).to(device)
 
 
-def _megabytes(variable: str, default: int) -> int:
-    return int(float(os.environ.get(variable, default)) * 2**20)
-
-
 @st.cache_resource(show_spinner=False)
 def _caches() -> dict[str, TensorCache]:
-    caches = {"explorations": TensorCache(_megabytes("TSE_EXPLORATIONS_CACHE_MB", 192)),
-              "results": TensorCache(_megabytes("TSE_RESULTS_CACHE_MB", 192))}
+    settings = limits.current()
+    caches = {"explorations": TensorCache(settings.explorations_cache_bytes),
+              "results": TensorCache(settings.results_cache_bytes)}
     for name, cache in caches.items():
         memory_audit.register(name, cache)
     return caches
@@ -47,7 +44,7 @@ def _caches() -> dict[str, TensorCache]:
 @st.cache_resource(show_spinner=False)
 def _page_cache() -> TensorCache:
     """Apart from Explore's caches: a bad setting of one breaks only the pages that use it."""
-    cache = TensorCache(_megabytes("TSE_PAGES_CACHE_MB", 128))
+    cache = TensorCache(limits.current().pages_cache_bytes)
     memory_audit.register("pages", cache)
     return cache
 
@@ -106,7 +103,7 @@ class RunBudget:
 
 # 384: thirty sessions (benchmarks/classroom.py) at 256 queued dinov2-s and minilm key changes one at a time (p95
 # 13.7-15.4 s against 11.5-11.7 s at 384 and 9.7-11.3 s without a budget, in the same hours); digits-vit's stay fast.
-RUN_BUDGET = RunBudget(_megabytes("TSE_RUN_BUDGET_MB", 384))
+RUN_BUDGET = RunBudget(limits.current().run_budget_bytes)
 _this_run = threading.local()
 # What runs at a memory peak (benchmarks/classroom.py): a semaphore's free count is its _value (CPython's).
 memory_audit.register_gauge("run_budget_bytes_held", lambda: RUN_BUDGET.used)
@@ -171,7 +168,7 @@ def release_run_budget() -> None:
 # The other pages' runs at once, process-wide (TSE_PAGE_RUNS, default 2): a Check, a gradient comparison or an
 # SGD lockstep holds several model-sized sets while it runs, and ten students pressing Run check together held
 # gigabytes. Process-wide, not per model: these pages have their own model lists, and each run is long anyway.
-_PAGE_RUNS = max(1, int(os.environ.get("TSE_PAGE_RUNS", "2")))
+_PAGE_RUNS = limits.current().page_runs
 _page_slots = threading.BoundedSemaphore(_PAGE_RUNS)
 
 
@@ -218,7 +215,7 @@ def page_run(page: str, settings, compute, nbytes: int = 0):
 # thread at a time and a model one forward at a time, so more at once only holds more transformed parameter sets
 # and traces alive while they wait: 30 sessions opening one link held 30 of them. Per model, so a digits-vit run
 # never queues behind a slower model's.
-_SLOTS_PER_MODEL = max(1, int(os.environ.get("TSE_CONCURRENT_RUNS", "2")))
+_SLOTS_PER_MODEL = limits.current().concurrent_runs
 _slots: dict[str, threading.BoundedSemaphore] = {}
 _slots_guard = threading.Lock()
 

@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from perm_core import malloc
+from perm_core import limits, malloc
 
 VARIABLE = "TSE_MEMORY_AUDIT_FILE"
 STEP_BYTES = 16 << 20
@@ -44,7 +44,7 @@ if _MALLINFO2 is not None:
 
 
 def enabled() -> bool:
-    return bool(os.environ.get(VARIABLE))
+    return limits.current().memory_audit_file is not None
 
 
 def register(name: str, cache) -> None:
@@ -77,7 +77,7 @@ def split() -> dict:
 
 
 def _write(figures: dict) -> None:
-    target = Path(os.environ[VARIABLE])
+    target = limits.current().memory_audit_file
     partial = target.with_name(target.name + ".partial")
     partial.write_text(json.dumps(figures, indent=2, sort_keys=True))
     partial.replace(target)

@@ -15,11 +15,11 @@ from __future__ import annotations
 import atexit
 import hashlib
 import json
-import os
 import threading
-from pathlib import Path
 
 import torch
+
+from perm_core import limits
 
 VARIABLE = "TSE_WEIGHTS_HASH_FILE"
 _lock = threading.Lock()
@@ -38,7 +38,7 @@ def weights_hash(model: torch.nn.Module) -> str:
 
 
 def enabled() -> bool:
-    return bool(os.environ.get(VARIABLE))
+    return limits.current().weights_hash_file is not None
 
 
 def track(name: str, dtype_name: str, model: torch.nn.Module) -> None:
@@ -63,7 +63,7 @@ def write(at_exit: bool) -> None:
         if at_exit:
             for label, model in _models.items():
                 table[label]["at_exit"] = weights_hash(model)
-        target = Path(os.environ[VARIABLE])
+        target = limits.current().weights_hash_file
         partial = target.with_name(target.name + ".partial")
         partial.write_text(json.dumps(table, indent=2, sort_keys=True))
         partial.replace(target)

@@ -14,6 +14,7 @@ import torch
 from streamlit.testing.v1 import AppTest
 
 import ui.resources as resources
+from perm_core import limits
 from perm_core.explore import ExploreResult
 from ui import compute
 
@@ -60,10 +61,11 @@ def _new_results(before: dict) -> list:
 def uncached_results(monkeypatch):
     """No results cache (a bound of 0 bytes keeps nothing), and every global with tensors counts as heavy:
     digits-vit's result is small."""
-    monkeypatch.setenv("TSE_RESULTS_CACHE_MB", "0")
+    previous = limits.use(limits.Limits({**limits.DEFAULTS, "TSE_RESULTS_CACHE_MB": "0"}))
     monkeypatch.setattr(resources, "PAGE_DATA_KEPT_BYTES", 0)
     compute._caches.clear()
     yield
+    limits.use(previous)
     compute._caches.clear()  # the next test gets the default bounds again
 
 
