@@ -12,7 +12,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from perm_core.compare import TensorError
+from perm_core.tolerances import TensorError
 
 _BLOCK = re.compile(r"^blocks\.(\d+)\.(attn|cross_attn|hidden)$")
 _WITHIN_BLOCK = {"attn": 0.1, "cross_attn": 0.2, "hidden": 0.3}

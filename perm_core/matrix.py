@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from perm_core.compare import json_safe, worst
 from perm_core.symmetries import SYMMETRIES
+from perm_core.tolerances import json_safe, worst
 
 HOLDS, RESTRICTED, NOT_HOLDING, FAILED = "holds", "restricted", "does not hold", "FAILED"
 MATRIX_KEY = 12345

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import torch
 
 from perm_core import capture
-from perm_core.compare import relative_differences
 from perm_core.explore import Exploration, ExploreResult
 from perm_core.spec import Scramble, apply_axes
+from perm_core.tolerances import relative_differences
 
 
 @dataclass

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 import torch
 
-from perm_core.compare import ROUNDOFF_CAP, largest_magnitude, relative_differences
 from perm_core.numerics import EXACT_EAGER
 from perm_core.spec import Scramble
 from perm_core.stateless import model_lock
 from perm_core.tokens import model_inputs
+from perm_core.tolerances import ROUNDOFF_CAP, largest_magnitude, relative_differences
 
 ORACLE_TOLERANCE = {torch.float64: 1e-5, torch.float32: ROUNDOFF_CAP}
 OUTPUTS = ("output.logits", "output.last_hidden")

@@ -28,10 +28,10 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from perm_core.compare import TOLERANCE, TensorError, json_safe, tensor_errors, worst_rel
 from perm_core.families import family_of
 from perm_core.recover import NOT_RECOVERED, Recovered, recover
 from perm_core.spec import transform_params
+from perm_core.tolerances import TOLERANCE, TensorError, json_safe, tensor_errors, worst_rel
 from perm_core.verify import Subject
 
 FLOAT32_ROUNDING = 1e-5  # a residual below this but above round-off looks like weights stored in float32

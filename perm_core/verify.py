@@ -3,7 +3,7 @@
 A check passes only if (1) every un-scrambled tensor is finite and within its tolerance, (2) the
 transform really moved something (see compare.MOVED_AT), and (3) it compared at least one tensor.
 A report passes only if it has checks, all pass, and every symmetry has negative controls that
-all break. The error rules (own scale, floors for exact zeros, float32 round-off) are in compare.py.
+all break. The error rules (own scale, floors for exact zeros, float32 round-off) are in tolerances.py.
 """
 
 from __future__ import annotations
@@ -18,7 +18,22 @@ import torch
 
 from perm_core import oracle, symmetries
 from perm_core.capture import output_projection, stopped_input
-from perm_core.compare import (
+from perm_core.families import Family, Geometry, family_of
+from perm_core.first_break import Stage, first_break, stages
+from perm_core.oracle import OracleResult
+from perm_core.spec import (
+    LAYERED_ROLES,
+    Claim,
+    Concat,
+    FamilySpec,
+    Scramble,
+    apply_axes,
+    transform_param,
+    transform_params,
+)
+from perm_core.stateless import own_parameters
+from perm_core.tokens import model_inputs, n_tokens
+from perm_core.tolerances import (
     BROKEN_AT,
     FLOOR,
     MOVED_AT,
@@ -37,21 +52,6 @@ from perm_core.compare import (
     worst_abs,
     worst_rel,
 )
-from perm_core.families import Family, Geometry, family_of
-from perm_core.first_break import Stage, first_break, stages
-from perm_core.oracle import OracleResult
-from perm_core.spec import (
-    LAYERED_ROLES,
-    Claim,
-    Concat,
-    FamilySpec,
-    Scramble,
-    apply_axes,
-    transform_param,
-    transform_params,
-)
-from perm_core.stateless import own_parameters
-from perm_core.tokens import model_inputs, n_tokens
 from perm_core.trace import Record, run
 
 __all__ = ["BROKEN_AT", "FLOOR", "MOVED_AT", "TOLERANCE", "CheckResult", "ControlResult", "Report", "Subject",
@@ -239,7 +239,7 @@ class Subject:
         return self._early_originals[module_name]
 
     def roundoff(self, original: dict[str, Record]) -> dict[str, float]:
-        """Each tensor's float32 round-off: its distance from the same run in float64 (see compare.py); for a
+        """Each tensor's float32 round-off: its distance from the same run in float64 (see tolerances.py); for a
         float64 subject, the same model run in float32 is the other side. Measured once per original trace, and
         only when some tensor needs it."""
         cached = self._roundoff.get(id(original))
@@ -637,3 +637,14 @@ def check(model, inputs: dict, symmetry_names=symmetries.SYMMETRIES, key: int | 
 
 def worst_check(report: Report) -> float:
     return worst(c.max_rel_error for c in report.checks)
+
+
+def scrambled_weights(model, symmetry_names, key: int | Mapping[str, int] = 0) -> dict[str, torch.Tensor]:
+    """The model's parameters transformed by the weight symmetries named (not tokens, which act on inputs), each with
+    `key` (one for all, or one per name): name -> tensor, the model itself untouched."""
+    names = list(symmetry_names)
+    if "tokens" in names:
+        raise ValueError("tokens permute the input, not the weights: scramble the input instead")
+    key_of = dict(key) if isinstance(key, Mapping) else {name: key for name in names}
+    subject = Subject(model)
+    return subject.transformed_params(subject.build({name: key_of[name] for name in names}))

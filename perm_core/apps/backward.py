@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from perm_core.compare import is_finite, tensor_errors, worst, worst_abs
 from perm_core.spec import PIXELS, Scramble, apply_axes, transform_params
 from perm_core.stateless import functional_call
 from perm_core.tokens import model_inputs
+from perm_core.tolerances import is_finite, tensor_errors, worst, worst_abs
 from perm_core.trace import TOKEN_RESID, Record
 from perm_core.verify import BROKEN_AT, FLOOR, TOLERANCE, Subject, TensorError, worst_rel
 from perm_core.zoo import mean_pool

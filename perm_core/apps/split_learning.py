@@ -32,9 +32,9 @@ import torch
 import torch.nn.functional as F
 
 from perm_core import keys
-from perm_core.compare import worst
 from perm_core.digits import digits_split, digits_vit_config
 from perm_core.threads import torch_threads
+from perm_core.tolerances import worst
 
 Progress = Callable[[float, str], None]
 DEFAULT_EPOCHS = 10  # a short run; the page and the CLI report the held-out accuracy it reaches

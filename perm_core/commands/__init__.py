@@ -110,6 +110,6 @@ def print_json(value) -> None:
     """Strict JSON on stdout: non-finite numbers are written as the strings "nan", "inf", "-inf"."""
     import json
 
-    from perm_core.compare import json_safe
+    from perm_core.tolerances import json_safe
 
     print(json.dumps(json_safe(value), indent=2, allow_nan=False))

@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 from perm_core.commands import DTYPES, UsageError, key_or_usage_error, load_or_usage_error, print_json, stored_dtype
-from perm_core.compare import worst
 from perm_core.symmetries import SYMMETRIES
+from perm_core.tolerances import worst
 
 
 def register(sub) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from perm_core.commands import UsageError, load_or_usage_error, print_json, stored_dtype
-from perm_core.compare import worst_rel
+from perm_core.tolerances import worst_rel
 
 
 def register(sub) -> None:

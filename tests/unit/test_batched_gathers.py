@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from perm_core import compare
+from perm_core import tolerances
 from perm_core.batched_gathers import gather_many, gathered_differences
 from perm_core.explore import Exploration
 from perm_core.random_models import build_random_model, random_inputs
@@ -50,7 +50,7 @@ def test_differences_are_compares_one_pair_numbers_nan_and_inf_included():
                references[5] + 1e-12]
     steps = [[(0, index)], [(0, index)], [], [], [], []]
     found = gathered_differences(tensors, references, steps)
-    expected = [compare._max_abs_difference(r, one_by_one(t, s)) for r, t, s in zip(references, tensors, steps,
+    expected = [tolerances._max_abs_difference(r, one_by_one(t, s)) for r, t, s in zip(references, tensors, steps,
                                                                                      strict=True)]
     assert found[0] == expected[0] > 0 and found[1] == expected[1] == 0.0 and found[5] == expected[5] > 0
     assert math.isnan(found[2]) and math.isnan(expected[2])
@@ -82,7 +82,7 @@ def test_batched_and_one_by_one_comparisons_give_the_same_errors_and_a_wrong_inv
     result = explorer.run(keys)
     subject = explorer.subject
     whole = subject.unscramble(result.scrambled, result.scramble)  # a dict: compared in one call too
-    one_pair = {e.name: compare._max_abs_difference(explorer.original[e.name].tensor, whole[e.name])
+    one_pair = {e.name: tolerances._max_abs_difference(explorer.original[e.name].tensor, whole[e.name])
                 for e in result.errors}
     assert {e.name: e.max_abs_error for e in result.errors} == one_pair
     wrong = subject.unscramble_lazily(result.scrambled, subject.build({"tokens": 3, "channels": 6, "heads": 1}))

@@ -232,7 +232,7 @@ def test_fused_axis_index_equals_the_engine_gather():
 
 
 def test_cached_original_scales_give_the_same_errors_and_movement(explorers, one_thread):
-    from perm_core.compare import relative_differences, scales, tensor_errors
+    from perm_core.tolerances import relative_differences, scales, tensor_errors
 
     explorer = explorers["bert"]
     subject, original = explorer.subject, explorer.original

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from perm_core.compare import ROUNDOFF_CAP, TOLERANCE
 from perm_core.families import _registry
 from perm_core.random_models import CONFIGS, build_random_model, random_inputs
+from perm_core.tolerances import ROUNDOFF_CAP, TOLERANCE
 from perm_core.verify import check
 
 pytestmark = pytest.mark.usefixtures("one_thread")

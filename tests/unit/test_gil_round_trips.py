@@ -9,7 +9,7 @@ import math
 import numpy as np
 import torch
 
-from perm_core import compare
+from perm_core import tolerances
 from perm_core.param_cache import _same_index
 from perm_core.threads import TorchWorkCalls as Calls
 
@@ -19,21 +19,21 @@ def pairs():
     reference = {f"small{i}": torch.randn(7, 5) for i in range(40)}
     reference |= {"double": torch.randn(9, dtype=torch.float64), "nan": torch.tensor([1.0, 2.0]),
                   "inf": torch.tensor([math.inf, 1.0]), "empty": torch.zeros(0),
-                  "large": torch.randn(compare.BATCH_ELEMENTS + 5), "reshaped": torch.randn(6)}
+                  "large": torch.randn(tolerances.BATCH_ELEMENTS + 5), "reshaped": torch.randn(6)}
     other = {name: tensor + 1e-3 * torch.randn_like(tensor) for name, tensor in reference.items()}
     other["nan"] = torch.tensor([1.0, math.nan])
     other["inf"] = torch.tensor([math.inf, 1.0])  # inf - inf is NaN: not finite
     other["reshaped"] = torch.randn(2, 3)  # another shape: left out
-    scale = {name: compare.largest_magnitude(tensor) for name, tensor in reference.items()}
+    scale = {name: tolerances.largest_magnitude(tensor) for name, tensor in reference.items()}
     return reference, other, scale
 
 
 def test_batched_differences_are_the_one_by_one_numbers():
     reference, other, scale = pairs()
-    found = compare.relative_differences(reference, other, scale)
+    found = tolerances.relative_differences(reference, other, scale)
     assert list(found) == [name for name in reference if name != "reshaped"]
     for name, (diff, rel, finite) in found.items():
-        alone = compare._max_abs_difference(reference[name], other[name])
+        alone = tolerances._max_abs_difference(reference[name], other[name])
         if name in ("nan", "inf"):
             assert not finite and math.isnan(alone)
             continue
@@ -45,11 +45,11 @@ def test_small_tensors_are_compared_in_a_few_calls():
     reference, other, scale = pairs()
     small = {name: reference[name] for name in reference if name.startswith("small")}
     with Calls() as calls:
-        compare.relative_differences(small, other, scale)
+        tolerances.relative_differences(small, other, scale)
     assert calls.count <= 5  # one batch; one by one took four calls per tensor (160 here)
     with Calls() as one_by_one:
         for name in small:
-            compare._max_abs_difference(small[name], other[name])
+            tolerances._max_abs_difference(small[name], other[name])
     assert one_by_one.count >= 4 * len(small)
 
 
@@ -70,19 +70,19 @@ def test_a_comparison_reuses_its_threads_scratch_and_gives_the_plain_numbers():
 
     torch.manual_seed(3)
     big = torch.randn(6, 257, 257)  # a dinov2-s attention map: one slice, bigger than a batch
-    assert compare.BATCH_ELEMENTS < big.numel() <= compare.CHUNK
+    assert tolerances.BATCH_ELEMENTS < big.numel() <= tolerances.CHUNK
     shifted = big + 1e-3 * torch.randn_like(big)
-    assert compare._max_abs_difference(big, shifted) == (big - shifted).abs().max().item() > 0
-    first = compare._scratches.buffer.data_ptr()
+    assert tolerances._max_abs_difference(big, shifted) == (big - shifted).abs().max().item() > 0
+    first = tolerances._scratches.buffer.data_ptr()
     strided = big.transpose(1, 2)  # not contiguous: still the same numbers
-    assert compare._max_abs_difference(strided, shifted.transpose(1, 2)) == (big - shifted).abs().max().item()
-    assert compare._scratches.buffer.data_ptr() == first  # reused, not allocated again
+    assert tolerances._max_abs_difference(strided, shifted.transpose(1, 2)) == (big - shifted).abs().max().item()
+    assert tolerances._scratches.buffer.data_ptr() == first  # reused, not allocated again
     with_nan = shifted.clone()
     with_nan[0, 0, 0] = math.nan
-    assert math.isnan(compare._max_abs_difference(big, with_nan))
+    assert math.isnan(tolerances._max_abs_difference(big, with_nan))
     seen = []
-    other = threading.Thread(target=lambda: (compare._max_abs_difference(big, shifted),
-                                             seen.append(compare._scratches.buffer.data_ptr())))
+    other = threading.Thread(target=lambda: (tolerances._max_abs_difference(big, shifted),
+                                             seen.append(tolerances._scratches.buffer.data_ptr())))
     other.start()
     other.join()
     assert seen and seen[0] != first
@@ -109,10 +109,10 @@ def test_an_index_is_read_once_and_the_kept_fingerprints_are_bounded(monkeypatch
 def test_tensors_that_require_grad_compare_too():
     """The scratch and the slices write with out=, which autograd refuses: such tensors are detached first."""
     torch.manual_seed(5)
-    for shape in ((5, 4), (compare.CHUNK + 7,)):
+    for shape in ((5, 4), (tolerances.CHUNK + 7,)):
         a = torch.randn(shape, requires_grad=True)
         b = a.detach() + 1e-3 * torch.randn(shape)
-        assert compare._max_abs_difference(a, b) == (a - b).abs().max().item() > 0
+        assert tolerances._max_abs_difference(a, b) == (a - b).abs().max().item() > 0
 
 
 def test_a_chart_reads_a_cpu_tensor_without_torch_calls_and_gets_the_same_numbers():

@@ -63,7 +63,7 @@ def test_the_rotation_near_miss_chart_puts_its_tolerance_label_on_the_line():
     from types import SimpleNamespace
 
     from perm_core.apps import figures_fusion
-    from perm_core.compare import TensorError
+    from perm_core.tolerances import TensorError
 
     comparison = SimpleNamespace(symmetry_label="plane", broken_label="general", title="t",
                                  symmetry=[TensorError("a", 1e-9, 1e-9)], broken=[TensorError("a", 0.5, 0.5)])

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 import torch
 
-from perm_core import compare, verify
+from perm_core import tolerances, verify
 from perm_core.random_models import build_random_model, random_inputs
 from perm_core.spec import transform_params
 from perm_core.verify import Subject, TransformedOnDemand
@@ -65,12 +65,12 @@ def watched_errors():
 
 
 def test_large_restored_tensors_are_built_once_and_dropped_before_the_next(monkeypatch):
-    monkeypatch.setattr(compare, "BATCH_ELEMENTS", 0)  # every tensor counts as large here
+    monkeypatch.setattr(tolerances, "BATCH_ELEMENTS", 0)  # every tensor counts as large here
     assert max(watched_errors().alive_at_build) == 0  # the one compared before is gone when the next is built
 
 
 def test_small_restored_tensors_are_held_a_bounded_batch_at_a_time(monkeypatch):
-    monkeypatch.setattr(compare, "BATCH_BYTES", 4096)
+    monkeypatch.setattr(tolerances, "BATCH_BYTES", 4096)
     watched = watched_errors()
     assert 0 < max(watched.alive_bytes_at_build) < 4096 + watched.largest
     assert max(watched.alive_at_build) < len(watched.built) // 2  # batches, not the whole set
