@@ -9,7 +9,7 @@ a notebook:
     report = perm_core.check(loaded.model, inputs, ["channels", "heads"], key=7)
     report.passed, report.to_json()
     weights = perm_core.scramble(loaded.model, ["channels", "mlp"], key=7)   # name -> transformed tensor
-    comparison = perm_core.tolerances(model_a, model_b, [inputs])       # same function? which element maps A to B?
+    comparison = perm_core.compare(model_a, model_b, [inputs])       # same function? which element maps A to B?
 
 Each name is imported when first used: `import perm_core` alone does not load torch or transformers.
 """
