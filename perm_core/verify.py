@@ -183,7 +183,7 @@ class Subject:
 
     @property
     def movable_tokens(self) -> int:
-        return (self.n_tokens or 0) - self.geometry.fixed_tokens
+        return self.geometry.movable_tokens(self.n_tokens or 0)
 
     @property
     def tolerance(self) -> float:
