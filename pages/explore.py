@@ -5,7 +5,7 @@ import streamlit as st
 from perm_core import figures, symmetries
 from perm_core.explore import BROKEN_AT, control_options, kind_label, layer_of, patch_grid
 from perm_core.inputs import token_labels
-from perm_core.tokens import shuffle_patches
+from perm_core.patches import shuffle_patches
 from ui import explore_panels as panels
 from ui.compute import exploration, explore_result, hold_for_this_run, keep_held, mlp_result, result_kept
 from ui.export import chart

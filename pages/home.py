@@ -7,7 +7,7 @@ import torch
 
 from perm_core import figures
 from perm_core.keys import permutation
-from perm_core.tokens import shuffle_patches
+from perm_core.patches import shuffle_patches
 from perm_core.transforms import Permutation
 from ui.sidebar import ensure_view, test_digits
 from ui.state import publish

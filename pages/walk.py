@@ -5,7 +5,7 @@ import streamlit as st
 from perm_core import figures
 from perm_core.explore import Exploration
 from perm_core.keys import InvalidKeyError, validate_key
-from perm_core.tokens import shuffle_patches
+from perm_core.patches import shuffle_patches
 from perm_core.walk import STEPS, TITLES, run_step
 from ui.export import chart
 from ui.resources import shared_model

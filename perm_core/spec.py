@@ -145,7 +145,7 @@ def apply_axes(tensor: torch.Tensor, axes, scramble: Scramble, layer: int | None
                patch_size: int | None = None) -> torch.Tensor:
     """Transform every axis of `tensor` by the chain of the space its role names."""
     if axes == PIXELS:
-        from perm_core.tokens import shuffle_patches
+        from perm_core.patches import shuffle_patches
 
         return shuffle_patches(tensor, scramble.tokens, patch_size) if scramble.tokens is not None else tensor
     if len(axes) != tensor.dim():

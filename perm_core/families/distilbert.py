@@ -1,7 +1,7 @@
 """DistilBERT: BERT's post-norm block under other names (transformer.layer.N.attention.{q,k,v,out}_lin,
 sa_layer_norm, ffn.lin1/lin2, output_layer_norm); learned positions taken as position_ids, no token types."""
 
-from perm_core.families import Family, Geometry
+from perm_core.families.base import Family, Geometry
 from perm_core.spec import Rule
 
 P = r"(?:distilbert\.)?"

@@ -1,6 +1,6 @@
 """Llama: RMSNorm, RoPE, grouped-query attention (k/v have n_kv_heads), SwiGLU (gate and up move together)."""
 
-from perm_core.families import Family, Geometry
+from perm_core.families.base import Family, Geometry
 from perm_core.spec import Rule
 
 P = r"(?:model\.|transformer\.)?"  # LlamaForQuestionAnswering keeps its LlamaModel as `transformer`

@@ -6,7 +6,8 @@ transformers 5.23 builds one mask for all layers, windowed when config.sliding_w
 
 from dataclasses import replace
 
-from perm_core.families import Family, Geometry, llama
+import perm_core.families.llama as llama
+from perm_core.families.base import Family, Geometry
 
 
 def geometry(config) -> Geometry:

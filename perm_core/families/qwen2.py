@@ -3,7 +3,8 @@ then the layers from max_window_layers on slide, and the model takes one mask pe
 
 from dataclasses import replace
 
-from perm_core.families import Family, Geometry, llama
+import perm_core.families.llama as llama
+from perm_core.families.base import Family, Geometry
 
 
 def geometry(config) -> Geometry:

@@ -7,7 +7,9 @@ V/O transforms never see them, and a Q/K transform must commute with that diagon
 
 from dataclasses import replace
 
-from perm_core.families import Family, Geometry, llama, qwen2
+import perm_core.families.llama as llama
+import perm_core.families.qwen2 as qwen2
+from perm_core.families.base import Family, Geometry
 from perm_core.spec import Rule
 
 

@@ -1,7 +1,7 @@
 """RoBERTa: BERT's layout under roberta.*, an MLM head lm_head.{dense,layer_norm,decoder}, and position ids
 counted from padding_idx + 1 (Geometry.position_offset): tokens.py passes them so, moved with their tokens."""
 
-from perm_core.families import Family, Geometry
+from perm_core.families.base import Family, Geometry
 from perm_core.families.bert import encoder_rules, text_kind
 from perm_core.spec import Rule
 

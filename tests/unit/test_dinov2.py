@@ -19,9 +19,10 @@ from perm_core import zoo, zoo_dinov2
 from perm_core.defaults import default_inputs
 from perm_core.families import dinov2 as dinov2_family
 from perm_core.families import family_of
+from perm_core.patches import shuffle_patches
 from perm_core.random_models import build_random_model, random_inputs
 from perm_core.spec import FamilySpec, UnclaimedParameterError
-from perm_core.tokens import n_tokens, shuffle_patches
+from perm_core.tokens import n_tokens
 from perm_core.verify import Subject, check, check_scramble
 
 BACKBONE_OUTPUT = "/backbone/layernorm/Add_1_output_0"  # the ONNX value of Dinov2Model.last_hidden_state

@@ -15,9 +15,10 @@ import torch
 
 from perm_core import keys, symmetries
 from perm_core.families import deit, llama, qwen3
+from perm_core.patches import shuffle_patches
 from perm_core.random_models import build_random_model, random_inputs
 from perm_core.spec import Rule, Scramble
-from perm_core.tokens import model_inputs, shuffle_patches
+from perm_core.tokens import model_inputs
 from perm_core.trace import run
 from perm_core.transforms import Permutation
 from perm_core.verify import Subject, check

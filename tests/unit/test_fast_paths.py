@@ -13,9 +13,9 @@ from perm_core import param_cache, symmetries
 from perm_core.batched_gathers import gather_many
 from perm_core.explore import Exploration, control_options
 from perm_core.families import family_names
+from perm_core.patches import shuffle_patches
 from perm_core.random_models import build_random_model, random_inputs
 from perm_core.spec import PIXELS, Concat, Scramble
-from perm_core.tokens import shuffle_patches
 from perm_core.transforms import Permutation
 
 KEYS = {name: 11 + i for i, name in enumerate(symmetries.SYMMETRIES)}

@@ -8,8 +8,8 @@ import torch
 from perm_core import figures
 from perm_core.explore import Exploration, class_attention_grid, output_summary, patch_grid
 from perm_core.inputs import photo_credits, sample_images
+from perm_core.patches import shuffle_patches
 from perm_core.random_models import build_random_model, random_inputs
-from perm_core.tokens import shuffle_patches
 
 torch.set_num_threads(1)
 
