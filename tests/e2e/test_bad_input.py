@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from tests.e2e import bad_files
+from tests import bad_files
 from tests.e2e.conftest import wait_for_app
 
 BAD_KEYS = {"-1": "got -1", str(2**64): f"got {2**64}", str(10**30): f"got {10**30}", "abc": "got 'abc'",
@@ -31,27 +31,25 @@ def upload(page, name: str, data: bytes, mime: str) -> None:
     page.locator('input[type="file"]').set_input_files(files=[{"name": name, "mimeType": mime, "buffer": data}])
 
 
-@pytest.mark.parametrize("where", ["explore", "check"])
-def test_bad_uploads_are_messages_and_odd_images_work(app_url, page, where):
+def test_a_real_bad_upload_is_a_message_and_an_odd_image_works(app_url, page):
+    """Through the browser's real upload: a file that is no image and a valid 400-megapixel PNG are each a message
+    naming the file, and an animated GIF then runs with its notice. Every bad and odd case on Explore and Check:
+    tests/app/test_bad_uploads.py; the loader's messages: tests/unit/test_inputs.py."""
     page.set_viewport_size({"width": 1400, "height": 2400})
-    page.goto(f"{app_url}/{where}?model=digits-vit&img_src=upload")
+    page.goto(f"{app_url}/explore?model=digits-vit&img_src=upload")
     shown(page, "Upload an image, or pick a digit or a sample photo.", 180_000)
     refused = bad_files.refused()
-    if where == "check":  # the sidebar is the same code on both pages: a few cases are enough on Check
-        refused = {name: refused[name] for name in ("notes.txt", "truncated.png", "huge-20000x20000.png")}
-    for name, (data, mime, message) in refused.items():
+    for name in ("notes.txt", "huge-20000x20000.png"):
+        data, mime, message = refused[name]
         upload(page, name, data, mime)
         shown(page, f"{name}: ")
         assert message in page.get_by_text(f"{name}: ").first.inner_text(), name
-    accepted = bad_files.accepted() if where == "explore" else {"cmyk.jpg": bad_files.accepted()["cmyk.jpg"]}
-    for name, (data, mime) in accepted.items():
-        upload(page, name, data, mime)
-        shown(page, VERDICT if where == "explore" else "Press Run check", 180_000)
-        if where == "explore":
-            shown(page, f"your upload {name}")
-        if name == "animated.gif":
-            shown(page, "animated.gif is animated (3 frames); the model sees its first frame.")
-        assert page.locator('[data-testid="stAlertContentError"]').count() == 0, name
+    data, mime = bad_files.accepted()["animated.gif"]
+    upload(page, "animated.gif", data, mime)
+    shown(page, VERDICT, 180_000)
+    shown(page, "your upload animated.gif")
+    shown(page, "animated.gif is animated (3 frames); the model sees its first frame.")
+    assert page.locator('[data-testid="stAlertContentError"]').count() == 0
 
 
 def test_an_upload_over_the_limit_is_refused_and_xsrf_is_on(app_url, page):

@@ -1,10 +1,5 @@
-"""Real Chromium: Explore renders its proof, a key change reruns it, a bad upload is a message, and two
+"""Real Chromium: Explore renders its proof, a key change reruns it, and two
 sessions with different keys at once both get correct verdicts."""
-
-import io
-
-import numpy as np
-from PIL import Image
 
 from tests.e2e.conftest import wait_for_app
 
@@ -56,21 +51,6 @@ def test_explore_key_change_in_chromium(app_url, page, shot):
     wait_verdict(page, "breaks, as it must")
     assert page.locator('[data-testid="stException"]').count() == 0
     shot(page, "explore-control")
-
-
-def test_bad_upload_is_a_message(app_url, page, shot):
-    page.goto(f"{app_url}/explore?model=digits-vit&img_src=upload")
-    wait_for_app(page, timeout_ms=180_000)
-    page.locator('input[type="file"]').set_input_files(
-        files=[{"name": "notes.txt", "mimeType": "text/plain", "buffer": b"not an image"}])
-    page.get_by_text("notes.txt: This file is not an image").wait_for(timeout=60_000)
-    buffer = io.BytesIO()
-    Image.fromarray(np.random.default_rng(1).integers(0, 255, (64, 64), dtype=np.uint8)).save(buffer, "PNG")
-    page.locator('input[type="file"]').set_input_files(
-        files=[{"name": "photo.png", "mimeType": "image/png", "buffer": buffer.getvalue()}])
-    wait_verdict(page)
-    assert page.locator('[data-testid="stException"]').count() == 0
-    shot(page, "explore-upload")
 
 
 def test_two_sessions_with_different_keys(app_url, browser, tmp_path):

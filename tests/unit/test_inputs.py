@@ -11,6 +11,8 @@ from PIL import Image
 
 from perm_core import digits, inputs, zoo
 from perm_core.inputs import InputError
+from tests import bad_files
+from ui.sidebar import frame_count, image_from_upload
 
 
 @pytest.fixture(scope="module")
@@ -39,22 +41,6 @@ def digit_drawing() -> Image.Image:
 # --- bad inputs ---
 
 
-def test_non_image_bytes_are_refused():
-    with pytest.raises(InputError, match="not an image"):
-        inputs.load_image(b"%PDF-1.4 definitely not a picture" * 10)
-
-
-def test_empty_bytes_are_refused():
-    with pytest.raises(InputError, match="empty"):
-        inputs.load_image(b"")
-
-
-def test_truncated_png_is_refused():
-    data = png_bytes(Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)))
-    with pytest.raises(InputError, match="corrupt or truncated"):
-        inputs.load_image(data[: len(data) // 2])
-
-
 def _png_declaring(width: int, height: int) -> bytes:
     """A tiny real PNG whose IHDR is patched to declare width x height (CRC fixed up)."""
     data = bytearray(png_bytes(Image.new("L", (4, 4), 0)))
@@ -64,12 +50,35 @@ def _png_declaring(width: int, height: int) -> bytes:
     return bytes(data)
 
 
-@pytest.mark.parametrize("side", [20_000, 7_000])  # 7000^2 is under PIL's own bomb limit, over ours
-def test_decompression_bomb_is_refused_before_decoding(side):
-    with pytest.raises(InputError, match="megapixels") as caught:
-        inputs.load_image(_png_declaring(side, side))
-    assert "decompression bomb" in str(caught.value)
-    assert "\n" not in str(caught.value)
+def _refused() -> dict[str, tuple[bytes, str]]:
+    """Every bad upload the pages are tested with (tests/bad_files.py), and a few more: name -> (bytes, message)."""
+    cases = {name: (data, message) for name, (data, _, message) in bad_files.refused().items()}
+    cases["paper.pdf"] = (b"%PDF-1.4 definitely not a picture" * 10, "not an image")
+    noise = png_bytes(Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)))
+    cases["half.png"] = (noise[: len(noise) // 2], "corrupt or truncated")
+    # declared sizes only: 7000^2 is under PIL's own bomb limit, over ours
+    for side in (20_000, 7_000):
+        cases[f"declares-{side}x{side}.png"] = (_png_declaring(side, side), "megapixels (possible decompression bomb)")
+    return cases
+
+
+@pytest.mark.parametrize("name", list(_refused()))
+def test_bad_bytes_are_refused_with_one_line_naming_the_file(name):
+    """The loader's message for each bad upload, and the line the pages show for it (the file's name first)."""
+    data, message = _refused()[name]
+    with pytest.raises(InputError) as caught:
+        inputs.load_image(data)
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+    image, shown = image_from_upload(name, data)
+    assert image is None and shown == f"{name}: {caught.value}"
+
+
+@pytest.mark.parametrize("name", list(bad_files.accepted()))
+def test_odd_but_valid_uploads_load_as_rgb(name):
+    data, _ = bad_files.accepted()[name]
+    image, problem = image_from_upload(name, data)
+    assert problem is None and image.mode == "RGB" and image.size in ((48, 48), (64, 64))
+    assert frame_count(data) == (3 if name == "animated.gif" else 1)
 
 
 def test_file_size_limit(tmp_path):

@@ -1,4 +1,7 @@
-"""Bad and unusual uploads, made on the fly in memory (never committed): name -> (bytes, MIME type)."""
+"""Bad and unusual uploads, made on the fly in memory (never committed): name -> (bytes, MIME type, message).
+
+Shared by the loader's unit test (tests/unit/test_inputs.py), the pages' AppTest (tests/app/test_bad_uploads.py)
+and the real upload in Chromium (tests/e2e/test_bad_input.py)."""
 
 from __future__ import annotations
 
