@@ -14,6 +14,7 @@ import copy
 import threading
 import time
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 
 import streamlit as st
 import torch
@@ -104,7 +105,6 @@ class RunBudget:
 # 384: thirty sessions (benchmarks/classroom.py) at 256 queued dinov2-s and minilm key changes one at a time (p95
 # 13.7-15.4 s against 11.5-11.7 s at 384 and 9.7-11.3 s without a budget, in the same hours); digits-vit's stay fast.
 RUN_BUDGET = RunBudget(limits.current().run_budget_bytes)
-_this_run = threading.local()
 # What runs at a memory peak (benchmarks/classroom.py): a semaphore's free count is its _value (CPython's).
 memory_audit.register_gauge("run_budget_bytes_held", lambda: RUN_BUDGET.used)
 memory_audit.register_gauge("runs_waiting_for_memory", lambda: len(RUN_BUDGET._queue))
@@ -140,29 +140,6 @@ def _take(budget: RunBudget, nbytes: int) -> None:
     except BaseException:  # Streamlit stopping the run here: it never holds what it took
         budget.give(nbytes)
         raise
-
-
-def hold_for_this_run(nbytes: int, budget: RunBudget = RUN_BUDGET) -> None:
-    """Hold nbytes of the budget until this script run ends (release_run_budget, from ui.sidebar.end_run); a
-    second call in the same run holds nothing more."""
-    if getattr(_this_run, "held", None) is not None:
-        return
-    _take(budget, nbytes)
-    _this_run.held = (budget, nbytes)
-
-
-def keep_held(nbytes: int) -> None:
-    """Give back what this run holds over nbytes (a run that computed keeps its result's bytes to draw it)."""
-    held = getattr(_this_run, "held", None)
-    if held is not None and held[1] > nbytes:
-        held[0].give(held[1] - nbytes)
-        _this_run.held = (held[0], nbytes)
-
-
-def release_run_budget() -> None:
-    held, _this_run.held = getattr(_this_run, "held", None), None
-    if held is not None:
-        held[0].give(held[1])
 
 
 # The other pages' runs at once, process-wide (TSE_PAGE_RUNS, default 2): a Check, a gradient comparison or an
@@ -248,31 +225,56 @@ def exploration(model_name: str, dtype_name: str, device: str, input_id: str, _m
     return _computed_once(_caches()["explorations"], (model_name, dtype_name, device, input_id), build)
 
 
-def result_kept(model_name: str, dtype_name: str, device: str, input_id: str, keys: tuple, control: str | None) -> bool:
-    """Whether explore_result with these settings would run no model (a guess: another run may evict it)."""
-    return (model_name, dtype_name, device, input_id, keys, control) in _caches()["results"]
+@dataclass(frozen=True)
+class ExploreRequest:
+    """What an Explore run is asked for. `key` names its result in the results cache; mlp_layer, the block whose
+    MLP neurons the page shows, is recorded in the same run but does not make another result."""
+
+    model_name: str
+    dtype_name: str
+    device: str
+    input_id: str
+    keys: tuple[tuple[str, int], ...]  # (symmetry, key), sorted
+    control: str | None = None
+    mlp_layer: int | None = None
+
+    @property
+    def key(self) -> tuple:
+        return (self.model_name, self.dtype_name, self.device, self.input_id, self.keys, self.control)
 
 
-def explore_result(model_name: str, dtype_name: str, device: str, input_id: str, keys: tuple, control: str | None,
-                   _exploration: Exploration, mlp_layer: int | None = None) -> ExploreResult:
-    """mlp_layer: the block whose MLP neurons the page will show, recorded in the same run (a result made for
-    another block still serves: mlp_result then runs that block's forward)."""
-    return _computed_once(_caches()["results"], (model_name, dtype_name, device, input_id, keys, control),
-                          lambda: _exploration.run(dict(keys), control, mlp_layer))
+@contextmanager
+def explore_run(request: ExploreRequest, explorer: Exploration, computing=nullcontext, budget: RunBudget | None = None):
+    """The one way an Explore page gets its result. Holds the run budget's share first (the result's bytes, and twice
+    the weights' while it computes: a transformed set and the graph's packed copy), fetches or computes the result,
+    keeps only the result's bytes while the page draws it, and gives everything back on exit, however the run ends
+    (a rerun or a stop raises through here). computing: a context to show while the model runs (a spinner)."""
+    budget = budget or RUN_BUDGET
+    compute_bytes = 0 if request.key in _caches()["results"] else explorer.compute_bytes
+    _take(budget, explorer.trace_bytes + compute_bytes)
+    held = explorer.trace_bytes + compute_bytes
+    try:
+        with computing():
+            result = _computed_once(_caches()["results"], request.key,
+                                    lambda: explorer.run(dict(request.keys), request.control, request.mlp_layer))
+        budget.give(compute_bytes)
+        held = explorer.trace_bytes
+        yield result
+    finally:
+        budget.give(held)
 
 
-def mlp_result(model_name: str, dtype_name: str, device: str, input_id: str, keys: tuple, control: str | None,
-               layer: int, _exploration: Exploration, _result: ExploreResult):
+def mlp_result(request: ExploreRequest, layer: int, explorer: Exploration, result: ExploreResult):
     """The MLP-neuron view of one block, cached beside the result it belongs to: a rerun that changes nothing
     else (a chart export, another weight matrix) runs no model. When the result recorded this block in its own
     run, no forward runs and no run slot is waited for."""
     from perm_core.mlp_view import mlp_view
 
-    recorded = layer in _result.mlp_inputs
+    recorded = layer in result.mlp_inputs
 
     def build():
-        params = None if recorded else _exploration.params_for(_result.scramble, dict(keys), control)[0]
-        return mlp_view(_exploration, _result, params, layer)
+        params = None if recorded else explorer.params_for(result.scramble, dict(request.keys), request.control)[0]
+        return mlp_view(explorer, result, params, layer)
 
-    return _computed_once(_caches()["results"], (model_name, dtype_name, device, input_id, keys, control, "mlp", layer),
-                          build, slot=nullcontext if recorded else None)
+    return _computed_once(_caches()["results"], (*request.key, "mlp", layer), build,
+                          slot=nullcontext if recorded else None)

@@ -21,7 +21,6 @@ from perm_core.input_spec import digit_image
 from perm_core.keys import InvalidKeyError, validate_key
 from perm_core.symmetries import SYMMETRIES
 from perm_core.zoo import DEFAULT_IMAGE_MODEL, LoadedModel, ModelLoadError
-from ui.compute import release_run_budget
 from ui.errors import logged
 from ui.resources import drop_page_data, shared_model, use_navigation_registry
 from ui.state import parse_bool, seed
@@ -122,7 +121,6 @@ def end_run() -> None:
     """app.py calls this after the page (also when the page stopped early): the next run starts afresh, and the
     page's heavy data is freed now, not kept until the session's next run."""
     _THIS_RUN.view = None
-    release_run_budget()
     page_globals, _THIS_RUN.page_globals = getattr(_THIS_RUN, "page_globals", None), None
     if page_globals is not None:
         drop_page_data(page_globals)

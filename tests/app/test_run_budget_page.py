@@ -1,10 +1,9 @@
 """An Explore run holds its share of the process-wide run budget (ui.compute.RUN_BUDGET): its result's bytes from
 before its model runs until its page is drawn, and its weights' twice while it computes; it gives them back when
-the run ends (ui.sidebar.end_run)."""
+the page is drawn (ui.compute.explore_run)."""
 
 import pytest
 
-import ui.sidebar
 from tests.app.test_explore import explore  # digits-vit's Explore page, no exception
 from ui import compute
 
@@ -23,7 +22,6 @@ class RecordingBudget(compute.RunBudget):
 def budget(monkeypatch):
     recording = RecordingBudget(256 << 20)
     monkeypatch.setattr(compute, "RUN_BUDGET", recording)
-    monkeypatch.setattr(compute.hold_for_this_run, "__defaults__", (recording,))
     compute._caches.clear()  # no result kept: the first run computes
     yield recording
     compute._caches.clear()
@@ -48,8 +46,10 @@ def test_an_explore_run_holds_its_share_until_it_ends(budget):
 
 
 def test_control_a_run_that_never_gives_back_keeps_its_result_bytes(budget, monkeypatch):
-    """The check above can fail: with the release left out of end_run, the result's bytes stay held (those for
+    """The check above can fail: with explore_run's last give left out, the result's bytes stay held (those for
     computing went back once the result was there)."""
-    monkeypatch.setattr(ui.sidebar, "release_run_budget", lambda: None)
+    gives = []
+    real_give = budget.give
+    monkeypatch.setattr(budget, "give", lambda n: gives.append(n) or (real_give(n) if len(gives) == 1 else None))
     explore()
     assert budget.used == digits_exploration().trace_bytes > 0

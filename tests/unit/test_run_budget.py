@@ -1,6 +1,7 @@
 """Explore runs' data alive at once is bounded by bytes (ui.compute.RunBudget): a run past the budget waits its
 turn, first come first served, a small one goes in whenever it fits, and a run that gives up takes nothing."""
 
+import contextlib
 import threading
 import time
 
@@ -104,15 +105,41 @@ def test_a_run_that_stops_while_waiting_takes_nothing_and_lets_the_next_in():
     assert done == ["next"] and budget.used == 100
 
 
-def test_a_run_holds_its_bytes_once_until_it_ends():
-    budget = RunBudget(100)
-    compute.hold_for_this_run(30, budget)
-    compute.hold_for_this_run(30, budget)  # the same run: nothing more
-    assert budget.used == 30
-    compute.release_run_budget()
+class FakeExplorer:
+    """What explore_run reads of an Exploration: its result's bytes, what computing adds, and run()."""
+    trace_bytes, compute_bytes = 30, 50
+
+    def __init__(self, fail=False):
+        self.fail, self.runs = fail, 0
+
+    def run(self, keys, control, mlp_layer):
+        self.runs += 1
+        if self.fail:
+            raise RuntimeError("the model failed")
+        return f"result {self.runs}"
+
+
+def test_an_explore_run_holds_its_bytes_while_drawn_and_gives_them_back_however_it_ends(monkeypatch):
+    budget, explorer, seen = RunBudget(100), FakeExplorer(), []
+    monkeypatch.setattr(compute, "_caches", lambda: {"results": compute.TensorCache(1 << 20)})
+    request = compute.ExploreRequest("m", "float32", "cpu", "x", (("mlp", 3),))
+    with compute.explore_run(request, explorer, lambda: _seeing(seen, budget), budget) as result:
+        assert result == "result 1" and seen == [80]  # while computing: the result's bytes and the weights'
+        assert budget.used == 30  # while the page draws: the result's bytes
     assert budget.used == 0
-    compute.release_run_budget()  # nothing held: nothing given
+    with pytest.raises(RuntimeError), compute.explore_run(request, FakeExplorer(fail=True), budget=budget):
+        pass
+    assert budget.used == 0  # a failed run gives back everything
+    stopped = RuntimeError("Streamlit stops the run while the page draws")
+    with pytest.raises(RuntimeError), compute.explore_run(request, explorer, budget=budget):
+        raise stopped
     assert budget.used == 0
+
+
+@contextlib.contextmanager
+def _seeing(seen, budget):
+    seen.append(budget.used)
+    yield
 
 
 def test_a_page_run_holds_its_bytes_while_it_computes_and_gives_them_back_on_failure(monkeypatch):
