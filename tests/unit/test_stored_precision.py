@@ -6,7 +6,6 @@ upcasts and says what was stored."""
 
 from __future__ import annotations
 
-import copy
 import json
 import struct
 from pathlib import Path
@@ -24,6 +23,7 @@ from perm_core.same_function import UNIT_ROUNDOFF, compare_models, weight_bound
 from perm_core.spec import transform_param
 from perm_core.symmetries import WEIGHT_SYMMETRIES, build_many
 from perm_core.verify import Subject
+from tests.unit.test_recover import with_params
 
 KEY = 5
 HEADER_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64"}
@@ -146,14 +146,6 @@ def test_float64_checkpoints_keep_float64_tolerances(tmp_path, capsys):
     code, report = compare_json(capsys, source, widened)
     assert code == 1 and report["verdict"] == "different functions" and report["precision"] == "float64"
     assert report["bounds"]["weights"] == 1e-9 and "rounded to float32?" in report["explanation"]
-
-
-def with_params(model, params: dict[str, torch.Tensor]):
-    other = copy.deepcopy(model)
-    with torch.no_grad():
-        for name, param in other.named_parameters():
-            param.copy_(params[name])
-    return other
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
