@@ -29,6 +29,21 @@ def cli(*args, timeout=300):
                           env=env, cwd=ROOT, timeout=timeout)
 
 
+def cli_here(capsys, *args) -> subprocess.CompletedProcess:
+    """The same command through perm_core's main() in this process (argparse's own exits included): what
+    `python -m perm_core` runs, without a second interpreter importing torch for it. The process itself (exit
+    status, nothing on stderr but the one line): test_usage_errors_in_a_real_process_are_one_line_and_exit_2."""
+    from perm_core.__main__ import main
+
+    capsys.readouterr()
+    try:
+        code = main(list(args))
+    except SystemExit as exit:
+        code = exit.code
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["perm_core", *args], code, out, err)
+
+
 def test_check_json_shape_and_exit_zero():
     result = cli("check", "random:gpt2", "--symmetry", "channels", "--symmetry", "tokens", "--key", "99",
                  "--json")
@@ -57,8 +72,8 @@ def test_check_json_shape_and_exit_zero():
         assert c["broken"] and c["max_rel_error"] > 1e-2
 
 
-def test_check_table_float32():
-    result = cli("check", "random:llama", "--symmetry", "rotation", "--dtype", "float32")
+def test_check_table_float32(capsys):
+    result = cli_here(capsys, "check", "random:llama", "--symmetry", "rotation", "--dtype", "float32")
     assert result.returncode == 0, result.stderr
     assert "general_rotation_with_rope" in result.stdout and "PASSED" in result.stdout
     assert "1e-04" in result.stdout
@@ -72,19 +87,19 @@ def test_check_table_float32():
     (("check", "gpt2"), "offline"),
     (("scramble", "random:vit", "--symmetry", "tokens", "--key", "1", "--out", "/tmp/never"), "tokens"),
 ])
-def test_bad_usage_exits_2_with_one_line(args, message):
-    result = cli(*args)
+def test_bad_usage_exits_2_with_one_line(args, message, capsys):
+    result = cli_here(capsys, *args)
     assert result.returncode == 2, (result.stdout, result.stderr)
     assert message in result.stderr
     assert "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-def test_unsupported_local_directory_exits_2(tmp_path):
+def test_unsupported_local_directory_exits_2(tmp_path, capsys):
     config = hf.DebertaV2Config(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
                                 intermediate_size=64)
     hf.DebertaV2Model(config).save_pretrained(tmp_path / "deberta")
-    result = cli("check", str(tmp_path / "deberta"))
+    result = cli_here(capsys, "check", str(tmp_path / "deberta"))
     assert result.returncode == 2
     assert "not supported" in result.stderr and "llama" in result.stderr
 
@@ -125,15 +140,16 @@ def test_scramble_writes_a_function_identical_model(tmp_path):
     assert (original.transformer.wte.weight - scrambled.transformer.wte.weight).abs().max() > 0.5
 
 
-def test_check_takes_a_key_per_symmetry_and_a_named_input():
-    result = cli("check", "digits-vit", "--symmetry", "tokens", "--symmetry", "mlp", "--key", "5", "--key", "mlp=9",
-                 "--input", "digit:3", "--forward-only", "--json")
+def test_check_takes_a_key_per_symmetry_and_a_named_input(capsys):
+    command = ("check", "digits-vit", "--symmetry", "tokens", "--symmetry", "mlp", "--key", "5", "--key", "mlp=9",
+               "--forward-only", "--json")
+    result = cli_here(capsys, *command, "--input", "digit:3")
     assert result.returncode == 0, result.stderr
     report = strict_json(result.stdout)
     assert report["keys"] == {"tokens": 5, "mlp": 9}
     assert {c["direction"] for c in report["checks"]} == {"forward"}
-    other = strict_json(cli("check", "digits-vit", "--symmetry", "tokens", "--symmetry", "mlp", "--key", "5",
-                            "--key", "mlp=9", "--input", "digit:4", "--forward-only", "--json").stdout)
+    other = strict_json(cli_here(capsys, *command, "--input", "digit:4").stdout)
+
     def errors(found):
         return [t["max_abs_error"] for c in found["checks"] for t in c["tensors"]]
     assert errors(report) != errors(other)  # the input really is the one named
@@ -147,6 +163,22 @@ def test_check_takes_a_key_per_symmetry_and_a_named_input():
     (("--input", "photo:x"), "unknown input 'photo:x'"),
     (("--input", "image:/nonexistent.png"), "input 'image:/nonexistent.png'"),
 ])
-def test_bad_keys_and_inputs_are_one_line_usage_errors(argv, message):
-    result = cli("check", "digits-vit", "--symmetry", "tokens", *argv)
+def test_bad_keys_and_inputs_are_one_line_usage_errors(argv, message, capsys):
+    result = cli_here(capsys, "check", "digits-vit", "--symmetry", "tokens", *argv)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("args,message,one_line", [
+    (("check", "random:deberta"), "vit, bert, gpt2, llama", True),  # a usage error before any model
+    (("check", "gpt2"), "offline", True),  # the hub's code path
+    # a model loaded first: transformers' "Loading weights" progress bar is on stderr before the error line
+    (("check", "digits-vit", "--symmetry", "tokens", "--input", "digit:9999"), "digit 9999 does not exist", False),
+])
+def test_usage_errors_in_a_real_process_are_one_line_and_exit_2(args, message, one_line):
+    """`python -m perm_core` itself: exit status 2 and no traceback; before a model is loaded, stderr is that one
+    line (no warning or log line from the imports)."""
+    result = cli(*args)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert message in result.stderr and "Traceback" not in result.stderr
+    if one_line:
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
