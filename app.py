@@ -5,7 +5,7 @@ from pathlib import Path
 import streamlit as st
 
 from ui.errors import show_unexpected
-from ui.resources import collect_garbage, give_back_freed_memory, long_lived_objects_frozen
+from ui.runtime import collect_garbage, give_back_freed_memory, long_lived_objects_frozen
 from ui.sidebar import end_run, render_sidebar
 from ui.state import publish
 

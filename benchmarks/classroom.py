@@ -19,9 +19,9 @@ URL updated, status widget gone).
 
 Afterwards: errors (exception elements, error alerts, "Traceback" anywhere on the page, errors in the server
 log), the server's peak resident memory (VmHWM, and the sampled sum over its process tree) against the speed
-issue's bound (2x the loaded models' float32 weights + 1 GiB) with what held it at its peak (ui.memory_audit, opt-in
-by TSE_MEMORY_AUDIT_FILE), and the weights of every shared model hashed
-at load and at exit inside the server (ui.weights_audit, opt-in by TSE_WEIGHTS_HASH_FILE) and in this fresh
+issue's bound (2x the loaded models' float32 weights + 1 GiB) with what held it at its peak
+(ui.runtime.memory_audit, opt-in by TSE_MEMORY_AUDIT_FILE), and the weights of every shared model hashed
+at load and at exit inside the server (ui.runtime.weights_audit, opt-in by TSE_WEIGHTS_HASH_FILE) and in this fresh
 process: all three must be equal. Then a second, fresh server replays sampled sessions' final settings one at
 a time with the same driver: their verdicts, metrics and Check/Rotation results must be the same text,
 numbers included.

@@ -123,7 +123,7 @@ def fresh_hashes(in_server: dict) -> tuple[dict, int]:
     import torch
 
     from perm_core.zoo import DTYPES, load_model
-    from ui.weights_audit import weights_hash
+    from ui.runtime.weights_audit import weights_hash
 
     hashes, weight_bytes = {}, 0
     for label in sorted(in_server):
@@ -171,7 +171,7 @@ def summarize(args, sessions, records, server_errors, memory, in_server, fresh, 
 
 
 def split_line(peak: dict) -> str:
-    """One line of what held the server's memory at its peak (ui.memory_audit.split)."""
+    """One line of what held the server's memory at its peak (ui.runtime.memory_audit.split)."""
     mib = {name: round(value / 2**20) for name, value in peak.items() if isinstance(value, int)}
     caches = peak.get("caches", {})
     line = (f"at {peak.get('seconds', '?')} s: resident {mib['resident']} MiB = file-backed {mib['file_backed']}")

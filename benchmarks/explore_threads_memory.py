@@ -6,7 +6,7 @@ channels and tokens keys of digits-vit, dinov2-s and minilm in turn, with the ap
 
 Each thread runs the key change (Exploration.run) and its MLP view in one of its model's two run slots, keeps the
 result in a byte-bounded results cache as the app does, then waits 0.5-1 s. --trim: each thread then calls
-ui.resources.give_back_freed_memory, as each app run does. Reports the runs done, the peak resident memory
+ui.runtime.housekeeping.give_back_freed_memory, as each app run does. Reports the runs done, the peak resident memory
 (sampled every 0.2 s), the resident memory at the end, and after a final collection and malloc_trim: the gap
 between the last two is memory glibc held for reuse, not live data.
 """
@@ -44,13 +44,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--trim", action="store_true", help="give freed memory back after each run, as the app")
     args = parser.parse_args()
-    from ui.resources import give_back_freed_memory
+    from ui.runtime import give_back_freed_memory
 
     loaded = {name: load_model(name) for name in MODELS}
     fit_bound_to_models(sum(p.numel() * p.element_size() for m in loaded.values() for p in m.model.parameters()))
     explorations = {name: Exploration(m.model, default_inputs(m), model_id=name) for name, m in loaded.items()}
-    results = TensorCache(192 * 2**20)  # ui.compute's default
-    slots = {name: threading.BoundedSemaphore(2) for name in MODELS}  # ui.compute's TSE_CONCURRENT_RUNS
+    results = TensorCache(192 * 2**20)  # ui.runtime's default
+    slots = {name: threading.BoundedSemaphore(2) for name in MODELS}  # ui.runtime's TSE_CONCURRENT_RUNS
     print(f"loaded: {resident_gib():.2f} GiB resident; parameter cache bound {TENSORS.max_bytes / 2**20:.0f} MiB")
     stop_at = time.time() + args.seconds
     runs, peak = [0], [resident_gib()]

@@ -5,11 +5,10 @@ import streamlit as st
 from perm_core.apps import authorization as auth
 from perm_core.apps import figures_backward as fb
 from perm_core.keys import LONG_KEY_BITS, InvalidKeyError, parse_long_key
-from ui.compute import page_run, page_run_bytes
 from ui.errors import show_failure
 from ui.export import chart
 from ui.long_run import long_run
-from ui.resources import shared_model
+from ui.runtime import page_run, page_run_bytes, shared_model
 from ui.sidebar import ensure_view
 from ui.state import publish, seed, seed_choice
 

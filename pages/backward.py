@@ -10,13 +10,12 @@ from perm_core.digits import digits_split
 from perm_core.families import geometry_of
 from perm_core.inputs import InputError, prepare_text
 from perm_core.verify import BROKEN_AT, Subject
-from ui.compute import page_run, page_run_bytes
 from ui.errors import show_failure
 from ui.export import chart
 from ui.long_run import long_run
-from ui.resources import key_or_stop, shared_model
+from ui.runtime import page_run, page_run_bytes, shared_model
 from ui.sidebar import ensure_view
-from ui.state import seed, seed_choice, seed_subset
+from ui.state import key_or_stop, seed, seed_choice, seed_subset
 
 MODELS = ("digits-vit", "minilm", "random:vit", "random:bert", "random:gpt2", "random:llama")
 DEFAULT_TEXT = "A man is playing a guitar."

@@ -10,9 +10,9 @@ import torch
 from perm_core import figures
 from perm_core.input_spec import check_command
 from perm_core.verify import check
-from ui.compute import model_on, page_run_bytes, page_slot
 from ui.export import chart
 from ui.long_run import long_run, stop_if_stopped
+from ui.runtime import model_on, page_run_bytes, page_slot
 from ui.sidebar import SYMMETRY_LABELS, ensure_view
 from ui.state import parse_bool, publish, seed
 

@@ -7,8 +7,8 @@ from perm_core.explore import BROKEN_AT, control_options, kind_label, layer_of, 
 from perm_core.inputs import token_labels
 from perm_core.patches import shuffle_patches
 from ui import explore_panels as panels
-from ui.compute import ExploreRequest, exploration, explore_run, mlp_result
 from ui.export import chart
+from ui.runtime import ExploreRequest, exploration, explore_run, mlp_result
 from ui.sidebar import SYMMETRY_LABELS, ensure_view
 from ui.state import publish, seed
 

@@ -7,11 +7,10 @@ from perm_core.apps import figures_fusion as figs
 from perm_core.apps.fusion import fuse
 from perm_core.apps.matching import METHODS
 from perm_core.zoo import ModelLoadError
-from ui.compute import page_run, page_run_bytes
 from ui.errors import show_failure
 from ui.export import chart
 from ui.long_run import long_run
-from ui.resources import shared_model
+from ui.runtime import page_run, page_run_bytes, shared_model
 from ui.sidebar import ensure_view
 from ui.state import seed_choice, seed_subset
 

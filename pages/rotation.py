@@ -8,12 +8,11 @@ from perm_core.apps.rotation import residual_rotation, rope_rotations, rotation_
 from perm_core.defaults import default_inputs
 from perm_core.verify import worst_rel
 from perm_core.zoo import ModelLoadError
-from ui.compute import page_run, page_run_bytes
 from ui.errors import show_failure
 from ui.export import chart
-from ui.resources import key_or_stop, shared_model
+from ui.runtime import page_run, page_run_bytes, shared_model
 from ui.sidebar import ensure_view
-from ui.state import seed, seed_choice
+from ui.state import key_or_stop, seed, seed_choice
 
 MODELS = ("digits-vit", "random:vit", "random:bert", "random:gpt2", "random:llama", "minilm", "smollm2-135m")
 ROPE_MODELS = ("random:llama", "smollm2-135m")

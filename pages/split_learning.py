@@ -7,11 +7,11 @@ from perm_core.apps import figures_split as fs
 from perm_core.apps import inversion, split_learning
 from perm_core.zoo import DTYPES
 from ui import state
-from ui.compute import page_run
 from ui.export import chart
 from ui.long_run import long_run
-from ui.resources import key_or_stop
+from ui.runtime import page_run
 from ui.sidebar import ensure_view
+from ui.state import key_or_stop
 
 ensure_view("own", globals())  # the sidebar says this page has its own controls; the URL keeps them
 st.title("Split learning: scrambled features, and what an attacker rebuilds from them")

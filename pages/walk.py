@@ -8,7 +8,7 @@ from perm_core.keys import InvalidKeyError, validate_key
 from perm_core.patches import shuffle_patches
 from perm_core.walk import STEPS, TITLES, run_step
 from ui.export import chart
-from ui.resources import shared_model
+from ui.runtime import shared_model
 from ui.sidebar import ensure_view
 from ui.state import parse_bool, publish, seed
 

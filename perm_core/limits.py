@@ -1,17 +1,17 @@
 """Every process-wide setting, read from the environment once per process into one frozen object.
 
-| variable                   | default | what it sets                                                              |
-|----------------------------|---------|---------------------------------------------------------------------------|
-| TSE_PARAMS_CACHE_MB        | 640     | transformed parameter sets kept for key changes (perm_core.param_cache)   |
-| TSE_EXPLORATIONS_CACHE_MB  | 192     | Explore's original traces kept (ui.compute)                               |
-| TSE_RESULTS_CACHE_MB       | 192     | Explore's finished results kept (ui.compute)                              |
-| TSE_PAGES_CACHE_MB         | 128     | the other pages' finished runs kept (ui.compute.page_run)                 |
-| TSE_RUN_BUDGET_MB          | 384     | runs' data alive at once, process-wide (ui.compute.RunBudget)             |
-| TSE_PAGE_RUNS              | 2       | runs of the other pages at once, process-wide (ui.compute.page_slot)      |
-| TSE_CONCURRENT_RUNS        | 2       | Explore runs of one model at once (ui.compute.model_slot)                 |
-| TSE_KEEP_FREED_MEMORY      | 1       | 0: glibc's malloc defaults for the CLI, a benchmark's baseline            |
-| TSE_MEMORY_AUDIT_FILE      | unset   | write what held the server's memory at its peak there (ui.memory_audit)   |
-| TSE_WEIGHTS_HASH_FILE      | unset   | hash each shared model at load and at exit, there (ui.weights_audit)      |
+| variable                   | default | what it sets                                                          |
+|----------------------------|---------|-----------------------------------------------------------------------|
+| TSE_PARAMS_CACHE_MB        | 640     | transformed parameter sets kept for key changes (perm_core.param_cache) |
+| TSE_EXPLORATIONS_CACHE_MB  | 192     | Explore's original traces kept (ui.runtime.runs)                      |
+| TSE_RESULTS_CACHE_MB       | 192     | Explore's finished results kept (ui.runtime.runs)                     |
+| TSE_PAGES_CACHE_MB         | 128     | the other pages' finished runs kept (ui.runtime.runs.page_run)        |
+| TSE_RUN_BUDGET_MB          | 384     | runs' data alive at once, process-wide (ui.runtime.budget)            |
+| TSE_PAGE_RUNS              | 2       | runs of the other pages at once (ui.runtime.budget.page_slot)         |
+| TSE_CONCURRENT_RUNS        | 2       | Explore runs of one model at once (ui.runtime.budget.model_slot)      |
+| TSE_KEEP_FREED_MEMORY      | 1       | 0: glibc's malloc defaults for the CLI, a benchmark's baseline        |
+| TSE_MEMORY_AUDIT_FILE      | unset   | what held the server's memory at its peak (ui.runtime.memory_audit)   |
+| TSE_WEIGHTS_HASH_FILE      | unset   | each shared model hashed at load and exit (ui.runtime.weights_audit)  |
 
 (TRANSFORMER_SYMMETRY_CACHE, the on-disk cache of converted zoo models, is a path read where it is used:
 perm_core.zoo_smollm.cache_root.)

@@ -4,7 +4,7 @@ By default glibc serves every allocation above 128 KiB (raised up to 32 MiB as t
 mmap, and gives it back to the system on free; the next one of the same size faults every page in again and
 the kernel zeroes it. A float64 check of smollm2-135m allocates about 1 GB of gradients per backward: 375,000
 page faults and 0.6 s of system time each. Keeping freed memory for reuse costs nothing in a process that
-ends after one command; the app does not do this (it gives freed pages back, see ui/resources.py).
+ends after one command; the app does not do this (it gives freed pages back, see ui/runtime/housekeeping.py).
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ from perm_core.keys import InvalidKeyError, validate_key
 from perm_core.symmetries import SYMMETRIES
 from perm_core.zoo import DEFAULT_IMAGE_MODEL, LoadedModel, ModelLoadError
 from ui.errors import logged
-from ui.resources import drop_page_data, shared_model, use_navigation_registry
-from ui.state import parse_bool, seed
+from ui.runtime import drop_page_data, shared_model
+from ui.state import parse_bool, seed, use_navigation_registry
 
 SYMMETRY_LABELS = {"tokens": "Tokens", "channels": "Channels", "heads": "Heads", "head_channels": "Head channels",
                    "mlp": "MLP neurons", "rotation": "Rotations"}
@@ -103,7 +103,7 @@ def current_view() -> View | None:
 def ensure_view(scope: str = "full", page_globals: dict | None = None) -> View:
     """The view of this run. app.py renders the sidebar before the page; a page run on its own (Streamlit's
     old pages/ mode, which AppTest uses after switch_page) reruns once through app.py, else renders it.
-    page_globals: the calling page's globals(), whose heavy data end_run drops (ui.resources.drop_page_data)."""
+    page_globals: the calling page's globals(), whose heavy data end_run drops (ui.runtime.drop_page_data)."""
     if getattr(_THIS_RUN, "view", None) is not None:
         _THIS_RUN.page_globals = page_globals
         return _THIS_RUN.view

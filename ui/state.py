@@ -87,3 +87,30 @@ def publish() -> None:
     current = {k: st.query_params.get(k) for k in wanted}
     if current != wanted:
         st.query_params.update(wanted)
+
+
+def use_navigation_registry() -> None:
+    """Make Streamlit run app.py (st.navigation) on every run, even when a page's URL is opened first.
+
+    Streamlit treats an app with a pages/ folder as an old-style multipage app until app.py has run
+    once in the process: opening /explore first would run pages/explore.py alone, without the shared
+    sidebar and with a menu of file names. The flag is process-wide and st.navigation clears it too.
+    """
+    from streamlit.runtime.pages_manager import PagesManager
+
+    PagesManager.uses_pages_directory = False
+
+
+
+def key_or_stop(text) -> int:
+    """A validated key; otherwise the key's own message as st.error, and this page stops here."""
+    from perm_core.keys import InvalidKeyError, validate_key
+
+    try:
+        return validate_key(text)
+    except InvalidKeyError as error:
+        st.error(str(error))
+        st.stop()
+
+
+use_navigation_registry()

@@ -1,6 +1,6 @@
 """A finished page run keeps no heavy data alive: Streamlit keeps a session's widgets (and through the functions
 a page hands them, the page's globals) until the session's next run, and thirty sessions kept thirty Explore
-results past the results cache's bound. ui.sidebar.end_run drops them (ui.resources.drop_page_data)."""
+results past the results cache's bound. ui.sidebar.end_run drops them (ui.runtime.housekeeping.drop_page_data)."""
 
 import gc
 import sys
@@ -13,10 +13,10 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
-import ui.resources as resources
+import ui.runtime.housekeeping as resources
 from perm_core import limits
 from perm_core.explore import ExploreResult
-from ui import compute
+from ui.runtime import runs as compute
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
 PAGES = sorted((Path(__file__).resolve().parents[2] / "pages").glob("*.py"))

@@ -1,14 +1,15 @@
-"""An Explore run holds its share of the process-wide run budget (ui.compute.RUN_BUDGET): its result's bytes from
+"""An Explore run holds its share of the process-wide run budget (ui.runtime.budget.RUN_BUDGET): its result's bytes from
 before its model runs until its page is drawn, and its weights' twice while it computes; it gives them back when
-the page is drawn (ui.compute.explore_run)."""
+the page is drawn (ui.runtime.runs.explore_run)."""
 
 import pytest
 
 from tests.app.test_explore import explore  # digits-vit's Explore page, no exception
-from ui import compute
+from ui.runtime import budget as run_budget
+from ui.runtime import runs
 
 
-class RecordingBudget(compute.RunBudget):
+class RecordingBudget(run_budget.RunBudget):
     def __init__(self, max_bytes: int):
         super().__init__(max_bytes)
         self.taken: list[int] = []
@@ -21,14 +22,14 @@ class RecordingBudget(compute.RunBudget):
 @pytest.fixture
 def budget(monkeypatch):
     recording = RecordingBudget(256 << 20)
-    monkeypatch.setattr(compute, "RUN_BUDGET", recording)
-    compute._caches.clear()  # no result kept: the first run computes
+    monkeypatch.setattr(run_budget, "RUN_BUDGET", recording)
+    runs._caches.clear()  # no result kept: the first run computes
     yield recording
-    compute._caches.clear()
+    runs._caches.clear()
 
 
 def digits_exploration():
-    explorations = compute._caches()["explorations"]
+    explorations = runs._caches()["explorations"]
     (explorer,) = [e for key, e in explorations._items.items() if key[0] == "digits-vit"]
     return explorer
 

@@ -69,7 +69,7 @@ def test_three_students_at_once(tmp_path):
     assert shared_link["model"] == "dinov2-s" and shared_link["n"] == 3  # three sessions on one model at once
     assert {"digits-vit/float32", "dinov2-s/float32", "minilm/float32"} <= set(figures["weights"])
     assert [v["model"] for v in figures["same_as_alone"]] == ["digits-vit", "dinov2-s", "minilm"]
-    peak = figures["memory"]["split"]["peak"]  # what held the server's memory at its peak (ui.memory_audit)
+    peak = figures["memory"]["split"]["peak"]  # what held the server's memory at its peak (ui.runtime.memory_audit)
     assert set(peak["caches"]) == {"params", "explorations", "results", "pages"}
     assert set(peak["in_flight"]) == {"run_budget_bytes_held", "runs_waiting_for_memory",
                                       "explore_runs_computing", "page_runs"}

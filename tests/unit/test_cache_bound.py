@@ -23,14 +23,14 @@ def test_the_bound_follows_the_loaded_weights_within_its_limits():
 
 
 def test_loading_a_model_in_the_app_fits_the_bound():
-    from ui import resources
+    from ui.runtime import models
 
     saved = param_cache.TENSORS.max_bytes
     try:
-        loaded = resources.shared_model("digits-vit")
+        loaded = models.shared_model("digits-vit")
         own = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
-        assert resources._loaded_bytes[("digits-vit", "float32")] == own > 0
-        expected = min(param_cache.CACHE_BYTES, max(param_cache.MIN_CACHE_BYTES, sum(resources._loaded_bytes.values())))
+        assert models._loaded_bytes[("digits-vit", "float32")] == own > 0
+        expected = min(param_cache.CACHE_BYTES, max(param_cache.MIN_CACHE_BYTES, sum(models._loaded_bytes.values())))
         assert param_cache.TENSORS.max_bytes == expected
     finally:
         param_cache.TENSORS.max_bytes = saved
@@ -39,9 +39,9 @@ def test_loading_a_model_in_the_app_fits_the_bound():
 def test_the_app_freezes_its_long_lived_objects_so_the_collection_after_each_run_is_cheap():
     import gc
 
-    from ui import resources
+    from ui.runtime import models
 
-    resources.keep_out_of_gc()
+    models.keep_out_of_gc()
     assert gc.get_freeze_count() > 10_000  # torch, transformers, streamlit and the loaded models
     garbage = []
     garbage.append(garbage)  # a cycle made after the freeze is still collected
@@ -53,7 +53,7 @@ def test_explore_runs_at_most_two_of_a_model_at_once_and_a_waiting_session_reuse
     import threading
     import time
 
-    from ui import compute
+    from ui.runtime import budget, runs
 
     cache = param_cache.TensorCache(max_bytes=2**20)
     running, most, calls, lock = [0], [0], [], threading.Lock()
@@ -68,7 +68,7 @@ def test_explore_runs_at_most_two_of_a_model_at_once_and_a_waiting_session_reuse
             with lock:
                 running[0] -= 1
             return torch.full((4,), float(key))
-        return compute._computed_once(cache, ("a model", key), run)
+        return runs._computed_once(cache, ("a model", key), run)
 
     keys = [1, 2, 3, 4, 5, 1, 1, 1]  # five different runs; three more sessions on the first one's link
     threads = [threading.Thread(target=work, args=(k,)) for k in keys]
@@ -79,7 +79,7 @@ def test_explore_runs_at_most_two_of_a_model_at_once_and_a_waiting_session_reuse
     assert most[0] == 2
     assert sorted(calls) == [1, 2, 3, 4, 5]
     assert all(torch.equal(cache.get(("a model", k)), torch.full((4,), float(k))) for k in range(1, 6))
-    assert compute._slots_of("another model") is not compute._slots_of("a model")  # models never queue together
+    assert budget.model_slot("another model") is not budget.model_slot("a model")  # models never queue together
 
 
 def test_other_pages_run_at_most_two_at_once_process_wide_and_a_failed_run_frees_its_slot():
@@ -88,7 +88,7 @@ def test_other_pages_run_at_most_two_at_once_process_wide_and_a_failed_run_frees
 
     import pytest
 
-    from ui import compute
+    from ui.runtime import budget, runs
 
     running, most, lock = [0], [0], threading.Lock()
 
@@ -101,7 +101,7 @@ def test_other_pages_run_at_most_two_at_once_process_wide_and_a_failed_run_frees
             with lock:
                 running[0] -= 1
             return torch.full((2,), float(key))
-        assert torch.equal(compute.page_run(page, ("slot test", key), run), torch.full((2,), float(key)))
+        assert torch.equal(runs.page_run(page, ("slot test", key), run), torch.full((2,), float(key)))
 
     threads = [threading.Thread(target=work, args=(page, key)) for key in range(3)
                for page in ("check-like", "rotation-like")]  # six runs of two pages and several "models"
@@ -109,16 +109,16 @@ def test_other_pages_run_at_most_two_at_once_process_wide_and_a_failed_run_frees
         thread.start()
     for thread in threads:
         thread.join()
-    assert most[0] == compute._PAGE_RUNS == 2
+    assert most[0] == budget._PAGE_RUNS == 2
 
     def fail():
         raise RuntimeError("a run that fails")
 
-    for _ in range(compute._PAGE_RUNS + 1):  # each failure gives its slot back, or the third would wait forever
+    for _ in range(budget._PAGE_RUNS + 1):  # each failure gives its slot back, or the third would wait forever
         with pytest.raises(RuntimeError):
-            compute.page_run("failing", ("slot test",), fail)
-    assert compute._page_slots.acquire(blocking=False)
-    compute._page_slots.release()
+            runs.page_run("failing", ("slot test",), fail)
+    assert budget._page_slots.acquire(blocking=False)
+    budget._page_slots.release()
 
 
 def test_the_app_gives_freed_memory_back_to_the_system_at_most_once_a_second():
@@ -128,7 +128,7 @@ def test_the_app_gives_freed_memory_back_to_the_system_at_most_once_a_second():
     import threading
     import time
 
-    from ui import resources
+    from ui.runtime import housekeeping
 
     def resident_anon_mib() -> float:
         for line in open(f"/proc/{os.getpid()}/status"):
@@ -149,7 +149,7 @@ def test_the_app_gives_freed_memory_back_to_the_system_at_most_once_a_second():
     worker.join()
     time.sleep(1.05)  # past any other test's trim
     before = resident_anon_mib()
-    assert resources.give_back_freed_memory()
+    assert housekeeping.give_back_freed_memory()
     assert before - resident_anon_mib() > 100  # of the 172 MiB freed
-    assert not resources.give_back_freed_memory()  # again at once: skipped
+    assert not housekeeping.give_back_freed_memory()  # again at once: skipped
     assert len(kept) == 200 and all(float(t[0]) == 1.0 for t in kept)  # live tensors untouched

@@ -1,4 +1,5 @@
-"""ui.memory_audit: the split of a process's memory by owner, and the opt-in watch that writes it at each peak."""
+"""ui.runtime.memory_audit: the split of a process's memory by owner, and the opt-in watch that writes it at each
+peak."""
 
 import json
 import os
@@ -7,7 +8,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-from ui import memory_audit
+from ui.runtime import memory_audit
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,7 +33,7 @@ def test_the_split_counts_registered_caches_and_reads_the_resident_size(monkeypa
 
 WATCHED = """
 import sys, threading, time, torch
-from ui import memory_audit
+from ui.runtime import memory_audit
 assert memory_audit.start() == (sys.argv[1] == "on")
 assert ("memory-audit" in {t.name for t in threading.enumerate()}) == (sys.argv[1] == "on")
 time.sleep(0.6)

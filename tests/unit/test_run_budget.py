@@ -1,4 +1,4 @@
-"""Explore runs' data alive at once is bounded by bytes (ui.compute.RunBudget): a run past the budget waits its
+"""Explore runs' data alive at once is bounded by bytes (ui.runtime.budget.RunBudget): a run past the budget waits its
 turn, first come first served, a small one goes in whenever it fits, and a run that gives up takes nothing."""
 
 import contextlib
@@ -7,8 +7,9 @@ import time
 
 import pytest
 
-from ui import compute
-from ui.compute import RunBudget
+from ui.runtime import budget as compute
+from ui.runtime import runs
+from ui.runtime.budget import RunBudget
 
 WAIT_S = 5.0
 
@@ -121,17 +122,17 @@ class FakeExplorer:
 
 def test_an_explore_run_holds_its_bytes_while_drawn_and_gives_them_back_however_it_ends(monkeypatch):
     budget, explorer, seen = RunBudget(100), FakeExplorer(), []
-    monkeypatch.setattr(compute, "_caches", lambda: {"results": compute.TensorCache(1 << 20)})
-    request = compute.ExploreRequest("m", "float32", "cpu", "x", (("mlp", 3),))
-    with compute.explore_run(request, explorer, lambda: _seeing(seen, budget), budget) as result:
+    monkeypatch.setattr(runs, "_caches", lambda: {"results": runs.TensorCache(1 << 20)})
+    request = runs.ExploreRequest("m", "float32", "cpu", "x", (("mlp", 3),))
+    with runs.explore_run(request, explorer, lambda: _seeing(seen, budget), budget) as result:
         assert result == "result 1" and seen == [80]  # while computing: the result's bytes and the weights'
         assert budget.used == 30  # while the page draws: the result's bytes
     assert budget.used == 0
-    with pytest.raises(RuntimeError), compute.explore_run(request, FakeExplorer(fail=True), budget=budget):
+    with pytest.raises(RuntimeError), runs.explore_run(request, FakeExplorer(fail=True), run_budget=budget):
         pass
     assert budget.used == 0  # a failed run gives back everything
     stopped = RuntimeError("Streamlit stops the run while the page draws")
-    with pytest.raises(RuntimeError), compute.explore_run(request, explorer, budget=budget):
+    with pytest.raises(RuntimeError), runs.explore_run(request, explorer, run_budget=budget):
         raise stopped
     assert budget.used == 0
 
@@ -154,7 +155,7 @@ def test_a_page_run_holds_its_bytes_while_it_computes_and_gives_them_back_on_fai
 
 
 def test_a_page_run_counts_three_copies_of_its_models_weights(monkeypatch):
-    from ui import resources
+    from ui.runtime import models as resources
 
     monkeypatch.setattr(resources, "_loaded_bytes", {("a", "float32"): 100, ("b", "float32"): 10,
                                                      ("a", "float64"): 200})
@@ -188,7 +189,7 @@ def test_a_run_stopped_as_its_wait_notice_is_cleared_holds_nothing(stopped_when_
 
     def run():
         try:
-            compute._take(budget, 50)
+            compute.take(budget, 50)
         except Stopped:
             errors.append("stopped")
 

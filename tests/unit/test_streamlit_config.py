@@ -20,8 +20,8 @@ def test_the_upload_limit_is_the_image_loaders_limit():
 
 def test_no_full_collection_after_every_run_and_one_every_few_seconds_instead():
     """Streamlit's per-run full collection walked every session's objects under the GIL; app.py collects
-    cycles at most every few seconds (ui.resources.collect_garbage), which still frees them."""
-    from ui import resources
+    cycles at most every few seconds (ui.runtime.housekeeping.collect_garbage), which still frees them."""
+    from ui.runtime import housekeeping as resources
 
     assert CONFIG["runner"]["postScriptGC"] is False
     assert "collect_garbage()" in (Path(__file__).resolve().parents[2] / "app.py").read_text()

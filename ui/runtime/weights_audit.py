@@ -2,7 +2,7 @@
 
     TSE_WEIGHTS_HASH_FILE=/tmp/hashes.json streamlit run app.py
 
-With the variable set, every model that ui.resources.shared_model loads is hashed right after loading, and
+With the variable set, every model that ui.runtime.models.shared_model loads is hashed right after loading, and
 again when the process exits (Streamlit stops on SIGTERM or Ctrl-C, then Python runs its exit handlers). The
 file maps "name/dtype" to {"loaded": sha256, "at_exit": sha256}; it is rewritten after each load, so a crash
 still leaves the load hashes. No page, widget or route is added, so visitors cannot reach it. The audit keeps a
