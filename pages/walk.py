@@ -76,8 +76,8 @@ if step == "tokens":
 elif step == "channels":
     st.markdown(f"Key {key} permutes the {g.d_model} channels of every token, and every weight, norm and bias is "
                 f"permuted to match. After block 0 the scrambled hidden state differs from the original by "
-                f"**{done.moved:.2f}** (relative); putting its columns back gives the original to "
-                f"**{done.restored_error:.1e}**.")
+                f"**{x['block0_moved']:.2f}** (relative); putting its columns back gives the original to "
+                f"**{x['block0_restored']:.1e}**.")
     columns = st.columns(3)
     zmax, _ = figures.robust_zmax(x["hidden"][0])
     for column, matrix, title in zip(columns, x["hidden"], ("original", f"scrambled, key {key}", "un-scrambled"),

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from perm_core.explore import Exploration, ExploreResult, head_grid
+from perm_core.tolerances import largest_magnitude, relative_differences
 from perm_core.verify import TOLERANCE
 
 STEPS = ("tokens", "channels", "heads", "rotation", "exact")
@@ -34,6 +35,11 @@ def _probabilities(logits: torch.Tensor) -> torch.Tensor:
     return logits.double().softmax(-1)[0]
 
 
+def _relative(tensor: torch.Tensor, reference: torch.Tensor) -> float:
+    """max |tensor - reference| / max |reference|, the rule every verdict uses (tolerances.relative_differences)."""
+    return relative_differences({"x": reference}, {"x": tensor}, {"x": largest_magnitude(reference)})["x"][1]
+
+
 def run_step(explorer: Exploration, step: str, key: int, float32: Exploration | None = None) -> StepResult:
     """explorer: the float64 digits model on one digit; float32: the same in float32 (the last step only)."""
     symmetry = "tokens" if step == "exact" else step
@@ -47,8 +53,13 @@ def run_step(explorer: Exploration, step: str, key: int, float32: Exploration | 
                      predicted_scrambled=int(scrambled.argmax()),
                      probability_gap=float((original - scrambled).abs().max()))
     elif step == "channels":
-        extra["hidden"] = (explorer.original["blocks.0.hidden"].tensor[0],
-                           result.scrambled["blocks.0.hidden"].tensor[0], result.restored["blocks.0.hidden"][0])
+        original, scrambled, restored = (explorer.original["blocks.0.hidden"].tensor[0],
+                                         result.scrambled["blocks.0.hidden"].tensor[0],
+                                         result.restored["blocks.0.hidden"][0])
+        extra["hidden"] = (original, scrambled, restored)
+        # The sentence under the block-0 charts speaks of block 0: its numbers come from these very tensors
+        extra["block0_moved"] = _relative(scrambled, original)
+        extra["block0_restored"] = _relative(restored, original)
     elif step == "heads":
         extra["grid"] = head_grid(explorer, result, max_layers=explorer.geometry.n_layers, cells=8)
     elif step == "rotation":

@@ -64,7 +64,13 @@ def test_each_sentence_reports_its_own_run(explorers, index):
         assert shown == [float(f"{expected.restored_error:.1e}"),
                          float(f"{expected.extra['float32'].worst_rel:.1e}")]
     elif STEPS[index - 1] == "channels":
-        assert shown == [float(f"{expected.moved:.2f}"), float(f"{expected.restored_error:.1e}")]
+        assert shown == [float(f"{expected.extra['block0_moved']:.2f}"),
+                         float(f"{expected.extra['block0_restored']:.1e}")]
+        original, scrambled, restored = (h.double() for h in expected.extra["hidden"])  # the charts' tensors
+        scale = original.abs().max()
+        assert expected.extra["block0_moved"] == pytest.approx(float((scrambled - original).abs().max() / scale))
+        assert expected.extra["block0_restored"] == float((restored - original).abs().max() / scale)
+        assert expected.extra["block0_restored"] <= expected.restored_error  # block 0 is one of the model's
     elif STEPS[index - 1] == "heads":
         assert shown == [float(f"{expected.restored_error:.1e}")]
     else:
