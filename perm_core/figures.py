@@ -40,9 +40,18 @@ _RAW_LAYOUT = {**LAYOUT, "template": TEMPLATE.to_plotly_json()}
 
 @functools.cache
 def _colorscale(name: str) -> tuple:
-    """plotly.py's scale for a name, as validation would write it (plotly.js has other colours under some of
-    the same names, so a name must not reach the browser as it is)."""
-    return tuple(tuple(stop) for stop in go.Heatmap(colorscale=name).to_plotly_json()["colorscale"])
+    """plotly.py's scale for a name (plotly.js has other colours under some of the same names, so a name must not
+    reach the browser as it is), each colour written as rgb(r, g, b): plotly.js 3 draws Magma's first stop,
+    '#000004', purple instead of black, so the exact zeros of a difference map looked like errors near 1e-7."""
+    return tuple((position, _rgb(colour)) for position, colour in
+                 go.Heatmap(colorscale=name).to_plotly_json()["colorscale"])
+
+
+def _rgb(colour: str) -> str:
+    if not (colour.startswith("#") and len(colour) == 7):
+        return colour
+    red, green, blue = (int(colour[i:i + 2], 16) for i in (1, 3, 5))
+    return f"rgb({red}, {green}, {blue})"
 
 
 def _axis(title: str = "", **options) -> dict:

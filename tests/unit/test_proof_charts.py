@@ -98,3 +98,19 @@ def test_difference_map_of_a_large_tensor_keeps_the_largest_cell_of_each_block()
     z = np.asarray(figures.difference_map(original, restored, "t").data[0].z, dtype=float)
     assert z.size < original.size and np.isclose(z.max(), np.log10(0.5), atol=1e-5)
     assert (z == z.max()).sum() == 1
+
+
+def test_colour_scales_reach_the_browser_as_rgb_so_exact_zeros_are_black():
+    """plotly.js draws the hex '#000004' (Magma's first stop) purple: a difference map's exact zeros and its colour
+    bar's 1e-18 end looked like errors near 1e-7 (seen in Chromium). Every stop is rgb(...); the hex control shows
+    what went wrong."""
+    import numpy as np
+    import plotly.graph_objects as go
+
+    for name in ("Magma", "Viridis", "RdBu"):
+        scale = figures._colorscale(name)
+        assert all(colour.startswith("rgb(") for _, colour in scale), name
+    assert figures._colorscale("Magma")[0] == (0.0, "rgb(0, 0, 4)")
+    assert go.Heatmap(colorscale="Magma").to_plotly_json()["colorscale"][0][1] == "#000004"  # plotly.py's own
+    fig = figures.difference_map(np.ones((2, 2)), np.ones((2, 2)), "t")
+    assert fig.data[0].colorscale[0][1] == "rgb(0, 0, 4)" and set(np.ravel(fig.data[0].z)) == {-18.0}
