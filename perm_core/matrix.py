@@ -17,6 +17,7 @@ from perm_core.tolerances import json_safe, worst
 
 HOLDS, RESTRICTED, NOT_HOLDING, FAILED = "holds", "restricted", "does not hold", "FAILED"
 MATRIX_KEY = 12345
+MATRIX_DTYPE = "float64"  # every cell is measured in float64 (build_random_model below)
 
 
 @dataclass
@@ -87,5 +88,5 @@ def symmetry_matrix(names: list[str] | None = None, key: int = MATRIX_KEY,
 
 
 def to_json(rows: list[Row], key: int = MATRIX_KEY) -> dict:
-    return json_safe({"symmetries": list(SYMMETRIES), "dtype": "float64", "key": key,
+    return json_safe({"symmetries": list(SYMMETRIES), "dtype": MATRIX_DTYPE, "key": key,
                       "families": [asdict(r) for r in rows], "passed": all(r.passed for r in rows)})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 from urllib.parse import urlencode
 
-from perm_core.matrix import FAILED, HOLDS, NOT_HOLDING, RESTRICTED, Row
+from perm_core.matrix import FAILED, HOLDS, MATRIX_DTYPE, MATRIX_KEY, NOT_HOLDING, RESTRICTED, Row
 from perm_core.symmetries import SYMMETRIES
 
 # The app's one colour convention: green = exact, amber = exact in a restricted form, grey = the architecture
@@ -19,8 +19,10 @@ LEGEND = {HOLDS: "exact: worst float64 relative error of the check, forward and 
 
 
 def explore_link(row: Row, symmetry: str) -> str:
-    """Explore with this family's random model and only this symmetry switched on (its URL state)."""
-    params = {"model": row.model, **{f"on_{name}": "1" if name == symmetry else "0" for name in SYMMETRIES}}
+    """Explore with this family's random model, only this symmetry switched on, in the cell's dtype (float64) and
+    with the cell's key (its URL state): the cell's number and Explore's are then measured alike."""
+    params = {"model": row.model, "dtype": MATRIX_DTYPE, f"k_{symmetry}": str(MATRIX_KEY),
+              **{f"on_{name}": "1" if name == symmetry else "0" for name in SYMMETRIES}}
     return f"explore?{urlencode(params)}"
 
 

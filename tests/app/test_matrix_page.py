@@ -35,6 +35,8 @@ def test_every_family_is_a_row_and_every_cell_links_to_explore_with_only_its_sym
     first = parse_qs(urlparse(links[0].replace("&amp;", "&")).query)
     assert urlparse(links[0]).path == "explore" and first["model"] == [f"random:{rows[0]}"]
     assert [s for s in SYMMETRIES if first[f"on_{s}"] == ["1"]] == [SYMMETRIES[0]]
+    # the cell's own dtype and key: Explore then measures what the cell measured (float64, not the sidebar's float32)
+    assert first["dtype"] == ["float64"] and first[f"k_{SYMMETRIES[0]}"] == [str(matrix.MATRIX_KEY)]
 
 
 def test_the_numbers_and_the_summary_come_from_the_measured_rows():
