@@ -71,7 +71,11 @@ n_broken = sum(c.broken for c in report.controls)
 uninformative = [c for c in report.controls if not c.informative]
 summary = (f"{report.model} ({report.family}, {report.dtype}): {n_passed}/{n_checks} checks pass, "
            f"{n_broken}/{len(report.controls)} negative controls break"
-           + (f" ({len(uninformative)} cannot bite on this checkpoint, see below)." if uninformative else "."))
+           + (f" ({len(uninformative)} cannot bite on this checkpoint, see below)." if uninformative else ".")
+           # a switched-on symmetry the architecture lacks is in no check: say so beside the verdict, not only below
+           + "".join(f" {SYMMETRY_LABELS[n.symmetry]} is NOT a symmetry of this architecture: its standard element "
+                     f"changes the output by {n.max_rel_error:.1e}" + (" (as claimed)." if n.broken else ".")
+                     for n in report.not_symmetries))
 (st.success if report.passed else st.error)(("PASSED — " if report.passed else "FAILED — ") + summary)
 if report.oracle is not None:
     o = report.oracle

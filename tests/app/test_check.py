@@ -174,3 +174,18 @@ def test_a_failing_check_shows_where_it_first_breaks(monkeypatch):
     assert stages["x"][:2] == ["embeddings", "block 0"] and "block 1" in stages["x"]
     over = [x for x, color in zip(stages["x"], stages["marker"]["color"], strict=True) if color == "#e45756"]
     assert over[0] == "block 1"
+
+
+def test_a_symmetry_the_architecture_lacks_is_named_beside_the_verdict():
+    """T5's relative position bias reads token order: with tokens switched on, the green verdict must say that
+    tokens is not a symmetry (measured), not only list it further down."""
+    at = check_page(model="random:t5", dtype="float64", on_tokens="1", on_channels="1", on_heads="0",
+                    on_head_channels="0", on_mlp="0", on_rotation="0")
+    run_button(at).click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    verdict = at.success[0].value
+    assert verdict.startswith("PASSED") and "Tokens is NOT a symmetry of this architecture" in verdict
+    measured = float(verdict.split("changes the output by ")[1].split(" ")[0])
+    assert measured > 1e-3
+    checks = at.dataframe[0].value
+    assert "tokens" not in set(checks["symmetry"])  # it is in no check: the sentence is where a reader sees it

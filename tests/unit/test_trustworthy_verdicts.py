@@ -191,6 +191,10 @@ def test_the_original_run_equals_the_stock_forward(family):
     subject = Subject(model, random_inputs(family, model, seed=1))
     found = oracle.consult(subject, subject.trace())
     assert found.passed and found.max_rel_error < 1e-5 and found.attention in ("sdpa", "eager")
+    if family in ("bert", "roberta", "gpt2", "vit"):  # the stock code computes all in float64: no allowance
+        assert found.tolerance == 1e-9
+    else:  # RMSNorm (and T5's layer norm) in float32: the output's measured float32 round-off x 8, capped
+        assert 1e-9 < found.tolerance <= 1e-3
     assert model.config._attn_implementation == "perm_core_eager"  # the model is left as it was
 
 
