@@ -75,7 +75,8 @@ for m in result.methods:
                  "test loss": f"{m.loss:.3f}", "loss barrier": f"{m.barrier:.3f}",
                  "||A - B|| before": f"{m.distance_before:.3f}", "||A - B|| after": f"{m.distance_after:.3f}",
                  "residual matched": "yes" if m.residual_matched else "no",
-                 "aligned B = B": ("proved" if m.proof.passed and m.proof.control_broken else "FAILED")
+                 "aligned B = B": "— (B itself: nothing aligned)" if m.proof is None else
+                 ("proved" if m.proof.passed and m.proof.control_broken else "FAILED")
                  + f" (max rel err {m.proof.max_rel_error:.1e})"})
 st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
 
@@ -88,6 +89,10 @@ chart(figs.distance_bars(result), key="fusion_distance", where=right)
 st.subheader("Proof: aligned B is the same function as B")
 for m in result.methods:
     p = m.proof
+    if p is None:
+        st.info(f"{m.method}: averages A and B as they are, with no alignment, so there is no aligned B to prove "
+                "and no negative control.")
+        continue
     ok = p.passed and p.control_broken
     (st.success if ok else st.error)(
         f"{m.method}: every traced tensor of aligned B (hidden states, attention maps, logits; {p.n_images} "

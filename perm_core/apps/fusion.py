@@ -156,7 +156,7 @@ def prove_alignment(model_b, scramble: Scramble, n_images: int = 64) -> Proof:
     tolerance = TOLERANCE.get(subject.dtype, 1e-4)
     worst = worst_rel(errors)
     control = misaligned(scramble)
-    if control.is_identity:  # plain averaging aligns nothing: the control moves the keys on its own
+    if control.is_identity:  # an alignment that moves only key-side spaces: the control moves the queries alone
         from perm_core.symmetries import rotation
         control = Scramble({s: c for s, c in rotation(7, subject.geometry).spaces.items() if s[0] == "q"})
     control_errors = subject.errors(original, subject.unscramble(subject.trace(control), control))
@@ -195,7 +195,8 @@ def _fuse(loaded_a, loaded_b, methods, n_points, prove, progress) -> FusionResul
         base = index / len(methods)
         step(base, f"{method}: aligning B to A")
         scramble, aligned, used_residual = aligned_for(method, subject_a, subject_b, residual)
-        proof = prove_alignment(model_b, scramble) if prove else None
+        # plain averaging aligns nothing: aligned B is B itself, and there is nothing to prove
+        proof = prove_alignment(model_b, scramble) if prove and not scramble.is_identity else None
         losses, accuracies = [], []
         for k, alpha in enumerate(alphas):
             step(base + (k + 1) / (len(alphas) + 1) / len(methods), f"{method}: path point {k + 1}/{len(alphas)}")

@@ -44,7 +44,7 @@ def format_result(result) -> str:
              f"B = {result.model_b}: accuracy {result.accuracy_b:.4f}, loss {result.loss_b:.4f}", "",
              f"{'method':<22} {'fused acc':>9} {'fused loss':>10} {'barrier':>8} {'||A-B||':>8} {'aligned':>8}  proof"]
     for m in result.methods:
-        proof = "skipped" if m.proof is None else (
+        proof = ("nothing aligned" if m.method == "average" else "skipped") if m.proof is None else (
             f"{'same function' if m.proof.passed else 'FAILED'} (max rel err {m.proof.max_rel_error:.1e}, "
             f"control {'broken' if m.proof.control_broken else 'NOT BROKEN'})")
         lines.append(f"{m.method:<22} {m.accuracy:>9.4f} {m.loss:>10.4f} {m.barrier:>8.4f} "

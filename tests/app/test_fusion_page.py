@@ -22,7 +22,11 @@ def test_fusion_page_default_run():
     assert not at.exception, [e.value for e in at.exception]
     assert not at.error, [e.value for e in at.error]
     proofs = [s.value for s in at.success]
-    assert len(proofs) == 4 and all("broken, as it must be" in p for p in proofs)
+    assert len(proofs) == 3 and all("broken, as it must be" in p for p in proofs)  # the three alignments
+    assert any(i.value.startswith("average: averages A and B as they are") for i in at.info)  # nothing to prove
+    table = at.dataframe[0].value
+    average = table[table["model"] == "fused, average"].iloc[0]
+    assert average["aligned B = B"].startswith("— (B itself")
     charts = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
     loss_chart = next(c for c in charts if "test loss" in c["layout"]["title"]["text"])
     assert [t["name"] for t in loss_chart["data"]] == ["average", "permutation", "rotation", "permutation+rotation"]
