@@ -10,7 +10,7 @@ from ui.export import chart
 from ui.long_run import long_run
 from ui.runtime import page_run, page_run_bytes, shared_model
 from ui.sidebar import ensure_view
-from ui.state import publish, seed, seed_choice
+from ui.state import lecture_key, publish, seed, seed_choice
 
 MODELS = ("digits-vit", "digits-vit-b", "minilm", "smollm2-135m")
 DEFAULT_WRONG = {"digits-vit": 20, "digits-vit-b": 20, "minilm": 5, "smollm2-135m": 3}
@@ -32,7 +32,7 @@ row = st.columns([2, 2, 2])
 seed_choice("au_model", MODELS, MODELS[0])
 model_name = row[0].selectbox("Model", MODELS, key="au_model",
                               help="smollm2-135m: the first load converts the shipped GGUF (about a minute).")
-seed("au_key", "2024")
+seed("au_key", lecture_key("channels"))
 key_text = row[1].text_input("Key", key="au_key", help="a whole number, or a 0x hex string of up to 64 digits "
                                                       "(256 bits), like a cipher key")
 seed_choice(f"au_wrong_{model_name}", range(1, 51), DEFAULT_WRONG[model_name], int)

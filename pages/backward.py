@@ -15,7 +15,7 @@ from ui.export import chart
 from ui.long_run import long_run
 from ui.runtime import page_run, page_run_bytes, shared_model
 from ui.sidebar import ensure_view
-from ui.state import key_or_stop, seed, seed_choice, seed_subset
+from ui.state import key_or_stop, lecture_key, seed, seed_choice, seed_subset
 
 MODELS = ("digits-vit", "minilm", "random:vit", "random:bert", "random:gpt2", "random:llama")
 DEFAULT_TEXT = "A man is playing a guitar."
@@ -35,7 +35,7 @@ seed_choice("bw_dtype", ("float64", "float32"), "float64")
 dtype_name = top[1].radio("Precision", ("float64", "float32"), key="bw_dtype")
 seed_subset("bw_syms", symmetries.SYMMETRIES, ["tokens", "channels"])
 chosen = top[2].multiselect("Symmetries", symmetries.SYMMETRIES, key="bw_syms")
-seed("bw_key", "42")
+seed("bw_key", lecture_key("channels"))
 key_text = top[3].text_input("Key", key="bw_key")
 key = key_or_stop(key_text)
 if not chosen:

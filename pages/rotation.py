@@ -12,7 +12,7 @@ from ui.errors import show_failure
 from ui.export import chart
 from ui.runtime import page_run, page_run_bytes, shared_model
 from ui.sidebar import ensure_view
-from ui.state import key_or_stop, seed, seed_choice
+from ui.state import key_or_stop, lecture_key, seed, seed_choice
 
 MODELS = ("digits-vit", "random:vit", "random:bert", "random:gpt2", "random:llama", "minilm", "smollm2-135m")
 ROPE_MODELS = ("random:llama", "smollm2-135m")
@@ -28,7 +28,7 @@ st.markdown(
 top = st.columns([2, 1, 1, 1, 1])
 seed_choice("rotation_model", MODELS, MODELS[0])
 model_name = top[0].selectbox("Model", MODELS, key="rotation_model")
-seed("rotation_key", "1")
+seed("rotation_key", lecture_key("rotation"))
 key_text = top[1].text_input("Rotation key", key="rotation_key",
                              help="An integer from 0 to 2**64-1; it seeds every (R, S) of every head.")
 key = key_or_stop(key_text)

@@ -41,7 +41,7 @@ def cached(kind, settings, compute):
 cols = st.columns(4)
 state.seed_choice("sl_seed", range(10_001), split_learning.DEFAULT_SEED, int)
 seed = cols[0].number_input("Seed", 0, 10_000, key="sl_seed")
-state.seed("sl_key", str(split_learning.DEFAULT_KEY))
+state.seed("sl_key", state.lecture_key("tokens"))
 key_text = cols[1].text_input("Client's secret key", key="sl_key")
 state.seed_choice("sl_epochs", range(1, 61), split_learning.DEFAULT_EPOCHS, int)
 train_epochs = cols[2].slider("Training epochs", 1, 60, key="sl_epochs",

@@ -10,7 +10,7 @@ from perm_core.walk import STEPS, TITLES, run_step
 from ui.export import chart
 from ui.runtime import shared_model
 from ui.sidebar import ensure_view
-from ui.state import parse_bool, publish, seed
+from ui.state import lecture_key, parse_bool, publish, seed
 
 MODEL = "digits-vit"  # shipped, tiny and trained: every step runs in well under a second
 PROJECTOR_CSS = """<style>
@@ -20,7 +20,7 @@ PROJECTOR_CSS = """<style>
 
 ensure_view("none", globals())
 seed("walk_step", 1, int, valid=lambda v: 1 <= v <= len(STEPS))
-seed("walk_key", "7")
+seed("walk_key", lecture_key("tokens"))
 seed("walk_projector", False, parse_bool)
 
 

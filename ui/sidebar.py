@@ -23,12 +23,11 @@ from perm_core.symmetries import SYMMETRIES
 from perm_core.zoo import DEFAULT_IMAGE_MODEL, LoadedModel, ModelLoadError
 from ui.errors import logged
 from ui.runtime import drop_page_data, shared_model
-from ui.state import parse_bool, seed, use_navigation_registry
+from ui.state import DEFAULT_KEYS, parse_bool, seed, use_navigation_registry
 
 SYMMETRY_LABELS = {"tokens": "Tokens", "channels": "Channels", "heads": "Heads", "head_channels": "Head channels",
                    "mlp": "MLP neurons", "rotation": "Rotations"}
 DEFAULT_ON = ("tokens", "channels")
-DEFAULT_KEYS = {"tokens": 7, "channels": 42, "heads": 3, "head_channels": 5, "mlp": 11, "rotation": 13}
 MAX_TOKENS = 128  # the Explore page draws tokens x tokens maps; longer texts are truncated with a notice
 # The trained models, then a tiny random model of every supported family (the symmetry matrix links to them).
 ZOO = ("dinov2-s", "digits-vit", "digits-vit-b", "minilm", "smollm2-135m", "gemma3-270m",

@@ -10,6 +10,9 @@ from __future__ import annotations
 import streamlit as st
 
 _SEEDED = "_seeded_params"
+# One key per symmetry for the whole app: the sidebar starts with these, and every page with a key of its own starts
+# from the sidebar's current key for the symmetry it applies, so a class following the lecturer sees one key.
+DEFAULT_KEYS = {"tokens": 7, "channels": 42, "heads": 3, "head_channels": 5, "mlp": 11, "rotation": 13}
 
 
 def seed(name: str, default, parse=str, valid=None):
@@ -114,3 +117,10 @@ def key_or_stop(text) -> int:
 
 
 use_navigation_registry()
+
+
+def lecture_key(symmetry: str) -> str:
+    """The key a page with its own key field starts from: the sidebar's key for that symmetry in this session when
+    there is one, else the app's default for it."""
+    chosen = st.session_state.get(f"k_{symmetry}")
+    return str(chosen).strip() if isinstance(chosen, str) and chosen.strip() else str(DEFAULT_KEYS[symmetry])

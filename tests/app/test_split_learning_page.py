@@ -9,6 +9,7 @@ from streamlit.testing.v1 import AppTest
 
 from perm_core import keys
 from perm_core.apps import split_learning
+from ui.state import DEFAULT_KEYS
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
 
@@ -34,7 +35,7 @@ def test_split_learning_page_renders_measurements():
     assert metrics["Plain: held-out accuracy"].endswith("%")
 
     # Every number in the texts is the one measured in this run (training is deterministic for its settings).
-    run = split_learning.train_split(split_learning.DEFAULT_SEED, split_learning.DEFAULT_KEY, 2,
+    run = split_learning.train_split(split_learning.DEFAULT_SEED, DEFAULT_KEYS["tokens"], 2,
                                      dtype=torch.float32)
     assert metrics["Plain: held-out accuracy"] == f"{run.final_plain_accuracy:.1%}"
     assert metrics["Scrambled: held-out accuracy"] == f"{run.final_scrambled_accuracy:.1%}"

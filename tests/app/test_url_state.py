@@ -64,3 +64,25 @@ def test_pages_with_their_own_controls_show_none_in_the_sidebar(page):
     at = open_link(page, dict(LINKS[page][0]))
     assert not at.sidebar.selectbox and not at.sidebar.text_input and not at.sidebar.toggle
     assert "has its own controls" in at.sidebar.caption[0].value
+
+
+def test_pages_with_their_own_key_start_from_the_sidebars_key_for_their_symmetry():
+    """One key for the class: a lecturer who set the channels key to 99 and the rotation key to 5 in the sidebar
+    finds them on Backward, Authorization and Rotation; without a sidebar key a page starts from the app's default."""
+    from ui.state import DEFAULT_KEYS
+
+    expected = {"backward": ("bw_key", "channels"), "authorization": ("au_key", "channels"),
+                "rotation": ("rotation_key", "rotation"), "walk": ("walk_key", "tokens")}
+    for page, (field, symmetry) in expected.items():
+        at = AppTest.from_file(APP, default_timeout=300)
+        at.query_params["k_channels"], at.query_params["k_rotation"], at.query_params["k_tokens"] = "99", "5", "8"
+        at.query_params["model"] = "digits-vit"
+        at.run()
+        at.switch_page("pages/check.py").run()  # the sidebar's keys, as a lecturer sets them before other pages
+        at.switch_page(f"pages/{page}.py").run()
+        assert not at.exception, (page, [e.value for e in at.exception])
+        assert at.session_state[field] == {"channels": "99", "rotation": "5", "tokens": "8"}[symmetry], page
+        fresh = AppTest.from_file(APP, default_timeout=300)
+        fresh.run()
+        fresh.switch_page(f"pages/{page}.py").run()
+        assert fresh.session_state[field] == str(DEFAULT_KEYS[symmetry]), page
