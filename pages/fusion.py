@@ -83,8 +83,8 @@ st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
 left, right = st.columns(2)
 chart(figs.barrier_curves(result, "loss"), key="fusion_loss", where=left)
 chart(figs.barrier_curves(result, "accuracy"), key="fusion_accuracy", where=right)
-chart(figs.fused_bars(result), key="fusion_fused", where=left)
-chart(figs.distance_bars(result), key="fusion_distance", where=right)
+chart(figs.fused_bars(result), key="fusion_fused")
+chart(figs.distance_bars(result), key="fusion_distance")
 
 st.subheader("Proof: aligned B is the same function as B")
 for m in result.methods:

@@ -65,13 +65,17 @@ def barrier_curves(result, metric: str = "loss") -> go.Figure:
         fig.add_trace(go.Scatter(x=m.path_alpha, y=y, mode="lines+markers", name=m.method,
                                  line=dict(color=COLORS.get(m.method))))
     label = "test loss (cross-entropy)" if metric == "loss" else "test accuracy (%)"
-    fig.update_layout(xaxis_title="alpha", yaxis_title=label, margin=dict(t=60, b=40))
-    return titled(fig, wrap_title(f"{label}: path A (0) to aligned B (1)", 34), 380)  # two charts side by side
+    # The legend goes under the plot: beside it, it took half of a half-width column at 1024 px
+    fig.update_layout(xaxis_title="alpha", yaxis_title=label, margin=dict(t=60, b=40),
+                      legend=dict(orientation="h", yanchor="top", y=-0.25, x=0))
+    return titled(fig, wrap_title(f"{label}: path A (0) to aligned B (1)", 34), 420)  # two charts side by side
 
 
 def distance_bars(result) -> go.Figure:
     """||A - B|| before and after matching, per parameter group and in total."""
-    fig = make_subplots(1, 2, subplot_titles=("total ||A - B||", "by parameter group<br>(after matching)"))
+    # Drawn across the page (two panels with their own legend need more than half of a 1024-pixel window)
+    fig = make_subplots(1, 2, subplot_titles=("total ||A - B||", "by parameter group (after matching)"),
+                        horizontal_spacing=0.12)
     methods = [m.method for m in result.methods]
     fig.add_trace(go.Bar(name="before matching", x=methods, y=[m.distance_before for m in result.methods],
                          marker_color="#bbbbbb"), 1, 1)
@@ -79,7 +83,8 @@ def distance_bars(result) -> go.Figure:
                          marker_color=[COLORS.get(m) for m in methods]), 1, 1)
     for group in result.methods[0].group_distance_after:
         fig.add_trace(go.Bar(name=group, x=methods, y=[m.group_distance_after[group] for m in result.methods]), 1, 2)
-    fig.update_layout(barmode="group", height=380, margin=dict(t=60, b=40))
+    fig.update_layout(barmode="group", height=440, margin=dict(t=60, b=40),  # the legend under the slanted ticks
+                      legend=dict(orientation="h", yanchor="top", y=-0.38, x=0))
     return fig
 
 
