@@ -20,7 +20,9 @@ def side_by_side(original, rotated, title: str, x_title: str = "channel", y_titl
     if a.ndim == 1:
         a, b = a[None], b[None]
     bound = float(max(abs(a).max(), abs(b).max())) or 1.0
-    fig = make_subplots(1, 2, subplot_titles=("original", "rotated model"), horizontal_spacing=0.08)
+    # One y axis for both (the second panel's token ticks sat on the first one's cells in a half column at 1024 px)
+    # and short panel titles ("original" and "rotated model" ran into each other there)
+    fig = make_subplots(1, 2, subplot_titles=("original", "rotated"), horizontal_spacing=0.06, shared_yaxes=True)
     for col, z in ((1, a), (2, b)):
         fig.add_trace(go.Heatmap(z=z, zmin=-bound, zmax=bound, colorscale="RdBu", reversescale=True,
                                  showscale=col == 2), 1, col)
