@@ -16,7 +16,8 @@ import torch
 
 MAX_CELLS = 24_000
 FLOOR = 1e-18  # exact zeros drawn on a log axis
-COLORS = {"hidden state": "#1f77b4", "attention map": "#d62728", "output": "#2ca02c"}
+COLORS = {"hidden state": "#1f77b4", "attention map": "#d62728"}
+OUTPUT_COLORS = ("#2ca02c", "#9467bd", "#8c564b", "#17becf", "#e377c2")
 
 
 def _white_template() -> go.layout.Template:
@@ -231,10 +232,11 @@ def error_chart(rows: list[dict], title: str, tolerance: float | None = None,
     below. Exact zeros sit at FLOOR. Tensors held to a raised (float32 round-off) tolerance get a marker."""
     traces = []
     kinds = sorted({r["kind"] for r in rows}, key=lambda k: (k not in COLORS, k))
+    outputs = [k for k in kinds if k not in COLORS]  # each output its own colour (logits, pooled, last hidden ...)
     for kind in kinds:
         mine = sorted((r for r in rows if r["kind"] == kind), key=lambda r: r["layer"])
         xs = [r["layer"] for r in mine]
-        color = COLORS.get(kind.split(" ")[0] if kind.startswith("output") else kind, "#2ca02c")
+        color = COLORS.get(kind) or OUTPUT_COLORS[outputs.index(kind) % len(OUTPUT_COLORS)]
         for row, measure in ((1, "rel"), (2, "abs")):
             ys = [max(r[measure], FLOOR) for r in mine]
             traces.append(dict(type="scatter", x=xs, y=ys, mode="lines+markers", name=f"{kind} ({measure})",
@@ -251,10 +253,11 @@ def error_chart(rows: list[dict], title: str, tolerance: float | None = None,
     if broken_at:
         thresholds.append(_threshold_parts(broken_at, f"broken above {broken_at:.0e}", "#e45756", 1, "left", "dash",
                                            "bottom"))
-    return _two_panels(title, 460, traces, thresholds,
+    # The legend sits under the x axis' title (at y=-0.12 it covered it, and cut it at 1024 px)
+    return _two_panels(title, 520, traces, thresholds,
                        (dict(dtick=1), dict(dtick=1, title=dict(text="layer (-1 = embeddings, outputs after the "
                                                                       "last block)"))),
-                       legend=dict(orientation="h", y=-0.12))
+                       legend=dict(orientation="h", yanchor="top", y=-0.2), margin=dict(l=60, r=20, t=60, b=90))
 
 
 def permutation_figure(index, title: str, max_points: int = 4096) -> go.Figure:
