@@ -86,21 +86,30 @@ def sgd_losses(result) -> go.Figure:
     return fig
 
 
+def _bin_counts(values, bins: int = 20) -> list[int]:
+    """Counts of a 20-bin histogram of `values` (the tallest bar sets the height of the lines beside it)."""
+    import numpy as np
+
+    return np.histogram(np.asarray(values, dtype=float), bins=bins)[0].tolist() if len(values) else [0]
+
+
 def authorization_histogram(result, metric_label: str) -> go.Figure:
     """Wrong keys as a histogram; right key, no key and chance as vertical lines."""
     fig = go.Figure(go.Histogram(x=result.wrong_keys, nbinsx=20, name=f"{len(result.wrong_keys)} wrong keys",
                                  marker_color="#d62728", opacity=0.75))
-    # Labels at different heights: no key often sits right on chance.
-    lines = (("right key", result.right_key, "#2ca02c", "top left"), ("no key", result.no_key, "#ff7f0e", "top right"),
-             ("chance", result.chance, "gray", "bottom right"))
-    for label, value, color, position in lines:
-        fig.add_vline(x=value, line=dict(color=color, dash="dash", width=2),
-                      annotation_text=f"{label} {value:.3g}", annotation_position=position,
-                      annotation_font_color=color)
+    # Each line is named in the legend, not by a label on the plot: no key and chance sit on the wrong keys' bars,
+    # where a label covered the tallest bar or hid behind them.
+    top = max(1, *_bin_counts(result.wrong_keys))
+    lines = (("right key", result.right_key, "#2ca02c", "dash"), ("no key", result.no_key, "#ff7f0e", "dash"),
+             ("chance", result.chance, "gray", "dot"))
+    for label, value, color, dash in lines:
+        fig.add_trace(go.Scatter(x=[value, value], y=[0, top * 1.05], mode="lines", name=f"{label} {value:.3g}",
+                                 line=dict(color=color, dash=dash, width=2), hoverinfo="name"))
     if result.metric != "perplexity":
         fig.update_xaxes(range=[0, 1.02])
-    fig.update_layout(**{**LAYOUT, "height": 340}, title=dict(text=f"{metric_label}: what a key is worth",
-                                                               font=dict(size=13)))
+    fig.update_layout(**{**LAYOUT, "height": 380}, title=dict(text=f"{metric_label}: what a key is worth",
+                                                               font=dict(size=13)),
+                      legend=dict(orientation="h", yanchor="top", y=-0.25, x=0))
     fig.update_xaxes(title=metric_label, type="log" if result.metric == "perplexity" else "linear")
     fig.update_yaxes(title="number of wrong keys")
     return fig

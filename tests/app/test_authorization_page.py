@@ -40,6 +40,10 @@ def test_digits_lock_numbers_and_histogram():
     spec = json.loads(at.get("plotly_chart")[0].proto.spec)
     histogram = spec["data"][0]
     assert histogram["type"] == "histogram" and histogram["name"] == "20 wrong keys"
+    # right key, no key and chance are lines named in the legend (labels on the plot covered the bars)
+    lines = {d["name"].rsplit(" ", 1)[0]: float(d["name"].rsplit(" ", 1)[1]) for d in spec["data"][1:]}
+    assert set(lines) == {"right key", "no key", "chance"} and not spec["layout"].get("annotations")
+    assert lines["right key"] == float(f"{percent(shown['Right key']):.3g}") and lines["chance"] == 0.1
 
 
 def test_bad_key_shows_an_error():
