@@ -47,8 +47,14 @@ with st.container(horizontal=True, vertical_alignment="bottom"):  # each control
                              help="any whole number 0 .. 2**64-1; each step uses it")
     st.toggle("Projector", key="walk_projector", help="large text for a lecture hall")
     st.caption(f"step {index} of {len(STEPS)} · {MODEL}, every number computed live")
-if st.session_state["walk_projector"]:
+projector = st.session_state["walk_projector"]
+if projector:
     st.html(PROJECTOR_CSS)
+
+
+def show(fig, **options) -> None:
+    """A chart, its texts enlarged in projector mode (the CSS above reaches paragraphs, not a chart's own fonts)."""
+    chart(figures.for_projector(fig) if projector else fig, **options)
 try:
     key = validate_key(key_text)
 except InvalidKeyError as error:
@@ -71,7 +77,7 @@ if step == "tokens":
     pictures[1].image(figures.mosaic_image(shuffle_patches(pixels, done.result.scramble.tokens, g.patch_size),
                                            g.patch_size, 220), caption=f"its patches shuffled, key {key}")
     digits = [str(d) for d in range(len(x["original"]))]
-    chart(figures.paired_bars(digits, x["original"].tolist(), x["scrambled"].tolist(),
+    show(figures.paired_bars(digits, x["original"].tolist(), x["scrambled"].tolist(),
                               ("original", "shuffled"), "class probabilities"), width="stretch", where=pictures[2])
 elif step == "channels":
     st.markdown(f"Key {key} permutes the {g.d_model} channels of every token, and every weight, norm and bias is "
@@ -82,7 +88,7 @@ elif step == "channels":
     zmax, _ = figures.robust_zmax(x["hidden"][0])
     for column, matrix, title in zip(columns, x["hidden"], ("original", f"scrambled, key {key}", "un-scrambled"),
                                      strict=True):
-        chart(figures.heatmap(matrix, f"block 0 hidden state: {title}", "channel", "token",
+        show(figures.heatmap(matrix, f"block 0 hidden state: {title}", "channel", "token",
                               zmax=zmax, wrap=30), width="stretch", where=column)
 elif step == "heads":
     grid = x["grid"]
@@ -91,9 +97,9 @@ elif step == "heads":
                 f"head it is. Un-scrambled, every attention map matches the original to **{done.restored_error:.1e}**.")
     zmax = float(max(grid.original.max(), grid.scrambled.max()))
     columns = st.columns(2)
-    chart(figures.head_grid_figure(grid.original, grid.layers, "original heads", zmax=zmax),
+    show(figures.head_grid_figure(grid.original, grid.layers, "original heads", zmax=zmax),
           width="stretch", where=columns[0])
-    chart(figures.head_grid_figure(grid.scrambled, grid.layers, f"heads swapped, key {key}",
+    show(figures.head_grid_figure(grid.scrambled, grid.layers, f"heads swapped, key {key}",
                                    grid.holds, zmax=zmax), width="stretch", where=columns[1])
 elif step == "rotation":
     before, after = x["weight"]
@@ -103,9 +109,9 @@ elif step == "rotation":
                 f"**{x['attention_error']:.1e}**.")
     zmax, _ = figures.robust_zmax(before)
     columns = st.columns(2)
-    chart(figures.heatmap(before, "W_Q as trained", "input channel", "output channel", zmax=zmax),
+    show(figures.heatmap(before, "W_Q as trained", "input channel", "output channel", zmax=zmax),
           width="stretch", where=columns[0])
-    chart(figures.heatmap(after, f"W_Q rotated, key {key}", "input channel", "output channel",
+    show(figures.heatmap(after, f"W_Q rotated, key {key}", "input channel", "output channel",
                           zmax=zmax), width="stretch", where=columns[1])
 else:
     single = x["float32"]
@@ -124,6 +130,6 @@ else:
                               log=True, height=340)
     figures.threshold(fig, x["tolerance64"], f"float64 tolerance {x['tolerance64']:.0e}")
     figures.threshold(fig, x["tolerance32"], f"float32 tolerance {x['tolerance32']:.0e}")
-    chart(fig, width="stretch")
+    show(fig, width="stretch")
 
 publish()

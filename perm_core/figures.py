@@ -469,3 +469,23 @@ def difference_map(original, restored, title: str, x_title: str = "channel", y_t
                         colorbar=dict(thickness=10, tickvals=ticks, ticktext=[f"1e{t}" for t in ticks]),
                         hovertemplate="row %{y}, column %{x}: 10^%{z:.1f}<extra></extra>"),
                    title + note, LAYOUT["height"], yaxis=_axis(y_title, autorange="reversed"), xaxis=_axis(x_title))
+
+
+def for_projector(fig: go.Figure, size: int = 18) -> go.Figure:
+    """The same figure readable from the back of a lecture hall: every text of the chart (title, axis titles, ticks,
+    legend, colour bar, bar labels) at `size` pixels or more, instead of plotly's 10-13."""
+    title = fig.layout.title.text
+    if title:  # wrapped again for the larger letters, the top margin grown to hold its lines
+        lines = wrap_title(title.replace("<br>", " "), max(12, 26 * 13 // size))
+        height = (fig.layout.height or LAYOUT["height"]) - 18 * title.count("<br>")
+        n_lines = lines.count("<br>") + 1
+        fig.update_layout(title=dict(text=lines, font=dict(size=size), y=1.0, yref="container", yanchor="top",
+                                     pad=dict(t=14)),
+                          margin_t=30 + (size + 8) * n_lines, height=height + (size + 8) * n_lines - 13)
+    fig.update_layout(font=dict(size=size), legend_font_size=size)
+    fig.update_xaxes(tickfont_size=size - 2, title_font_size=size)
+    fig.update_yaxes(tickfont_size=size - 2, title_font_size=size)
+    fig.update_annotations(font_size=size)
+    fig.update_traces(textfont_size=size - 2, selector=dict(type="bar"))
+    fig.update_traces(colorbar_tickfont_size=size - 2, selector=dict(type="heatmap"))
+    return fig

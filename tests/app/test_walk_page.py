@@ -98,3 +98,22 @@ def test_a_bad_key_is_a_message_and_the_walk_goes_on():
 def test_projector_mode_enlarges_the_text():
     at = walk(walk_projector=1)
     assert any("font-size: 1.45rem" in h.proto.body for h in at.get("html"))
+
+
+@pytest.mark.parametrize("index", [1, 2, 3])
+def test_projector_mode_enlarges_the_charts_too(index):
+    """Paragraphs grew, chart titles and ticks stayed at plotly's 10-13 px: in projector mode every chart's texts
+    are at least 16 px; the control without it keeps plotly's sizes."""
+    import json
+
+    for projector, smallest in ((1, 16), (0, None)):
+        at = walk(walk_step=index, walk_projector=projector)
+        for element in at.get("plotly_chart"):
+            layout = json.loads(element.proto.spec)["layout"]
+            font = layout.get("font", {}).get("size")
+            ticks = [axis.get("tickfont", {}).get("size") for name, axis in layout.items() if name.startswith(
+                ("xaxis", "yaxis"))]
+            if smallest:
+                assert font >= smallest and all(t >= smallest for t in ticks), (index, font, ticks)
+            else:
+                assert font is None or font < 16
