@@ -6,6 +6,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from perm_core.figures import wrap_title
+
 PLAIN_COLOR, SCRAMBLED_COLOR = "#1f77b4", "#d62728"
 
 
@@ -35,10 +37,13 @@ def image_grid(rows: list[tuple[str, np.ndarray]], gap: int = 1) -> go.Figure:
             canvas[r * size : r * size + 8, c * size : c * size + 8] = image
     fig = go.Figure(go.Heatmap(z=canvas, colorscale="gray", zmin=0, zmax=1, showscale=False,
                                hovertemplate="%{z:.2f}<extra></extra>"))
+    # Row names on two lines: on one they took half of a 1024-pixel page and left the digits a narrow strip, drawn
+    # small in a tall, mostly blank chart (the images keep their square pixels, so the width sets the height)
     fig.update_yaxes(autorange="reversed", tickvals=[r * size + 3.5 for r in range(len(rows))],
-                     ticktext=[label for label, _ in rows], showgrid=False, zeroline=False)
+                     ticktext=[wrap_title(label, 22) for label, _ in rows], showgrid=False,
+                     zeroline=False)
     fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False, scaleanchor="y", constrain="domain")
-    fig.update_layout(height=70 * len(rows) + 40, margin={"t": 10, "b": 10, "l": 10, "r": 10},
+    fig.update_layout(height=60 * len(rows) + 20, margin={"t": 10, "b": 10, "l": 10, "r": 10},
                       plot_bgcolor="white")
     return fig
 
