@@ -3,7 +3,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 PORT ?= 8501
 
-.PHONY: run test install install-dev chromium lint bench classroom clean
+.PHONY: run test test-fast install install-dev chromium lint bench classroom clean
 
 $(VENV)/.installed: requirements.txt
 	python3 -m venv $(VENV)
@@ -33,9 +33,22 @@ run: install
 	HF_HUB_OFFLINE=1 MALLOC_ARENA_MAX=2 $(VENV)/bin/streamlit run app.py --server.address 127.0.0.1 --server.port $(PORT) \
 		--browser.gatherUsageStats false --server.headless true
 
+# Two pytest-xdist workers, each with one torch thread (tests/conftest.py); --dist loadfile keeps a file's module
+# fixtures (converted models) on one worker. TEST_WORKERS=0 runs in this process alone.
+TEST_WORKERS ?= 2
+PYTEST := HF_HUB_OFFLINE=1 $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
+# The correctness core in under 2 minutes: every family's conformance, the oracle, the verdicts, the CLI
+FAST_TESTS := tests/unit/test_conformance.py tests/unit/test_oracle.py tests/unit/test_verdicts.py \
+	tests/unit/test_trustworthy_verdicts.py tests/unit/test_not_symmetries.py tests/unit/test_spec.py \
+	tests/unit/test_keys.py tests/unit/test_cli.py
+
 test: install-dev chromium
 	$(VENV)/bin/ruff check .
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -p no:cacheprovider
+	$(PYTEST) tests/unit tests/app tests/e2e
+
+test-fast: install-dev
+	$(VENV)/bin/ruff check .
+	$(PYTEST) $(FAST_TESTS)
 
 lint: install-dev
 	$(VENV)/bin/ruff check .

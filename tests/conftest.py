@@ -10,14 +10,44 @@ import atexit
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 NEEDED_FREE_BYTES = 4 * 2**30  # the private cache plus the fixtures' fresh conversions (smollm2, gemma3, dinov2)
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 if "TRANSFORMER_SYMMETRY_CACHE" not in os.environ:
+    # Under pytest-xdist the controller makes the cache before it starts the workers, which inherit it: a model
+    # converted on one worker is there for the other (conversions are atomic renames; a lost race is harmless).
     _private_cache = tempfile.mkdtemp(prefix="tse-test-cache-")
     os.environ["TRANSFORMER_SYMMETRY_CACHE"] = _private_cache
     atexit.register(shutil.rmtree, _private_cache, ignore_errors=True)
+
+# The session's cache (shared by the xdist workers and the e2e servers they start); fixtures that test a conversion
+# point TRANSFORMER_SYMMETRY_CACHE at a cache of their own for a while, and hand their result over with keep_converted.
+SESSION_CACHE = Path(os.environ["TRANSFORMER_SYMMETRY_CACHE"])
+
+
+def keep_converted(cache: Path) -> None:
+    """Move each complete conversion in a fixture's own cache into the session's cache (unless it is there already),
+    so that later tests and servers load it instead of converting it again. A rename: no copy, no extra disk."""
+    if cache == SESSION_CACHE:
+        return
+    SESSION_CACHE.mkdir(parents=True, exist_ok=True)
+    for converted in cache.iterdir():
+        target = SESSION_CACHE / converted.name
+        if converted.name.startswith(".") or not (converted / "complete.json").is_file() or target.exists():
+            continue
+        try:
+            os.rename(converted, target)
+        except OSError:  # another filesystem, or another worker's conversion won the race: nothing lost
+            pass
+
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One torch thread per worker: n workers on n cores, instead of n workers each spinning n threads.
+    import torch
+
+    torch.set_num_threads(1)
 
 
 def pytest_report_header(config):

@@ -7,6 +7,7 @@ per test), `wait_for_app(page)` (blocks until the script run finished), `shot(pa
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -25,6 +26,19 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 
 
 def _free_port() -> int:
+    """A free loopback port. Under pytest-xdist each worker (gw0, gw1, ...) draws from a range of its own, so two
+    workers starting servers at the same moment never pick the same port."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw") and worker[2:].isdigit():
+        start = 20_000 + 1_000 * int(worker[2:])
+        offset = random.randrange(1_000)  # another run on this machine starts elsewhere in the range
+        for port in (start + (offset + i) % 1_000 for i in range(1_000)):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
