@@ -9,22 +9,28 @@ import pytest
 import torch
 
 from perm_core import zoo
+from tests.conftest import keep_converted
 
 
 @pytest.fixture(scope="session")
 def smollm(tmp_path_factory):
-    """smollm2-135m converted once per session into a temporary cache (not the user's)."""
+    """smollm2-135m converted once per session into a temporary cache of its own (not the user's, not the
+    session's): (loaded, progress calls, seconds, that cache). The cache variable is put back right after the
+    conversion, so later tests and servers on this worker keep the session's cache."""
     previous = os.environ.get("TRANSFORMER_SYMMETRY_CACHE")
-    os.environ["TRANSFORMER_SYMMETRY_CACHE"] = str(tmp_path_factory.mktemp("tse-cache"))
+    cache = tmp_path_factory.mktemp("tse-cache")
+    os.environ["TRANSFORMER_SYMMETRY_CACHE"] = str(cache)
     calls = []
     started = time.perf_counter()
-    loaded = zoo.load_model("smollm2-135m", progress=lambda f, m: calls.append((f, m)))
-    first_seconds = time.perf_counter() - started
-    yield loaded, calls, first_seconds
-    if previous is None:
-        os.environ.pop("TRANSFORMER_SYMMETRY_CACHE", None)
-    else:
-        os.environ["TRANSFORMER_SYMMETRY_CACHE"] = previous
+    try:
+        loaded = zoo.load_model("smollm2-135m", progress=lambda f, m: calls.append((f, m)))
+    finally:
+        if previous is None:
+            os.environ.pop("TRANSFORMER_SYMMETRY_CACHE", None)
+        else:
+            os.environ["TRANSFORMER_SYMMETRY_CACHE"] = previous
+    yield loaded, calls, time.perf_counter() - started, cache
+    keep_converted(cache)
 
 
 @pytest.fixture
