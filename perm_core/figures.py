@@ -17,6 +17,7 @@ import torch
 MAX_CELLS = 24_000
 FLOOR = 1e-18  # exact zeros drawn on a log axis
 COLORS = {"hidden state": "#1f77b4", "attention map": "#d62728"}
+EXACT_COLOR = "rgb(26, 152, 80)"  # green: exactly equal, apart from the error scale
 OUTPUT_COLORS = ("#2ca02c", "#9467bd", "#8c564b", "#17becf", "#e377c2")
 
 
@@ -464,11 +465,19 @@ def difference_map(original, restored, title: str, x_title: str = "channel", y_t
         padded[:relative.shape[0], :relative.shape[1]] = np.log10(np.maximum(relative, FLOOR))
         values = padded.reshape(rows, row_step, cols, col_step).max(axis=(1, 3))
     ticks = list(range(-18, 1, 3))
-    return _figure(dict(type="heatmap", z=values.astype(np.float32), colorscale=_colorscale("Magma"), zmin=-18,
-                        zmax=0, x=np.arange(values.shape[1]) * col_step, y=np.arange(values.shape[0]) * row_step,
-                        colorbar=dict(thickness=10, tickvals=ticks, ticktext=[f"1e{t}" for t in ticks]),
-                        hovertemplate="row %{y}, column %{x}: 10^%{z:.1f}<extra></extra>"),
-                   title + note, LAYOUT["height"], yaxis=_axis(y_title, autorange="reversed"), xaxis=_axis(x_title))
+    x, y = np.arange(values.shape[1]) * col_step, np.arange(values.shape[0]) * row_step
+    # Exact zeros (a whole block of them, when decimated) get their own colour and legend entry above the scale:
+    # at the scale's dark end they read as 'the smallest error', when they are no error at all
+    exact = np.where(values <= np.log10(FLOOR), 1.0, np.nan).astype(np.float32)
+    return _figure([dict(type="heatmap", z=values.astype(np.float32), colorscale=_colorscale("Magma"), zmin=-18,
+                         zmax=0, x=x, y=y, colorbar=dict(thickness=10, tickvals=ticks,
+                                                         ticktext=[f"1e{t}" for t in ticks]),
+                         hovertemplate="row %{y}, column %{x}: 10^%{z:.1f}<extra></extra>", showlegend=False),
+                    dict(type="heatmap", z=exact, x=x, y=y, colorscale=((0.0, EXACT_COLOR), (1.0, EXACT_COLOR)),
+                         showscale=False, name="exactly equal (0)", showlegend=True,
+                         hovertemplate="row %{y}, column %{x}: exactly equal<extra></extra>")],
+                   title + note, LAYOUT["height"] + 30, yaxis=_axis(y_title, autorange="reversed"),
+                   xaxis=_axis(x_title), legend=dict(orientation="h", yanchor="top", y=-0.3, x=0))
 
 
 def for_projector(fig: go.Figure, size: int = 18) -> go.Figure:

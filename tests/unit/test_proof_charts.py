@@ -114,3 +114,20 @@ def test_colour_scales_reach_the_browser_as_rgb_so_exact_zeros_are_black():
     assert go.Heatmap(colorscale="Magma").to_plotly_json()["colorscale"][0][1] == "#000004"  # plotly.py's own
     fig = figures.difference_map(np.ones((2, 2)), np.ones((2, 2)), "t")
     assert fig.data[0].colorscale[0][1] == "rgb(0, 0, 4)" and set(np.ravel(fig.data[0].z)) == {-18.0}
+
+
+def test_exact_zeros_have_their_own_colour_and_legend_entry():
+    """A cell whose un-scrambled value equals the original exactly is drawn in EXACT_COLOR, named in the legend,
+    and not in the error scale's colours; a cell off by round-off is not."""
+    import numpy as np
+
+    original = np.array([[2.0, -4.0], [1.0, 0.5]])
+    restored = original.copy()
+    restored[0, 1] += 4e-15
+    fig = figures.difference_map(original, restored, "t")
+    scale, exact = fig.data
+    assert exact.name == "exactly equal (0)" and exact.showlegend and not scale.showlegend
+    assert exact.colorscale[0][1] == exact.colorscale[-1][1] == figures.EXACT_COLOR
+    assert figures.EXACT_COLOR not in {colour for _, colour in scale.colorscale}
+    painted = np.asarray(exact.z, dtype=float)
+    assert np.isnan(painted[0, 1]) and (np.delete(painted.flatten(), 1) == 1.0).all()
