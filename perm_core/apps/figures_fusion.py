@@ -27,9 +27,11 @@ def side_by_side(original, rotated, title: str, x_title: str = "channel", y_titl
         fig.add_trace(go.Heatmap(z=z, zmin=-bound, zmax=bound, colorscale="RdBu", reversescale=True,
                                  showscale=col == 2), 1, col)
         fig.update_yaxes(autorange="reversed", title_text=y_title if col == 1 else None, row=1, col=col)
-        fig.update_xaxes(title_text=x_title, row=1, col=col)
+        fig.update_xaxes(title_text=x_title if col == 1 else None, row=1, col=col)  # one axis title: two collided
     fig.update_layout(margin=dict(t=60, b=40, l=40, r=20))
-    return titled(fig, wrap_title(title, 36), 300)  # two charts side by side
+    fig = titled(fig, wrap_title(title, 36), 300)  # two charts side by side
+    fig.update_layout(margin_t=fig.layout.margin.t + 22)  # the panel titles sit under the chart's own, not on it
+    return fig
 
 
 def change_bars(quantities) -> go.Figure:

@@ -1,5 +1,6 @@
 """Real Chromium at 1024, 1440 and 1920 px on every page: nothing a lecturer points at is clipped (titles,
-metrics, captions, formulas, chart titles and labels), no chart is blank, no exception. Screenshots of every
+metrics, captions, formulas, chart titles and labels) or covered (a chart's title, axis titles, legend and
+annotations by each other, a chart by another), no chart is blank, no exception. Screenshots of every
 page at every width go to out/screenshots/ for a person to look at."""
 
 from pathlib import Path
@@ -51,6 +52,43 @@ CLIPPED = """() => {
   return clipped;
 }"""
 
+# Texts of one chart that cover each other (its title, axis titles, legend, annotations such as subplot titles and
+# threshold labels), and charts that cover each other: what a lecturer saw at 1024 px as merged titles, a legend
+# over an axis title, 'originarotated model'. Tick labels are left out: a dense axis may touch its neighbours.
+OVERLAPS = """() => {
+  const main = document.querySelector('[data-testid="stMain"]');
+  const found = [];
+  const meet = (a, b) => Math.min(a.right, b.right) - Math.max(a.left, b.left) > 2
+    && Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top) > 2;
+  const plots = Array.from(main.querySelectorAll('.js-plotly-plot')).filter(p => p.offsetParent !== null);
+  for (const plot of plots) {
+    const texts = Array.from(plot.querySelectorAll('.gtitle, .g-xtitle text, .g-ytitle text, .g-x2title text, '
+      + '.g-y2title text, .legend .legendtext, .annotation-text'))
+      .map(t => ({text: t.textContent.trim(), box: t.getBoundingClientRect()}))
+      .filter(t => t.text && t.box.width > 0);
+    for (let i = 0; i < texts.length; i++) {
+      for (let j = i + 1; j < texts.length; j++) {
+        if (meet(texts[i].box, texts[j].box)) {
+          found.push('chart texts overlap: "' + texts[i].text.slice(0, 40) + '" / "'
+            + texts[j].text.slice(0, 40) + '"');
+        }
+      }
+    }
+  }
+  for (let i = 0; i < plots.length; i++) {
+    for (let j = i + 1; j < plots.length; j++) {
+      if (meet(plots[i].getBoundingClientRect(), plots[j].getBoundingClientRect())) {
+        found.push('charts overlap: ' + i + ' / ' + j);
+      }
+    }
+  }
+  return found;
+}"""
+
+DRAWN = """() => document.querySelectorAll('[data-testid="stMain"] [data-testid*="Skeleton"]').length === 0
+  && Array.from(document.querySelectorAll('[data-testid="stMain"] [data-testid="stPlotlyChart"]'))
+    .every(chart => chart.querySelector('.js-plotly-plot .main-svg'))"""
+
 BLANK = """() => Array.from(document.querySelectorAll('[data-testid="stMain"] .js-plotly-plot')).filter(
   plot => plot.querySelectorAll('.plot path, .plot image, .plot rect, .layer-above image, .imagelayer image, '
     + '.heatmaplayer image, .barlayer path, .scatterlayer path, .gl-container canvas').length === 0
@@ -73,9 +111,11 @@ def test_every_page_is_readable_at_every_width(app_url, page, name):
             page.locator("table.symmetry-matrix").wait_for(timeout=300_000)
             wait_for_app(page)
         page.wait_for_timeout(1500)  # plotly draws after the script run ends
+        page.wait_for_function(DRAWN, timeout=120_000)  # every chart drawn: an undrawn one has no text to overlap
         assert page.locator('[data-testid="stException"]').count() == 0, (name, width)
         page.screenshot(path=str(SCREENSHOTS / f"{name}-{width}.png"), full_page=True)
-        found = page.evaluate(CLIPPED) + [f"blank chart: {title}" for title in page.evaluate(BLANK)]
+        found = (page.evaluate(CLIPPED) + page.evaluate(OVERLAPS)
+                 + [f"blank chart: {title}" for title in page.evaluate(BLANK)])
         if found:
             problems[width] = found
     assert problems == {}
