@@ -29,7 +29,7 @@ chromium:
 		|| { echo "could not install Debian's chromium (run as root, or install it yourself)"; exit 1; }; }
 
 run: install
-	# two malloc arenas for all threads: see perm_core/malloc.py (SERVER_ENVIRONMENT)
+	# two malloc arenas for all threads: see perm_core/run/malloc.py (SERVER_ENVIRONMENT)
 	HF_HUB_OFFLINE=1 MALLOC_ARENA_MAX=2 $(VENV)/bin/streamlit run app.py --server.address 127.0.0.1 --server.port $(PORT) \
 		--browser.gatherUsageStats false --server.headless true
 

@@ -12,7 +12,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from perm_core.malloc import SERVER_ENVIRONMENT
+from perm_core.run.malloc import SERVER_ENVIRONMENT
 
 ROOT = Path(__file__).resolve().parents[1]
 GOALS_P95_S = {"digits-vit": 5.0}  # the issue's goal for a key change; every other model: 10 s
@@ -122,7 +122,7 @@ def fresh_hashes(in_server: dict) -> tuple[dict, int]:
     and the float32 bytes of their weights (the memory bound)."""
     import torch
 
-    from perm_core.zoo import DTYPES, load_model
+    from perm_core.models.registry import DTYPES, load_model
     from ui.runtime.weights_audit import weights_hash
 
     hashes, weight_bytes = {}, 0

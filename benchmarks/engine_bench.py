@@ -15,8 +15,8 @@ import time
 import torch
 
 from perm_core.families import geometry_of
-from perm_core.random_models import build_random_model
-from perm_core.verify import Subject
+from perm_core.models.random_models import build_random_model
+from perm_core.verify.check import Subject
 
 SEQ_LEN = 128
 

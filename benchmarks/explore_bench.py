@@ -18,13 +18,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from perm_core import figures  # noqa: E402
-from perm_core.defaults import default_inputs  # noqa: E402
-from perm_core.explore import Exploration  # noqa: E402
-from perm_core.inputs import prepare_text  # noqa: E402
-from perm_core.param_cache import TENSORS  # noqa: E402
-from perm_core.tokens import model_inputs  # noqa: E402
-from perm_core.zoo import load_model  # noqa: E402
+from perm_core.engine.tokens import model_inputs  # noqa: E402
+from perm_core.explore.exploration import Exploration  # noqa: E402
+from perm_core.fast.param_cache import TENSORS  # noqa: E402
+from perm_core.models.defaults import default_inputs  # noqa: E402
+from perm_core.models.inputs import prepare_text  # noqa: E402
+from perm_core.models.registry import load_model  # noqa: E402
+from ui.charts import figures  # noqa: E402
 
 MODELS = ("digits-vit", "minilm", "smollm2-135m")
 TEXT = "Shuffling the tokens of a sentence shuffles the hidden states of a Transformer in exactly the same way."

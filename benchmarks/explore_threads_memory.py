@@ -24,12 +24,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from perm_core import malloc  # noqa: E402
-from perm_core.defaults import default_inputs  # noqa: E402
-from perm_core.explore import Exploration  # noqa: E402
-from perm_core.mlp_view import mlp_view  # noqa: E402
-from perm_core.param_cache import TENSORS, TensorCache, fit_bound_to_models  # noqa: E402
-from perm_core.zoo import load_model  # noqa: E402
+from perm_core.explore.exploration import Exploration  # noqa: E402
+from perm_core.explore.mlp_view import mlp_view  # noqa: E402
+from perm_core.fast.param_cache import TENSORS, TensorCache, fit_bound_to_models  # noqa: E402
+from perm_core.models.defaults import default_inputs  # noqa: E402
+from perm_core.models.registry import load_model  # noqa: E402
+from perm_core.run import malloc  # noqa: E402
 
 MODELS = ("digits-vit", "dinov2-s", "minilm")
 

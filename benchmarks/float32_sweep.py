@@ -21,10 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from perm_core.defaults import default_inputs  # noqa: E402
-from perm_core.tolerances import BROKEN_AT, json_safe, worst  # noqa: E402
-from perm_core.verify import check  # noqa: E402
-from perm_core.zoo import load_model, offline_model_names  # noqa: E402
+from perm_core.models.defaults import default_inputs  # noqa: E402
+from perm_core.models.registry import load_model, offline_model_names  # noqa: E402
+from perm_core.verify.check import check  # noqa: E402
+from perm_core.verify.tolerances import BROKEN_AT, json_safe, worst  # noqa: E402
 
 
 def sweep(name: str, keys: range) -> dict:

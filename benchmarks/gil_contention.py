@@ -8,7 +8,7 @@ Every torch call that does work lets the GIL go and must win it back before Pyth
 run Python all the time, each return waits for them. So a key change slows with its number of such calls, not
 its arithmetic. "calls" counts torch calls that do work (metadata reads such as .shape or .numel() hold the GIL);
 each phase's seconds are medians of --repeats channel-key changes after two warm-up runs (the second traces the
-forward's graph, perm_core/graph_forward.py).
+forward's graph, perm_core/fast/graph_forward.py).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from perm_core.defaults import default_inputs  # noqa: E402
-from perm_core.explore import Exploration  # noqa: E402
-from perm_core.threads import TorchWorkCalls  # noqa: E402
-from perm_core.zoo import load_model  # noqa: E402
+from perm_core.explore.exploration import Exploration  # noqa: E402
+from perm_core.models.defaults import default_inputs  # noqa: E402
+from perm_core.models.registry import load_model  # noqa: E402
+from perm_core.run.threads import TorchWorkCalls  # noqa: E402
 
 
 def phases(explorer: Exploration, keys: list[int]) -> dict[str, float]:
@@ -57,7 +57,7 @@ def main() -> None:
     for name in args.models.split(","):
         loaded = load_model(name)
         explorer = Exploration(loaded.model, default_inputs(loaded), model_id=name)
-        for key in (0, 1):  # warm: the forward's signature seen, then traced (perm_core.graph_forward)
+        for key in (0, 1):  # warm: the forward's signature seen, then traced (perm_core.fast.graph_forward)
             explorer.run({"tokens": 7, "channels": key})
         with TorchWorkCalls() as calls:
             explorer.run({"tokens": 7, "channels": 2})

@@ -22,10 +22,10 @@ import transformers as hf
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from perm_core.families import _registry  # noqa: E402
-from perm_core.numerics import use_exact_numerics  # noqa: E402
-from perm_core.random_models import build_random_model, random_config, random_inputs  # noqa: E402
-from perm_core.tolerances import in_eps, worst  # noqa: E402
-from perm_core.verify import check  # noqa: E402
+from perm_core.models.random_models import build_random_model, random_config, random_inputs  # noqa: E402
+from perm_core.run.numerics import use_exact_numerics  # noqa: E402
+from perm_core.verify.check import check  # noqa: E402
+from perm_core.verify.tolerances import in_eps, worst  # noqa: E402
 
 
 def hf_init(family: str, cls: str, dtype: torch.dtype):

@@ -10,9 +10,9 @@ one key     the same with one key changed while the others stay (mlp; tokens): o
 floor       1 + the time to copy (clone) every parameter the case must write, over the bare forward: what the
             case would cost if building the transformed tensors were a plain copy and un-scrambling and comparing
             were free (a transformed set is new memory; the traced forward is at least a bare one)
-cache       the bytes the shared tensor cache (perm_core.param_cache) holds at the end, against its bound
+cache       the bytes the shared tensor cache (perm_core.fast.param_cache) holds at the end, against its bound
 check       (--check) `check` in float64, every symmetry both directions and every control, against a
-            bare float32 forward; freed memory is kept as the CLI keeps it (perm_core.malloc), and from
+            bare float32 forward; freed memory is kept as the CLI keeps it (perm_core.run.malloc), and from
             then on for every later model of the run too. Its floor: the check's scrambled runs plus the
             original, each at least one float64 forward and backward of the stock model (nothing recorded),
             against the same bare float32 forward
@@ -33,15 +33,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from perm_core.explore import Exploration  # noqa: E402
+from perm_core.engine.spec import Scramble  # noqa: E402
+from perm_core.engine.symmetries import SYMMETRIES  # noqa: E402
+from perm_core.engine.tokens import model_inputs  # noqa: E402
+from perm_core.explore.exploration import Exploration  # noqa: E402
 from perm_core.families import family_of  # noqa: E402
-from perm_core.malloc import keep_freed_memory  # noqa: E402
-from perm_core.param_cache import TENSORS  # noqa: E402
-from perm_core.spec import Scramble  # noqa: E402
-from perm_core.symmetries import SYMMETRIES  # noqa: E402
-from perm_core.tokens import model_inputs  # noqa: E402
-from perm_core.verify import check  # noqa: E402
-from perm_core.zoo import load_model  # noqa: E402
+from perm_core.fast.param_cache import TENSORS  # noqa: E402
+from perm_core.models.registry import load_model  # noqa: E402
+from perm_core.run.malloc import keep_freed_memory  # noqa: E402
+from perm_core.verify.check import check  # noqa: E402
 
 MODELS = ("random:vit-base", "random:bert-base", "random:gpt2-base", "smollm2-135m", "gemma3-270m", "dinov2-s")
 SEQ_LEN = 128

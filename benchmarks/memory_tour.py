@@ -7,7 +7,7 @@ Check with every zoo model (Check runs with --check: long on the real models), a
 each of its own models. Then reads the server's peak resident memory (VmHWM, Linux) and compares it with
 the goal: at most 2x the sum of the loaded models' float32 weights + 1 GiB. Models are loaded once per
 process (the zoo cache), whatever the number of sessions; traces and parameters are in byte-bounded
-caches (perm_core.param_cache, ui.compute).
+caches (perm_core.fast.param_cache, ui.compute).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from perm_core.malloc import SERVER_ENVIRONMENT  # noqa: E402
+from perm_core.run.malloc import SERVER_ENVIRONMENT  # noqa: E402
 
 ZOO = ("dinov2-s", "digits-vit", "digits-vit-b", "minilm", "smollm2-135m", "gemma3-270m", "random:vit",
        "random:bert", "random:gpt2", "random:llama", "random:gemma3", "random:dinov2")
@@ -76,7 +76,7 @@ def settle(page) -> None:
 def float32_weight_bytes(models) -> int:
     import torch
 
-    from perm_core.zoo import load_model
+    from perm_core.models.registry import load_model
 
     total = 0
     for name in models:

@@ -2,9 +2,9 @@
 
 import streamlit as st
 
-from perm_core.apps import authorization as auth
-from perm_core.apps import figures_backward as fb
-from perm_core.keys import LONG_KEY_BITS, InvalidKeyError, parse_long_key
+from perm_core.applications import authorization as auth
+from perm_core.engine.keys import LONG_KEY_BITS, InvalidKeyError, parse_long_key
+from ui.charts import figures_backward as fb
 from ui.errors import show_failure
 from ui.export import chart
 from ui.long_run import long_run

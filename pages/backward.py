@@ -2,14 +2,14 @@
 
 import streamlit as st
 
-from perm_core import symmetries
-from perm_core.apps import backward as bw
-from perm_core.apps import figures_backward as fb
-from perm_core.defaults import default_inputs
-from perm_core.digits import digits_split
+from perm_core.applications import backward as bw
+from perm_core.engine import symmetries
 from perm_core.families import geometry_of
-from perm_core.inputs import InputError, prepare_text
-from perm_core.verify import BROKEN_AT, Subject
+from perm_core.models.defaults import default_inputs
+from perm_core.models.digits import digits_split
+from perm_core.models.inputs import InputError, prepare_text
+from perm_core.verify.check import BROKEN_AT, Subject
+from ui.charts import figures_backward as fb
 from ui.errors import show_failure
 from ui.export import chart
 from ui.long_run import long_run

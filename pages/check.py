@@ -7,9 +7,9 @@ import pandas as pd
 import streamlit as st
 import torch
 
-from perm_core import figures
-from perm_core.input_spec import check_command
-from perm_core.verify import check
+from perm_core.models.input_spec import check_command
+from perm_core.verify.check import check
+from ui.charts import figures
 from ui.export import chart
 from ui.long_run import long_run, stop_if_stopped
 from ui.runtime import model_on, page_run_bytes, page_slot

@@ -2,11 +2,12 @@
 
 import streamlit as st
 
-from perm_core import figures, symmetries
-from perm_core.explore import BROKEN_AT, control_options, kind_label, layer_of, patch_grid
-from perm_core.inputs import token_labels
-from perm_core.patches import shuffle_patches
+from perm_core.engine import symmetries
+from perm_core.engine.patches import shuffle_patches
+from perm_core.explore.exploration import BROKEN_AT, control_options, kind_label, layer_of, patch_grid
+from perm_core.models.inputs import token_labels
 from ui import explore_panels as panels
+from ui.charts import figures
 from ui.export import chart
 from ui.runtime import ExploreRequest, exploration, explore_run, mlp_result
 from ui.sidebar import SYMMETRY_LABELS, ensure_view

@@ -3,10 +3,10 @@
 import pandas as pd
 import streamlit as st
 
-from perm_core.apps import figures_fusion as figs
-from perm_core.apps.fusion import fuse
-from perm_core.apps.matching import METHODS
-from perm_core.zoo import ModelLoadError
+from perm_core.applications.fusion import fuse
+from perm_core.applications.matching import METHODS
+from perm_core.models.registry import ModelLoadError
+from ui.charts import figures_fusion as figs
 from ui.errors import show_failure
 from ui.export import chart
 from ui.long_run import long_run

@@ -5,10 +5,10 @@ from pathlib import Path
 import streamlit as st
 import torch
 
-from perm_core import figures
-from perm_core.keys import permutation
-from perm_core.patches import shuffle_patches
-from perm_core.transforms import Permutation
+from perm_core.engine.keys import permutation
+from perm_core.engine.patches import shuffle_patches
+from perm_core.engine.transforms import Permutation
+from ui.charts import figures
 from ui.sidebar import ensure_view, test_digits
 from ui.state import publish
 

@@ -2,8 +2,8 @@
 
 import streamlit as st
 
-from perm_core.matrix import FAILED, NOT_HOLDING, RESTRICTED, families, family_row
-from perm_core.symmetries import SYMMETRIES
+from perm_core.engine.symmetries import SYMMETRIES
+from perm_core.verify.matrix import FAILED, NOT_HOLDING, RESTRICTED, families, family_row
 from ui.long_run import long_run
 from ui.matrix_table import COLOURS, LABELS, LEGEND, matrix_html
 from ui.sidebar import SYMMETRY_LABELS, ensure_view

@@ -3,11 +3,11 @@
 import pandas as pd
 import streamlit as st
 
-from perm_core.apps import figures_fusion as figs
-from perm_core.apps.rotation import residual_rotation, rope_rotations, rotation_demo
-from perm_core.defaults import default_inputs
-from perm_core.verify import worst_rel
-from perm_core.zoo import ModelLoadError
+from perm_core.applications.rotation import residual_rotation, rope_rotations, rotation_demo
+from perm_core.models.defaults import default_inputs
+from perm_core.models.registry import ModelLoadError
+from perm_core.verify.check import worst_rel
+from ui.charts import figures_fusion as figs
 from ui.errors import show_failure
 from ui.export import chart
 from ui.runtime import page_run, page_run_bytes, shared_model

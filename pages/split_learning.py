@@ -2,11 +2,11 @@
 
 import streamlit as st
 
-from perm_core import keys
-from perm_core.apps import figures_split as fs
-from perm_core.apps import inversion, split_learning
-from perm_core.zoo import DTYPES
+from perm_core.applications import inversion, split_learning
+from perm_core.engine import keys
+from perm_core.models.registry import DTYPES
 from ui import state
+from ui.charts import figures_split as fs
 from ui.export import chart
 from ui.long_run import long_run
 from ui.runtime import page_run

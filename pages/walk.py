@@ -2,11 +2,11 @@
 
 import streamlit as st
 
-from perm_core import figures
-from perm_core.explore import Exploration
-from perm_core.keys import InvalidKeyError, validate_key
-from perm_core.patches import shuffle_patches
-from perm_core.walk import STEPS, TITLES, run_step
+from perm_core.engine.keys import InvalidKeyError, validate_key
+from perm_core.engine.patches import shuffle_patches
+from perm_core.explore.exploration import Exploration
+from perm_core.explore.walk import STEPS, TITLES, run_step
+from ui.charts import figures
 from ui.export import chart
 from ui.runtime import shared_model
 from ui.sidebar import ensure_view
@@ -30,7 +30,7 @@ def move(by: int) -> None:
 
 @st.cache_resource(show_spinner=False, max_entries=2)
 def walk_exploration(dtype_name: str) -> Exploration:
-    from perm_core.defaults import default_inputs
+    from perm_core.models.defaults import default_inputs
 
     loaded = shared_model(MODEL, dtype_name)
     return Exploration(loaded.model, default_inputs(loaded), model_id=f"walk-{MODEL}-{dtype_name}")

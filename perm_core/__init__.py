@@ -19,12 +19,12 @@ from __future__ import annotations
 import importlib
 
 _PUBLIC = {
-    "load_model": ("perm_core.zoo", "load_model"),
-    "default_inputs": ("perm_core.defaults", "default_inputs"),
-    "check": ("perm_core.verify", "check"),
-    "scramble": ("perm_core.verify", "scrambled_weights"),
-    "compare": ("perm_core.same_function", "compare_models"),
-    "SYMMETRIES": ("perm_core.symmetries", "SYMMETRIES"),
+    "load_model": ("perm_core.models.registry", "load_model"),
+    "default_inputs": ("perm_core.models.defaults", "default_inputs"),
+    "check": ("perm_core.verify.check", "check"),
+    "scramble": ("perm_core.verify.check", "scrambled_weights"),
+    "compare": ("perm_core.verify.same_function", "compare_models"),
+    "SYMMETRIES": ("perm_core.engine.symmetries", "SYMMETRIES"),
 }
 __all__ = sorted(_PUBLIC)
 

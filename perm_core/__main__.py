@@ -1,6 +1,6 @@
 """python -m perm_core COMMAND ...  (run with --help for the list of commands)
 
-Each command lives in perm_core/commands/NAME.py with `register(subparsers)`; the module's
+Each command lives in perm_core/cli/NAME.py with `register(subparsers)`; the module's
 `run(args) -> int` is the exit code. Exit 2 means bad usage or a model that cannot be used.
 """
 
@@ -11,8 +11,8 @@ import importlib
 import pkgutil
 import sys
 
-import perm_core.commands as commands_package
-from perm_core.commands import UsageError
+import perm_core.cli as commands_package
+from perm_core.cli import UsageError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,14 +21,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for info in sorted(pkgutil.iter_modules(commands_package.__path__), key=lambda m: m.name):
         if not info.name.startswith("_"):
-            importlib.import_module(f"perm_core.commands.{info.name}").register(sub)
+            importlib.import_module(f"perm_core.cli.{info.name}").register(sub)
     return parser
 
 
 def main(argv=None) -> int:
+    from perm_core.engine.spec import UnclaimedParameterError
     from perm_core.families import UnsupportedModelError
-    from perm_core.malloc import keep_freed_memory
-    from perm_core.spec import UnclaimedParameterError
+    from perm_core.run.malloc import keep_freed_memory
 
     args = build_parser().parse_args(argv)
     from perm_core import limits

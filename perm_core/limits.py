@@ -2,7 +2,7 @@
 
 | variable                   | default | what it sets                                                          |
 |----------------------------|---------|-----------------------------------------------------------------------|
-| TSE_PARAMS_CACHE_MB        | 640     | transformed parameter sets kept for key changes (perm_core.param_cache) |
+| TSE_PARAMS_CACHE_MB        | 640     | transformed parameter sets kept for key changes (perm_core.fast.param_cache) |
 | TSE_EXPLORATIONS_CACHE_MB  | 192     | Explore's original traces kept (ui.runtime.runs)                      |
 | TSE_RESULTS_CACHE_MB       | 192     | Explore's finished results kept (ui.runtime.runs)                     |
 | TSE_PAGES_CACHE_MB         | 128     | the other pages' finished runs kept (ui.runtime.runs.page_run)        |
@@ -14,7 +14,7 @@
 | TSE_WEIGHTS_HASH_FILE      | unset   | each shared model hashed at load and exit (ui.runtime.weights_audit)  |
 
 (TRANSFORMER_SYMMETRY_CACHE, the on-disk cache of converted zoo models, is a path read where it is used:
-perm_core.zoo_smollm.cache_root.)
+perm_core.models.smollm.cache_root.)
 
 A value that does not parse is kept as it was written and raises, naming its variable, only where it is read:
 a bad cache size breaks the pages that use that cache, and the others go on serving.

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import streamlit as st
 
-from perm_core import explore as compute
-from perm_core import figures
-from perm_core.explore import bits_summary, cosine, format_bits, output_summary, permutation_of
+from perm_core.explore import exploration as compute
+from perm_core.explore.exploration import bits_summary, cosine, format_bits, output_summary, permutation_of
+from ui.charts import figures
 from ui.export import chart
 from ui.sidebar import SYMMETRY_LABELS
 
@@ -188,7 +188,7 @@ def weights(explorer, result, keys_by_symmetry, control, layer: int) -> None:
 
 
 def mlp_neurons(view) -> None:
-    """The MLP's hidden activations in the chosen block (perm_core.mlp_view.MlpView): the MLP symmetry moves
+    """The MLP's hidden activations in the chosen block (perm_core.explore.mlp_view.MlpView): the MLP symmetry moves
     whole neuron columns."""
     layer = view.layer
     three_heatmaps(f"mlp-{layer}", (view.original[None], view.scrambled[None], view.restored[None]),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from perm_core.export import ExportError, figure_csv, figure_image, file_stem
+from ui.charts.export import ExportError, figure_csv, figure_image, file_stem
 
 
 def _image_or_message(fig, fmt: str):

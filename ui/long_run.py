@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import streamlit as st
 
-from perm_core.progress import TimeLeft
+from perm_core.run.progress import TimeLeft
 from ui.state import publish
 
 

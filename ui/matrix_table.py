@@ -5,8 +5,8 @@ from __future__ import annotations
 import html
 from urllib.parse import urlencode
 
-from perm_core.matrix import FAILED, HOLDS, MATRIX_DTYPE, MATRIX_KEY, NOT_HOLDING, RESTRICTED, Row
-from perm_core.symmetries import SYMMETRIES
+from perm_core.engine.symmetries import SYMMETRIES
+from perm_core.verify.matrix import FAILED, HOLDS, MATRIX_DTYPE, MATRIX_KEY, NOT_HOLDING, RESTRICTED, Row
 
 # The app's one colour convention: green = exact, amber = exact in a restricted form, grey = the architecture
 # does not have it (measured), red = something is wrong.

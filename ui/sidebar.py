@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 import streamlit as st
 import torch
 
-from perm_core import inputs as model_inputs
+from perm_core.engine.keys import InvalidKeyError, validate_key
+from perm_core.engine.symmetries import SYMMETRIES
 from perm_core.families import family_names, geometry_of
-from perm_core.input_spec import digit_image
-from perm_core.keys import InvalidKeyError, validate_key
-from perm_core.symmetries import SYMMETRIES
-from perm_core.zoo import DEFAULT_IMAGE_MODEL, LoadedModel, ModelLoadError
+from perm_core.models import inputs as model_inputs
+from perm_core.models.input_spec import digit_image
+from perm_core.models.registry import DEFAULT_IMAGE_MODEL, LoadedModel, ModelLoadError
 from ui.errors import logged
 from ui.runtime import drop_page_data, shared_model
 from ui.state import DEFAULT_KEYS, parse_bool, seed, use_navigation_registry
@@ -48,7 +48,7 @@ class View:
     inputs: dict | None = None
     input_id: str = ""  # identifies the input for caching (sample name, digit index, content hash)
     input_label: str = ""
-    input_spec: str | None = None  # the CLI's --input for this input (perm_core.input_spec); None for uploads
+    input_spec: str | None = None  # the CLI's --input for this input (perm_core.models.input_spec); None for uploads
     image: object | None = None  # the PIL image shown, for image models
     credit: str = ""  # attribution the input's licence asks for, shown wherever the input is shown
     keys: dict[str, int] = field(default_factory=dict)  # active symmetries -> validated key
@@ -78,7 +78,7 @@ def _credits() -> dict[str, str]:
 
 @st.cache_resource(show_spinner=False)
 def test_digits():
-    from perm_core.digits import digits_split
+    from perm_core.models.digits import digits_split
 
     _, _, test_x, test_y = digits_split(raw=True)
     return test_x, test_y
@@ -86,7 +86,7 @@ def test_digits():
 
 def default_model() -> str:
     """dinov2-s when its wheel is installed, else the shipped digits-vit (always offline)."""
-    from perm_core.zoo_dinov2 import onnx_path
+    from perm_core.models.dinov2 import onnx_path
 
     return DEFAULT_PHOTO_MODEL if onnx_path() is not None else DEFAULT_IMAGE_MODEL
 

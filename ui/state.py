@@ -107,7 +107,7 @@ def use_navigation_registry() -> None:
 
 def key_or_stop(text) -> int:
     """A validated key; otherwise the key's own message as st.error, and this page stops here."""
-    from perm_core.keys import InvalidKeyError, validate_key
+    from perm_core.engine.keys import InvalidKeyError, validate_key
 
     try:
         return validate_key(text)

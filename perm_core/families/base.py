@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from perm_core.spec import FamilySpec, Rule
+from perm_core.engine.spec import FamilySpec, Rule
 
 
 class UnsupportedModelError(ValueError):

@@ -1,7 +1,7 @@
 """BERT (encoder.layer.N.attention.self.{query,key,value}); the MLM decoder is tied to the embeddings."""
 
+from perm_core.engine.spec import Rule
 from perm_core.families.base import Family, Geometry
-from perm_core.spec import Rule
 
 QKV = {"query": "q", "key": "k", "value": "v"}
 

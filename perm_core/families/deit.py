@@ -2,9 +2,9 @@
 token. The sequence is [class, distillation, patches...]; the heads read tokens 0 and 1 by index, so both stay
 in place under token permutation (Geometry.fixed_tokens = 2) and only the patches are shuffled."""
 
+from perm_core.engine.spec import Rule
 from perm_core.families.base import Family, Geometry, UnsupportedModelError
 from perm_core.families.vit import MASKED_IMAGE_MODELING, body_rules, image_tokens, square
-from perm_core.spec import Rule
 
 P = r"(?:deit\.)?"
 

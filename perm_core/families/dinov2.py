@@ -7,9 +7,9 @@ token replaces masked patch embeddings (pre-training only): a residual vector to
 table's axis 1 holds the class token's row first, like ViT's; the class token stays in place.
 """
 
+from perm_core.engine.spec import Concat, Rule
 from perm_core.families.base import Family, Geometry
 from perm_core.families.vit import image_tokens, square
-from perm_core.spec import Concat, Rule
 
 P = r"(?:dinov2\.)?"
 L = P + r"encoder\.layer\.(?P<layer>\d+)\."

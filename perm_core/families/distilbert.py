@@ -1,8 +1,8 @@
 """DistilBERT: BERT's post-norm block under other names (transformer.layer.N.attention.{q,k,v,out}_lin,
 sa_layer_norm, ffn.lin1/lin2, output_layer_norm); learned positions taken as position_ids, no token types."""
 
+from perm_core.engine.spec import Rule
 from perm_core.families.base import Family, Geometry
-from perm_core.spec import Rule
 
 P = r"(?:distilbert\.)?"
 L = P + r"transformer\.layer\.(?P<layer>\d+)\."

@@ -6,8 +6,8 @@ see them, and a Q/K transform must commute with that diagonal gain (see Geometry
 The embedding is scaled by sqrt(d_model), a scalar that every symmetry leaves alone.
 """
 
+from perm_core.engine.spec import Rule
 from perm_core.families.base import Family, Geometry, UnsupportedModelError
-from perm_core.spec import Rule
 
 P = r"(?:model\.)?"
 L = P + r"layers\.(?P<layer>\d+)\."

@@ -1,7 +1,7 @@
 """GPT-2: Conv1D weights are stored [in, out]; c_attn fuses q|k|v along its output axis."""
 
+from perm_core.engine.spec import Concat, Rule
 from perm_core.families.base import Family, Geometry
-from perm_core.spec import Concat, Rule
 
 P = r"(?:transformer\.)?"
 L = P + r"h\.(?P<layer>\d+)\."

@@ -8,8 +8,8 @@ symmetry here acts on the residual stream and inside each branch alike. Old chec
 untied output head embed_out; transformers renames it lm_head on load.
 """
 
+from perm_core.engine.spec import Concat, Rule
 from perm_core.families.base import Family, Geometry, UnsupportedModelError
-from perm_core.spec import Concat, Rule
 
 P = r"(?:gpt_neox\.)?"
 L = P + r"layers\.(?P<layer>\d+)\."

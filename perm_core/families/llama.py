@@ -1,7 +1,7 @@
 """Llama: RMSNorm, RoPE, grouped-query attention (k/v have n_kv_heads), SwiGLU (gate and up move together)."""
 
+from perm_core.engine.spec import Rule
 from perm_core.families.base import Family, Geometry
-from perm_core.spec import Rule
 
 P = r"(?:model\.|transformer\.)?"  # LlamaForQuestionAnswering keeps its LlamaModel as `transformer`
 L = P + r"layers\.(?P<layer>\d+)\."

@@ -6,8 +6,8 @@ the first partial_rotary_factor * head_dim channels of each q/k head (Geometry.r
 window (Phi-3-mini's 2047) acts on every layer through one mask, as in Mistral (see tokens.py).
 """
 
+from perm_core.engine.spec import Concat, Rule
 from perm_core.families.base import Family, Geometry, UnsupportedModelError
-from perm_core.spec import Concat, Rule
 
 P = r"(?:model\.)?"
 L = P + r"layers\.(?P<layer>\d+)\."

@@ -9,8 +9,8 @@ from dataclasses import replace
 
 import perm_core.families.llama as llama
 import perm_core.families.qwen2 as qwen2
+from perm_core.engine.spec import Rule
 from perm_core.families.base import Family, Geometry
-from perm_core.spec import Rule
 
 
 def geometry(config) -> Geometry:

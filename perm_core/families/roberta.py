@@ -1,9 +1,9 @@
 """RoBERTa: BERT's layout under roberta.*, an MLM head lm_head.{dense,layer_norm,decoder}, and position ids
 counted from padding_idx + 1 (Geometry.position_offset): tokens.py passes them so, moved with their tokens."""
 
+from perm_core.engine.spec import Rule
 from perm_core.families.base import Family, Geometry
 from perm_core.families.bert import encoder_rules, text_kind
-from perm_core.spec import Rule
 
 
 def geometry(config) -> Geometry:

@@ -9,8 +9,8 @@ token permutation at all (Geometry.relative_position_bias: the bias is read from
 The tied LM head (scaled by d_model^-0.5 before it) and untied ones (T5 v1.1) alike read the residual.
 """
 
+from perm_core.engine.spec import Rule
 from perm_core.families.base import Family, Geometry
-from perm_core.spec import Rule
 
 QKV = "qkv"
 

@@ -1,7 +1,7 @@
 """ViT (transformers 5.x names: vit.layers.N.attention.{q,k,v,o}_proj, mlp.fc1/fc2)."""
 
+from perm_core.engine.spec import Rule
 from perm_core.families.base import Family, Geometry, UnsupportedModelError
-from perm_core.spec import Rule
 
 P = r"(?:vit\.)?"
 

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from perm_core.digits import evaluate_digits
-from perm_core.keys import permutation_bits
-from perm_core.zoo import load_model
+from perm_core.engine.keys import permutation_bits
+from perm_core.models.digits import evaluate_digits
+from perm_core.models.registry import load_model
 from ui.state import DEFAULT_KEYS
 
 PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "authorization.py")

@@ -30,7 +30,7 @@ def test_default_run_shows_exact_gradients_and_sgd_lockstep():
     assert float(shown["Loss after 5 steps"]) < float(shown["Loss at step 0"])  # training really moved it
     assert len(at.success) == 2 and not at.error
     # "All N gradients": the input's and every parameter's, each compared and each on the error chart.
-    from perm_core.zoo import load_model
+    from perm_core.models.registry import load_model
 
     n_params = len(list(load_model("digits-vit").model.parameters()))
     assert at.success[0].value.startswith(f"All {n_params + 1} gradients (the input's and every parameter's)")

@@ -103,7 +103,7 @@ def test_a_stopped_check_says_so_and_runs_again_on_request():
 
 def test_restricted_forms_are_listed_with_the_geometrys_own_reasons():
     from perm_core.families import geometry_of
-    from perm_core.random_models import build_random_model
+    from perm_core.models.random_models import build_random_model
 
     at = check_page(model="random:gemma3", dtype="float64", on_head_channels="1", on_rotation="1")
     run_button(at).click().run()
@@ -149,7 +149,7 @@ def test_the_reproduce_command_gives_the_pages_report(query):
 def test_a_failing_check_shows_where_it_first_breaks(monkeypatch):
     """A bug planted in block 1 of digits-vit: the page fails, names the first tensor over tolerance in
     computation order, and charts the error place by place with block 1 the first over the line."""
-    from perm_core.verify import Subject
+    from perm_core.verify.check import Subject
 
     real = Subject.transformed_params
 

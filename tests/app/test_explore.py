@@ -267,7 +267,7 @@ def test_the_weight_view_shows_w_beside_w_prime_and_the_inverse_gives_it_back():
     assert original.shape == scrambled.shape == back.shape
     assert np.abs(back - original).max() == 0  # a permutation moves numbers, it does not change them
     assert np.abs(scrambled - original).max() > 0.1
-    from perm_core.zoo import load_model
+    from perm_core.models.registry import load_model
 
     trained = load_model("digits-vit").model.state_dict()["vit.layers.1.mlp.fc1.weight"].numpy()
     assert original.shape == trained.shape and np.allclose(original, trained, atol=1e-6)  # W itself, not a copy

@@ -3,8 +3,8 @@ symmetry matrix links every cell here), and the proof chart shows what the famil
 
 import pytest
 
+from perm_core.engine.symmetries import SYMMETRIES
 from perm_core.families import family_names
-from perm_core.symmetries import SYMMETRIES
 from tests.app.test_explore import charts, explore, proof_errors, title
 
 ALL_ON = {f"on_{name}": "1" for name in SYMMETRIES}
@@ -13,7 +13,7 @@ ALL_ON = {f"on_{name}": "1" for name in SYMMETRIES}
 @pytest.mark.parametrize("family", family_names())
 def test_every_family_explores_exactly_with_every_symmetry(family):
     from perm_core.families import geometry_of
-    from perm_core.random_models import build_random_model
+    from perm_core.models.random_models import build_random_model
 
     missing = geometry_of(build_random_model(family)[0]).not_holding()
     on = {**ALL_ON, **{f"on_{name}": "0" for name in missing}}
@@ -32,10 +32,10 @@ def test_the_mlp_caption_counts_the_neurons_its_own_run_moved():
 
     import torch
 
-    from perm_core.explore import Exploration
-    from perm_core.input_spec import inputs_from_spec
-    from perm_core.mlp_view import mlp_view
-    from perm_core.zoo import load_model
+    from perm_core.explore.exploration import Exploration
+    from perm_core.explore.mlp_view import mlp_view
+    from perm_core.models.input_spec import inputs_from_spec
+    from perm_core.models.registry import load_model
 
     at = explore(model="digits-vit", dtype="float64", on_mlp="1", k_mlp="21", on_tokens="0", on_channels="0",
                  layer="1")

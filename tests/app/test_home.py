@@ -6,9 +6,9 @@ from pathlib import Path
 import torch
 from streamlit.testing.v1 import AppTest
 
-from perm_core import verify
-from perm_core.defaults import default_inputs
-from perm_core.zoo import load_model
+from perm_core.models.defaults import default_inputs
+from perm_core.models.registry import load_model
+from perm_core.verify import check as verify
 from ui.sidebar import default_model
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")

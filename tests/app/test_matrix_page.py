@@ -6,8 +6,8 @@ from urllib.parse import parse_qs, urlparse
 
 from streamlit.testing.v1 import AppTest
 
-from perm_core import matrix
-from perm_core.symmetries import SYMMETRIES
+from perm_core.engine.symmetries import SYMMETRIES
+from perm_core.verify import matrix
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
 

@@ -15,7 +15,7 @@ from streamlit.testing.v1 import AppTest
 
 import ui.runtime.housekeeping as resources
 from perm_core import limits
-from perm_core.explore import ExploreResult
+from perm_core.explore.exploration import ExploreResult
 from ui.runtime import runs as compute
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
@@ -35,7 +35,7 @@ def test_heavy_globals_are_dropped_and_light_ones_kept():
 
 
 def test_an_object_of_our_own_holding_a_large_trace_is_dropped():
-    holder = type("Holder", (), {"__module__": "perm_core.explore"})()
+    holder = type("Holder", (), {"__module__": "perm_core.explore.exploration"})()
     holder.trace = {"hidden": torch.ones(2**19)}  # 2 MiB
     page = {"result": holder, "other": SimpleNamespace(x=torch.ones(2**19))}  # another library's: not walked
     assert resources.drop_page_data(page) == ["result"]

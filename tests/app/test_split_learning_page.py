@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 from streamlit.testing.v1 import AppTest
 
-from perm_core import keys
-from perm_core.apps import split_learning
+from perm_core.applications import split_learning
+from perm_core.engine import keys
 from ui.state import DEFAULT_KEYS
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")

@@ -8,10 +8,10 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
-from perm_core.defaults import default_inputs
-from perm_core.explore import Exploration
-from perm_core.walk import STEPS, run_step
-from perm_core.zoo import load_model
+from perm_core.explore.exploration import Exploration
+from perm_core.explore.walk import STEPS, run_step
+from perm_core.models.defaults import default_inputs
+from perm_core.models.registry import load_model
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from perm_core.malloc import SERVER_ENVIRONMENT
+from perm_core.run.malloc import SERVER_ENVIRONMENT
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -81,7 +81,7 @@ def test_bad_texts(app_url, page, where):
     wait_for_app(page, 180_000)
     submit = "Control+Enter" if explore else "Enter"  # a text area, or a text input
     cases = [("", "the input is empty"), ("word " * 5000, "tokens were dropped")]
-    if explore:  # Backward reads its text the same way (perm_core.inputs.prepare_text); each case costs a run
+    if explore:  # Backward reads its text the same way (perm_core.models.inputs.prepare_text); each case costs a run
         cases += [("   \n\t  ", "the input is empty"), ("Hello мир 世界 مرحبا नमस्ते 🙂 Ωμέγα", VERDICT)]
     for text, expected in cases:
         box.fill(text)

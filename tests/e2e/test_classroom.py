@@ -1,5 +1,5 @@
 """The classroom load test, small. With the websocket driver (the default): 3 sessions open the same dinov2-s
-link at once (two sessions on one model corrupted it before perm_core.stateless), then Explore (digits-vit,
+link at once (two sessions on one model corrupted it before perm_core.run.stateless), then Explore (digits-vit,
 dinov2-s, minilm) for 20 s of key changes, then Check and Rotation. With the browser driver: one session the
 same way. No errors anywhere, every shared model's weights hash as before, and each session's verdicts and
 numbers equal a run of the same settings alone on a fresh server. Timings are not asserted.

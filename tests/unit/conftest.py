@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from perm_core import zoo
+from perm_core.models import registry as zoo
 from tests.conftest import keep_converted
 
 

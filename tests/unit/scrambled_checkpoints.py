@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from perm_core.__main__ import main
-from perm_core.symmetries import WEIGHT_SYMMETRIES
+from perm_core.engine.symmetries import WEIGHT_SYMMETRIES
 
 
 def save_and_scramble(model, directory: Path, key: int = 5, symmetries=WEIGHT_SYMMETRIES) -> dict:

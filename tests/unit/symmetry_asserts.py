@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from perm_core import symmetries
-from perm_core.verify import TOLERANCE
+from perm_core.engine import symmetries
+from perm_core.verify.check import TOLERANCE
 
 
 def assert_symmetry_holds(report, symmetry: str, dtype: torch.dtype) -> None:

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from perm_core.__main__ import main
-from perm_core.apps import authorization as auth
-from perm_core.digits import evaluate_digits
-from perm_core.verify import Subject
-from perm_core.zoo import load_model
+from perm_core.applications import authorization as auth
+from perm_core.models.digits import evaluate_digits
+from perm_core.models.registry import load_model
+from perm_core.verify.check import Subject
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -40,7 +40,7 @@ def test_locking_leaves_the_embedding_and_permutes_everything_after_it(digits):
     block = "vit.layers.0.attention.q_proj.weight"
     assert not torch.equal(lock.published[block], params[block])
     # The key holder's features are the plain embedding features with their channels gathered by P.
-    from perm_core.symmetries import channels
+    from perm_core.engine.symmetries import channels
 
     perm = channels(9, lock.subject.geometry).spaces[("resid", None)][0].index
     x = torch.randn(2, 1, 8, 8)

@@ -6,11 +6,11 @@ import math
 import pytest
 import torch
 
-from perm_core.apps import backward as bw
-from perm_core.digits import digits_split
-from perm_core.random_models import build_random_model, random_inputs
-from perm_core.verify import Subject
-from perm_core.zoo import load_model
+from perm_core.applications import backward as bw
+from perm_core.models.digits import digits_split
+from perm_core.models.random_models import build_random_model, random_inputs
+from perm_core.models.registry import load_model
+from perm_core.verify.check import Subject
 
 ALL_KEYS = {"tokens": 3, "channels": 7, "heads": 1, "head_channels": 5, "mlp": 2, "rotation": 4}
 

@@ -1,4 +1,4 @@
-"""Gathers and un-scramble-and-compare steps a batch per torch call (perm_core.batched_gathers): the very values of
+"""Gathers and un-scramble-and-compare steps a batch per torch call (perm_core.fast.batched_gathers): the very values of
 Permutation.apply and of compare's one-pair reduction, a handful of calls for a whole key change, and the
 same verdicts as the one-by-one path, which a wrong inverse still fails."""
 
@@ -8,12 +8,12 @@ import math
 
 import torch
 
-from perm_core import tolerances
-from perm_core.batched_gathers import gather_many, gathered_differences
-from perm_core.explore import Exploration
-from perm_core.random_models import build_random_model, random_inputs
-from perm_core.threads import TorchWorkCalls
-from perm_core.transforms import Permutation
+from perm_core.engine.transforms import Permutation
+from perm_core.explore.exploration import Exploration
+from perm_core.fast.batched_gathers import gather_many, gathered_differences
+from perm_core.models.random_models import build_random_model, random_inputs
+from perm_core.run.threads import TorchWorkCalls
+from perm_core.verify import tolerances
 
 
 def one_by_one(tensor, steps):

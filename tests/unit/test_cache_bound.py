@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from perm_core import param_cache
+from perm_core.fast import param_cache
 
 
 def test_the_bound_follows_the_loaded_weights_within_its_limits():

@@ -2,8 +2,8 @@
 
 import torch
 
-from perm_core.random_models import build_random_model, random_inputs
-from perm_core.verify import check
+from perm_core.models.random_models import build_random_model, random_inputs
+from perm_core.verify.check import check
 
 
 def test_a_key_per_symmetry_is_each_symmetry_checked_with_its_own_key():

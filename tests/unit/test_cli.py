@@ -108,7 +108,7 @@ def test_a_broken_spec_exits_1(tmp_path, monkeypatch):
     """If the engine were wrong the exit code says so: forget the norms in the real spec."""
     import dataclasses
 
-    from perm_core.commands import check as check_command
+    from perm_core.cli import check as check_command
     from perm_core.families import bert
 
     def rules_without_norms(g):
@@ -130,7 +130,7 @@ def test_scramble_writes_a_function_identical_model(tmp_path):
     record = json.loads((out / "key.json").read_text())
     assert record["key"] == 7 and set(record["symmetries"]) == {"channels", "heads", "mlp"}
     assert (out / "model.safetensors").exists() and not list(out.glob("*.bin"))
-    from perm_core.random_models import build_random_model, random_inputs
+    from perm_core.models.random_models import build_random_model, random_inputs
     original, _ = build_random_model("gpt2")
     scrambled = hf.AutoModelForCausalLM.from_pretrained(out).eval()
     inputs = random_inputs("gpt2", original)

@@ -22,16 +22,16 @@ import pytest
 import torch
 import transformers as hf
 
-from perm_core import keys, symmetries
 from perm_core.__main__ import main
-from perm_core.apps import rotation
+from perm_core.applications import rotation
+from perm_core.engine import keys, symmetries
+from perm_core.engine.spec import Concat, FamilySpec, Rule, Scramble
+from perm_core.engine.tokens import causal_float_mask, model_inputs
+from perm_core.engine.transforms import BlockOrthogonal, Permutation
 from perm_core.families import UnsupportedModelError, family_by_name, family_of, gpt_neox, phi3
-from perm_core.numerics import use_exact_numerics
-from perm_core.random_models import build_random_model, random_config, random_inputs, randomize_
-from perm_core.spec import Concat, FamilySpec, Rule, Scramble
-from perm_core.tokens import causal_float_mask, model_inputs
-from perm_core.transforms import BlockOrthogonal, Permutation
-from perm_core.verify import Subject, check
+from perm_core.models.random_models import build_random_model, random_config, random_inputs, randomize_
+from perm_core.run.numerics import use_exact_numerics
+from perm_core.verify.check import Subject, check
 from tests.unit.symmetry_asserts import assert_every_control_breaks, assert_symmetry_holds
 
 pytestmark = pytest.mark.usefixtures("one_thread")

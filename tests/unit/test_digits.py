@@ -5,7 +5,8 @@ import json
 import pytest
 import torch
 
-from perm_core import digits, zoo
+from perm_core.models import digits
+from perm_core.models import registry as zoo
 
 
 def test_split_is_fixed_stratified_and_disjoint():

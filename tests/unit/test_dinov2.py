@@ -15,15 +15,16 @@ import pytest
 import torch
 from PIL import Image
 
-from perm_core import zoo, zoo_dinov2
-from perm_core.defaults import default_inputs
+from perm_core.engine.patches import shuffle_patches
+from perm_core.engine.spec import FamilySpec, UnclaimedParameterError
+from perm_core.engine.tokens import n_tokens
 from perm_core.families import dinov2 as dinov2_family
 from perm_core.families import family_of
-from perm_core.patches import shuffle_patches
-from perm_core.random_models import build_random_model, random_inputs
-from perm_core.spec import FamilySpec, UnclaimedParameterError
-from perm_core.tokens import n_tokens
-from perm_core.verify import Subject, check, check_scramble
+from perm_core.models import dinov2 as zoo_dinov2
+from perm_core.models import registry as zoo
+from perm_core.models.defaults import default_inputs
+from perm_core.models.random_models import build_random_model, random_inputs
+from perm_core.verify.check import Subject, check, check_scramble
 
 BACKBONE_OUTPUT = "/backbone/layernorm/Add_1_output_0"  # the ONNX value of Dinov2Model.last_hidden_state
 
@@ -142,7 +143,7 @@ def test_interrupted_conversion_leaves_nothing(tmp_path):
 
 
 def test_preprocessing_is_imagenet_normalization(dinov2_dir):
-    from perm_core.inputs import image_to_pixels
+    from perm_core.models.inputs import image_to_pixels
 
     loaded = zoo.load_model("dinov2-s")
     color = (200, 100, 50)
@@ -239,7 +240,7 @@ def test_patch_tokens_and_geometry():
     assert n_tokens({"pixel_values": torch.zeros(1, 3, 224, 224)}, dinov2_family.geometry(zoo_dinov2.dinov2_config())) \
         == 257
     pixels = torch.arange(3 * 16 * 16, dtype=torch.float32).reshape(1, 3, 16, 16)
-    from perm_core.symmetries import token_permutation
+    from perm_core.engine.symmetries import token_permutation
 
     tokens = token_permutation(7, 17, True)
     moved = shuffle_patches(pixels, tokens, 4)

@@ -8,11 +8,12 @@ import pytest
 import torch
 import transformers
 
-from perm_core import symmetries, verify
-from perm_core.numerics import use_exact_numerics
-from perm_core.random_models import DEFAULT_CLASSES, build_random_model, random_config, random_inputs, randomize_
-from perm_core.symmetries import Control
-from perm_core.verify import BROKEN_AT, Subject, run_control
+from perm_core.engine import symmetries
+from perm_core.engine.symmetries import Control
+from perm_core.models.random_models import DEFAULT_CLASSES, build_random_model, random_config, random_inputs, randomize_
+from perm_core.run.numerics import use_exact_numerics
+from perm_core.verify import check as verify
+from perm_core.verify.check import BROKEN_AT, Subject, run_control
 
 FAMILIES = ("vit", "bert", "gpt2", "llama", "dinov2", "gemma3", "t5")
 

@@ -7,7 +7,7 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
-from perm_core import export, figures
+from ui.charts import export, figures
 
 
 def test_csv_of_a_heatmap_is_its_matrix_with_labels():

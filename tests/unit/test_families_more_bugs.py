@@ -13,15 +13,15 @@ from dataclasses import replace
 import pytest
 import torch
 
-from perm_core import keys, symmetries
+from perm_core.engine import keys, symmetries
+from perm_core.engine.patches import shuffle_patches
+from perm_core.engine.spec import Rule, Scramble
+from perm_core.engine.tokens import model_inputs
+from perm_core.engine.transforms import Permutation
 from perm_core.families import deit, llama, qwen3
-from perm_core.patches import shuffle_patches
-from perm_core.random_models import build_random_model, random_inputs
-from perm_core.spec import Rule, Scramble
-from perm_core.tokens import model_inputs
-from perm_core.trace import run
-from perm_core.transforms import Permutation
-from perm_core.verify import Subject, check
+from perm_core.models.random_models import build_random_model, random_inputs
+from perm_core.run.trace import run
+from perm_core.verify.check import Subject, check
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 EXACT = 1e-9  # float64

@@ -9,14 +9,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from perm_core import param_cache, symmetries
-from perm_core.batched_gathers import gather_many
-from perm_core.explore import Exploration, control_options
+from perm_core.engine import symmetries
+from perm_core.engine.patches import shuffle_patches
+from perm_core.engine.spec import PIXELS, Concat, Scramble
+from perm_core.engine.transforms import Permutation
+from perm_core.explore.exploration import Exploration, control_options
 from perm_core.families import family_names
-from perm_core.patches import shuffle_patches
-from perm_core.random_models import build_random_model, random_inputs
-from perm_core.spec import PIXELS, Concat, Scramble
-from perm_core.transforms import Permutation
+from perm_core.fast import param_cache
+from perm_core.fast.batched_gathers import gather_many
+from perm_core.models.random_models import build_random_model, random_inputs
 
 KEYS = {name: 11 + i for i, name in enumerate(symmetries.SYMMETRIES)}
 
@@ -140,7 +141,7 @@ def test_strided_gather_and_merged_chain_equal_index_select():
             expected = view.index_select(axis, first.index).index_select(axis, second.index)
             got = stepwise_chain((first,), view, axis)
             assert torch.equal(first.apply(view, axis), got) and first.apply(view, axis).is_contiguous()
-            from perm_core.transforms import apply_chain
+            from perm_core.engine.transforms import apply_chain
 
             assert torch.equal(apply_chain((first, second), view, axis), expected)
             assert not torch.equal(expected, view)
@@ -232,7 +233,7 @@ def test_fused_axis_index_equals_the_engine_gather():
 
 
 def test_cached_original_scales_give_the_same_errors_and_movement(explorers, one_thread):
-    from perm_core.tolerances import relative_differences, scales, tensor_errors
+    from perm_core.verify.tolerances import relative_differences, scales, tensor_errors
 
     explorer = explorers["bert"]
     subject, original = explorer.subject, explorer.original
@@ -259,7 +260,7 @@ def test_a_set_over_the_bound_keeps_a_part_and_derives_from_it_bit_identically(e
 def test_block_rotation_on_any_axis_equals_the_dense_block_diagonal_matrix():
     """The batched-matmul paths (first axis, last axis) and the einsum path (a middle axis), on contiguous and
     strided tensors: new[..., i, ...] = sum_j M[i, j] old[..., j, ...] with M the block-diagonal matrix."""
-    from perm_core.transforms import BlockOrthogonal
+    from perm_core.engine.transforms import BlockOrthogonal
 
     generator = torch.Generator().manual_seed(4)
     rotation = BlockOrthogonal(torch.linalg.qr(torch.randn(3, 4, 4, generator=generator, dtype=torch.float64))[0])

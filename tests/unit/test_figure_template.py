@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 import pytest
 
-from perm_core import figures
+from ui.charts import figures
 
 
 def sample_figures():

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from perm_core.families import _registry
-from perm_core.random_models import CONFIGS, build_random_model, random_inputs
-from perm_core.tolerances import ROUNDOFF_CAP, TOLERANCE
-from perm_core.verify import check
+from perm_core.models.random_models import CONFIGS, build_random_model, random_inputs
+from perm_core.verify.check import check
+from perm_core.verify.tolerances import ROUNDOFF_CAP, TOLERANCE
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 FAMILIES = sorted(f for f in _registry() if (f, "tiny") in CONFIGS)

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from perm_core.__main__ import main
-from perm_core.apps import fusion
-from perm_core.apps.matching import METHODS, align, distance
-from perm_core.verify import Subject
-from perm_core.zoo import load_model
+from perm_core.applications import fusion
+from perm_core.applications.matching import METHODS, align, distance
+from perm_core.models.registry import load_model
+from perm_core.verify.check import Subject
 
 
 @pytest.fixture(autouse=True)
@@ -78,7 +78,7 @@ def test_matching_recovers_a_hidden_scramble_of_the_same_model(subjects):
     before = distance(subject_a.params, scrambled)
     found = align("permutation+rotation", subject_a.params, scrambled, subject_a.spec, subject_a.claims,
                   subject_a.geometry)
-    from perm_core.spec import transform_params
+    from perm_core.engine.spec import transform_params
     after = distance(subject_a.params, transform_params(scrambled, subject_a.spec, found, subject_a.claims))
     assert before > 5
     assert after < 1e-9 * before

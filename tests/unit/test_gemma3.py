@@ -15,12 +15,14 @@ from dataclasses import replace
 import pytest
 import torch
 
-from perm_core import symmetries, zoo, zoo_gemma
-from perm_core.defaults import default_inputs
+from perm_core.engine import symmetries
+from perm_core.engine.spec import FamilySpec, Rule, Scramble
+from perm_core.engine.tokens import causal_float_mask, model_inputs
 from perm_core.families import family_of, gemma3
-from perm_core.spec import FamilySpec, Rule, Scramble
-from perm_core.tokens import causal_float_mask, model_inputs
-from perm_core.verify import Subject, check
+from perm_core.models import gemma as zoo_gemma
+from perm_core.models import registry as zoo
+from perm_core.models.defaults import default_inputs
+from perm_core.verify.check import Subject, check
 from tests.conftest import keep_converted
 
 EXACT = 1e-9  # float64

@@ -9,9 +9,9 @@ import math
 import numpy as np
 import torch
 
-from perm_core import tolerances
-from perm_core.param_cache import _same_index
-from perm_core.threads import TorchWorkCalls as Calls
+from perm_core.fast.param_cache import _same_index
+from perm_core.run.threads import TorchWorkCalls as Calls
+from perm_core.verify import tolerances
 
 
 def pairs():
@@ -89,7 +89,7 @@ def test_a_comparison_reuses_its_threads_scratch_and_gives_the_plain_numbers():
 
 
 def test_an_index_is_read_once_and_the_kept_fingerprints_are_bounded(monkeypatch):
-    from perm_core import param_cache
+    from perm_core.fast import param_cache
 
     monkeypatch.setattr(param_cache, "_fingerprints", {})
     monkeypatch.setattr(param_cache, "FINGERPRINTS_KEPT", 8)
@@ -117,7 +117,7 @@ def test_tensors_that_require_grad_compare_too():
 
 def test_a_chart_reads_a_cpu_tensor_without_torch_calls_and_gets_the_same_numbers():
     """figures.to_numpy: numpy() holds the GIL, where detach/to/double were three waits for it under load."""
-    from perm_core.figures import to_numpy
+    from ui.charts.figures import to_numpy
 
     generator = torch.Generator().manual_seed(4)
     for tensor in (torch.randn(5, 3, generator=generator), torch.randn(4, dtype=torch.float64, generator=generator),

@@ -1,4 +1,4 @@
-"""A key change's forward as one TorchScript graph (perm_core.graph_forward): the eager forward's numbers bit for
+"""A key change's forward as one TorchScript graph (perm_core.fast.graph_forward): the eager forward's numbers bit for
 bit in every family, on weights and inputs other than the ones it was traced on, with controls that show each
 safeguard is needed (a graph keyed without its inputs' values, one traced while transformers knows it is
 traced, one that draws random numbers)."""
@@ -11,11 +11,11 @@ import pytest
 import torch
 from transformers.modeling_outputs import BaseModelOutput
 
-from perm_core import graph_forward
-from perm_core.explore import Exploration
+from perm_core.explore.exploration import Exploration
 from perm_core.families import family_names
-from perm_core.random_models import build_random_model, random_inputs
-from perm_core.threads import TorchWorkCalls
+from perm_core.fast import graph_forward
+from perm_core.models.random_models import build_random_model, random_inputs
+from perm_core.run.threads import TorchWorkCalls
 
 KEYS = ({"tokens": 5, "channels": 3, "heads": 2, "mlp": 7}, {"tokens": 6, "channels": 11, "heads": 2, "mlp": 1})
 
@@ -142,7 +142,7 @@ def test_a_parameter_off_alignment_is_packed_as_it_lies_and_others_stay_eager(mo
     graphed = graph_forward.forward(model, moved, kwargs)
     assert graph_forward._shift(shifted) == 3 and graphed is not None
     with torch.no_grad():
-        from perm_core.stateless import functional_call
+        from perm_core.run.stateless import functional_call
         expected = functional_call(model, moved, args=(), kwargs=kwargs).hidden_states
     assert all(map(torch.equal, graphed.hidden_states, expected))
     assert not torch.equal(graphed.hidden_states[-1], eager[-1])  # the moved weight mattered

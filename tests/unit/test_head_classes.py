@@ -21,12 +21,12 @@ import torch
 import transformers as hf
 from transformers.models.auto import modeling_auto
 
-from perm_core import trace
+from perm_core.engine.spec import Rule
 from perm_core.families import UnsupportedModelError, _registry, family_of, gpt2
-from perm_core.numerics import use_exact_numerics
-from perm_core.random_models import build_random_model, random_config, random_inputs
-from perm_core.spec import Rule
-from perm_core.verify import check
+from perm_core.models.random_models import build_random_model, random_config, random_inputs
+from perm_core.run import trace
+from perm_core.run.numerics import use_exact_numerics
+from perm_core.verify.check import check
 from tests.unit.scrambled_checkpoints import save_and_scramble
 
 pytestmark = pytest.mark.usefixtures("one_thread")

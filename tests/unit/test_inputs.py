@@ -9,8 +9,9 @@ import pytest
 import torch
 from PIL import Image
 
-from perm_core import digits, inputs, zoo
-from perm_core.inputs import InputError
+from perm_core.models import digits, inputs
+from perm_core.models import registry as zoo
+from perm_core.models.inputs import InputError
 from tests import bad_files
 from ui.sidebar import frame_count, image_from_upload
 

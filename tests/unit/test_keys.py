@@ -10,11 +10,11 @@ import zlib
 import pytest
 import torch
 
-from perm_core import keys, symmetries
+from perm_core.engine import keys, symmetries
 from perm_core.families import family_by_name
-from perm_core.random_models import random_config
+from perm_core.models.random_models import random_config
 
-SNIPPET = "from perm_core import keys; print(keys.permutation(987654321, 20, 'channels').tolist(), " \
+SNIPPET = "from perm_core.engine import keys; print(keys.permutation(987654321, 20, 'channels').tolist(), " \
           "keys.orthogonal(3, 1, 3, 'rotation/0/qk').flatten().tolist())"
 
 
@@ -72,7 +72,7 @@ def test_a_key_never_draws_the_identity(n):
 
 
 def test_long_keys_parse_decimal_and_hex_up_to_256_bits():
-    from perm_core.keys import MAX_LONG_KEY, parse_long_key
+    from perm_core.engine.keys import MAX_LONG_KEY, parse_long_key
 
     assert parse_long_key("0x" + "f" * 64) == MAX_LONG_KEY == 2**256 - 1
     assert parse_long_key("0XdeadBEEF") == 0xDEADBEEF
@@ -87,7 +87,7 @@ def test_short_keys_draw_what_they_always_drew_and_long_keys_differ():
     and two long keys that agree in their low 64 bits still differ."""
     import numpy as np
 
-    from perm_core.keys import permutation
+    from perm_core.engine.keys import permutation
 
     seeded = np.random.SeedSequence([12345, 0, zlib.crc32(b"channels")])
     assert torch.equal(permutation(12345, 20, "channels"),

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from perm_core import keys, symmetries
+from perm_core.engine import keys, symmetries
 from perm_core.families import llama
-from perm_core.random_models import build_random_model
+from perm_core.models.random_models import build_random_model
 
 
 def llama_geometry():

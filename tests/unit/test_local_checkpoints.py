@@ -15,14 +15,14 @@ import pytest
 import torch
 import transformers as hf
 
-from perm_core import zoo
 from perm_core.__main__ import main
-from perm_core.defaults import DEFAULT_TEXT, default_inputs
-from perm_core.numerics import use_exact_numerics
-from perm_core.random_models import build_random_model, random_config
-from perm_core.spec import apply_axes
-from perm_core.trace import TOKEN_RESID
-from perm_core.verify import Subject
+from perm_core.engine.spec import apply_axes
+from perm_core.models import registry as zoo
+from perm_core.models.defaults import DEFAULT_TEXT, default_inputs
+from perm_core.models.random_models import build_random_model, random_config
+from perm_core.run.numerics import use_exact_numerics
+from perm_core.run.trace import TOKEN_RESID
+from perm_core.verify.check import Subject
 
 ROOT = Path(__file__).resolve().parents[2]
 CLASSES = {  # class -> family
@@ -160,7 +160,7 @@ def test_scramble_float64_keeps_class_and_function(class_name, tmp_path, one_thr
     subject = Subject(loaded.model)
     inverse = subject.build({name: 31 for name in symmetries}).inverse()
     stock = outputs(original, inputs), outputs(scrambled, inputs)
-    # Stock eager attention and RMSNorm of ViT and Llama compute in float32 even here (perm_core/numerics.py):
+    # Stock eager attention and RMSNorm of ViT and Llama compute in float32 even here (perm_core/run/numerics.py):
     # as shipped, the two agree to float32 round-off; with the same math in float64, to float64 round-off.
     for name in ("logits",):
         if name in stock[0]:

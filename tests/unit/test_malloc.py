@@ -8,7 +8,7 @@ import sys
 
 PROBE = """
 import resource, sys, torch
-from perm_core.malloc import keep_freed_memory
+from perm_core.run.malloc import keep_freed_memory
 if sys.argv[1] == "keep":
     assert keep_freed_memory()
 def faults():
@@ -35,7 +35,7 @@ def test_freed_memory_is_reused_without_faulting_it_in_again():
 
 SERVER_PROBE = """
 import sys, torch
-from perm_core.malloc import give_freed_memory_back
+from perm_core.run.malloc import give_freed_memory_back
 if sys.argv[1] == "server":
     assert give_freed_memory_back()
 def resident():

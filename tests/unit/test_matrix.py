@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from perm_core import matrix
 from perm_core.__main__ import main
+from perm_core.engine.spec import Rule
+from perm_core.engine.symmetries import SYMMETRIES
 from perm_core.families import llama as llama_family
-from perm_core.spec import Rule
-from perm_core.symmetries import SYMMETRIES
+from perm_core.verify import matrix
 
 
 def run_cli(capsys, *argv) -> tuple[int, str]:
@@ -39,7 +39,7 @@ def test_matrix_json_shape_and_cells(capsys):
 
 
 def test_every_registered_family_has_a_random_model_for_the_matrix():
-    from perm_core.random_models import random_config
+    from perm_core.models.random_models import random_config
 
     for family in matrix.families():
         assert random_config(family) is not None

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from perm_core.explore import Exploration
+from perm_core.explore.exploration import Exploration
+from perm_core.explore.mlp_view import mlp_view, output_projection
 from perm_core.families import family_names
-from perm_core.mlp_view import mlp_view, output_projection
-from perm_core.random_models import build_random_model, random_inputs
+from perm_core.models.random_models import build_random_model, random_inputs
 
 
 def explored(family: str):
@@ -50,7 +50,7 @@ def test_the_output_projection_is_named_by_the_spec():
 def test_the_original_activation_is_computed_once_and_every_forward_stops_at_the_shown_block(monkeypatch):
     """Every key change of every session needs the same original activation; and a forward that reached the
     shown block has computed everything shown. The values are those of a full forward."""
-    from perm_core import capture as view_module  # the stopped forward of the MLP view
+    from perm_core.run import capture as view_module  # the stopped forward of the MLP view
 
     explorer = explored("gpt2")
     model = explorer.subject.model
@@ -111,7 +111,7 @@ def test_a_capture_sees_its_own_thread_only():
     capture alone and is itself unchanged."""
     import threading
 
-    from perm_core.capture import capturing
+    from perm_core.run.capture import capturing
 
     explorer = explored("gpt2")
     model, inputs = explorer.subject.model, explorer.subject.inputs

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from perm_core.families import gpt2 as gpt2_family
-from perm_core.random_models import build_random_model, random_inputs
-from perm_core.verify import BROKEN_AT, check
+from perm_core.models.random_models import build_random_model, random_inputs
+from perm_core.verify.check import BROKEN_AT, check
 
 
 def _claiming_relative_bias(monkeypatch):
@@ -47,7 +47,7 @@ def test_a_false_does_not_hold_claim_fails_the_report(monkeypatch):
 
 def test_a_real_break_is_the_evidence(monkeypatch):
     """The same claim with positions left where they were (what a relative bias does): the break is measured."""
-    from perm_core import tokens as tokens_module
+    from perm_core.engine import tokens as tokens_module
 
     _claiming_relative_bias(monkeypatch)
     real = tokens_module.model_inputs
@@ -55,7 +55,7 @@ def test_a_real_break_is_the_evidence(monkeypatch):
     def positions_stay(inputs, g, scramble, dtype):
         return real(inputs, g, scramble.with_controls(positions_follow_tokens=False), dtype)
 
-    monkeypatch.setattr("perm_core.verify.model_inputs", positions_stay)
+    monkeypatch.setattr("perm_core.verify.check.model_inputs", positions_stay)
     model, _ = build_random_model("gpt2", dtype=torch.float64, seed=3)
     report = check(model, random_inputs("gpt2", model, seed=3), ["tokens", "channels"], key=7, backward=False)
     claim = report.not_symmetries[0]

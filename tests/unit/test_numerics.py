@@ -1,4 +1,4 @@
-"""What perm_core.numerics says about the stock code is true: which families downcast a float64 model.
+"""What perm_core.run.numerics says about the stock code is true: which families downcast a float64 model.
 
 transformers' eager attention of ViT and Llama computes the softmax in float32 (and Llama's RMSNorm
 normalizes in float32), so a float64 model is off by ~1e-7 from full precision; BERT's and GPT-2's
@@ -12,8 +12,8 @@ import pytest
 import torch
 import transformers as hf
 
-from perm_core.numerics import use_exact_numerics
-from perm_core.random_models import DEFAULT_CLASSES, random_config, random_inputs, randomize_
+from perm_core.models.random_models import DEFAULT_CLASSES, random_config, random_inputs, randomize_
+from perm_core.run.numerics import use_exact_numerics
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

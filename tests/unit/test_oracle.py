@@ -13,7 +13,7 @@ import pytest
 import torch
 import transformers as hf
 
-from perm_core.random_models import build_random_model, random_inputs
+from perm_core.models.random_models import build_random_model, random_inputs
 from tests.unit.scrambled_checkpoints import save_and_scramble
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 import torch
 
-from perm_core import figures
-from perm_core.explore import Exploration, class_attention_grid, output_summary, patch_grid
-from perm_core.inputs import photo_credits, sample_images
-from perm_core.patches import shuffle_patches
-from perm_core.random_models import build_random_model, random_inputs
+from perm_core.engine.patches import shuffle_patches
+from perm_core.explore.exploration import Exploration, class_attention_grid, output_summary, patch_grid
+from perm_core.models.inputs import photo_credits, sample_images
+from perm_core.models.random_models import build_random_model, random_inputs
+from ui.charts import figures
 
 torch.set_num_threads(1)
 
@@ -93,8 +93,8 @@ def test_sample_photos_are_credited_from_scikit_learns_readme():
 
 def test_head_grid_of_an_encoder_decoder_pools_every_layer_to_one_tile_size():
     """T5's decoder maps (7 tokens) are smaller than its encoder's (12): one grid still holds both stacks."""
-    from perm_core.explore import head_grid
-    from perm_core.random_models import build_random_model, random_inputs
+    from perm_core.explore.exploration import head_grid
+    from perm_core.models.random_models import build_random_model, random_inputs
 
     model, _ = build_random_model("t5", dtype=torch.float64)
     explorer = Exploration(model, random_inputs("t5", model))

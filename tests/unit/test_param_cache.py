@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from perm_core import param_cache
-from perm_core.explore import Exploration
-from perm_core.random_models import build_random_model, random_inputs
+from perm_core.explore.exploration import Exploration
+from perm_core.fast import param_cache
+from perm_core.models.random_models import build_random_model, random_inputs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ALL = {"tokens": 3, "channels": 4, "heads": 5, "head_channels": 6, "mlp": 7, "rotation": 8}
@@ -126,7 +126,7 @@ def test_a_set_about_to_be_built_first_makes_room_in_a_full_cache(explorer):
 
 def test_one_weight_asked_for_is_the_only_one_built_and_equals_the_full_set(explorer):
     """The Explore page's weight panel shows one matrix: it must not rebuild the model's whole set."""
-    from perm_core.explore import weight_names, weight_view
+    from perm_core.explore.exploration import weight_names, weight_view
 
     scramble, _ = explorer.scramble_for(ALL)
     full = explorer.subject.transformed_params(scramble)

@@ -7,9 +7,9 @@ import io
 
 import torch
 
-from perm_core.progress import TimeLeft, seconds_text, terminal_bar
-from perm_core.random_models import build_random_model, random_inputs
-from perm_core.verify import check
+from perm_core.models.random_models import build_random_model, random_inputs
+from perm_core.run.progress import TimeLeft, seconds_text, terminal_bar
+from perm_core.verify.check import check
 
 
 class FakeClock:

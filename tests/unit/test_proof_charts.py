@@ -4,7 +4,7 @@ tolerances are drawn per tensor."""
 
 import math
 
-from perm_core import figures
+from ui.charts import figures
 
 ROWS = [{"layer": i, "kind": "hidden state", "abs": 10.0 ** (i - 2), "rel": 10.0 ** (-9 + i),
          "tolerance": 1e-4 if i != 2 else 3e-4} for i in range(4)]
@@ -62,8 +62,8 @@ def test_a_robust_colour_scale_ignores_a_few_outlier_channels():
 def test_the_rotation_near_miss_chart_puts_its_tolerance_label_on_the_line():
     from types import SimpleNamespace
 
-    from perm_core.apps import figures_fusion
-    from perm_core.tolerances import TensorError
+    from perm_core.verify.tolerances import TensorError
+    from ui.charts import figures_fusion
 
     comparison = SimpleNamespace(symmetry_label="plane", broken_label="general", title="t",
                                  symmetry=[TensorError("a", 1e-9, 1e-9)], broken=[TensorError("a", 0.5, 0.5)])
@@ -75,7 +75,7 @@ def test_the_rotation_near_miss_chart_puts_its_tolerance_label_on_the_line():
 def test_difference_map_is_log10_of_the_relative_difference_with_zeros_at_the_floor():
     import numpy as np
 
-    from perm_core import figures
+    from ui.charts import figures
 
     original = np.array([[2.0, -4.0], [1.0, 0.5]])
     restored = original.copy()
@@ -90,7 +90,7 @@ def test_difference_map_is_log10_of_the_relative_difference_with_zeros_at_the_fl
 def test_difference_map_of_a_large_tensor_keeps_the_largest_cell_of_each_block():
     import numpy as np
 
-    from perm_core import figures
+    from ui.charts import figures
 
     original = np.ones((300, 900))
     restored = original.copy()

@@ -9,17 +9,17 @@ import json
 import pytest
 import torch
 
-from perm_core import recover as recover_module
-from perm_core import symmetries
 from perm_core.__main__ import main
-from perm_core.random_models import build_random_model, random_inputs
-from perm_core.recover import recover
-from perm_core.same_function import IncomparableError, compare_models
-from perm_core.spec import Scramble, transform_params
-from perm_core.symmetries import WEIGHT_SYMMETRIES, build_many
-from perm_core.transforms import Permutation, apply_chain, composed
-from perm_core.verify import Subject
-from perm_core.zoo import FAMILIES
+from perm_core.engine import symmetries
+from perm_core.engine.spec import Scramble, transform_params
+from perm_core.engine.symmetries import WEIGHT_SYMMETRIES, build_many
+from perm_core.engine.transforms import Permutation, apply_chain, composed
+from perm_core.models.random_models import build_random_model, random_inputs
+from perm_core.models.registry import FAMILIES
+from perm_core.verify import recover as recover_module
+from perm_core.verify.check import Subject
+from perm_core.verify.recover import recover
+from perm_core.verify.same_function import IncomparableError, compare_models
 
 KEY = 7
 

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from perm_core.apps import rotation
-from perm_core.apps.fusion import one_thread
-from perm_core.defaults import default_inputs
-from perm_core.zoo import load_model
+from perm_core.applications import rotation
+from perm_core.applications.fusion import one_thread
+from perm_core.models.defaults import default_inputs
+from perm_core.models.registry import load_model
 
 
 @pytest.fixture(autouse=True)

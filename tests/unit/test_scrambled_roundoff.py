@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from perm_core import symmetries
-from perm_core.random_models import build_random_model, random_inputs
-from perm_core.verify import Subject
+from perm_core.engine import symmetries
+from perm_core.models.random_models import build_random_model, random_inputs
+from perm_core.verify.check import Subject
 
 
 def scrambled_world():

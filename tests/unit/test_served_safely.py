@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from perm_core import zoo
-from perm_core.inputs import MAX_IMAGE_BYTES
-from perm_core.zoo import ModelLoadError
+from perm_core.models import registry as zoo
+from perm_core.models.inputs import MAX_IMAGE_BYTES
+from perm_core.models.registry import ModelLoadError
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = tomllib.loads((ROOT / ".streamlit" / "config.toml").read_text())

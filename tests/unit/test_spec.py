@@ -6,11 +6,11 @@ import pytest
 import torch
 import transformers as hf
 
+from perm_core.engine.spec import Scramble, UnclaimedParameterError, transform_params
+from perm_core.engine.transforms import BlockOrthogonal, Permutation
 from perm_core.families import UnsupportedModelError, family_of
-from perm_core.random_models import build_random_model, random_inputs
-from perm_core.spec import Scramble, UnclaimedParameterError, transform_params
-from perm_core.transforms import BlockOrthogonal, Permutation
-from perm_core.verify import Subject
+from perm_core.models.random_models import build_random_model, random_inputs
+from perm_core.verify.check import Subject
 
 
 def test_unclaimed_parameter_is_an_error():
@@ -54,7 +54,7 @@ def test_permutation_and_rotation_invert_and_compose():
     both = a.then(b)
     assert len(both.chain("resid")) == 2
     expected = r.apply(p.apply(x, 1), 1)
-    from perm_core.spec import apply_axes
+    from perm_core.engine.spec import apply_axes
     assert torch.allclose(apply_axes(x, (None, "resid"), both), expected)
     assert torch.allclose(apply_axes(expected, (None, "resid"), both.inverse()), x, atol=1e-14)
 
@@ -63,7 +63,7 @@ def test_composed_token_permutations():
     a = Scramble(tokens=Permutation(torch.tensor([2, 0, 1])))
     b = Scramble(tokens=Permutation(torch.tensor([1, 2, 0])))
     x = torch.tensor([[10, 11, 12]])
-    from perm_core.spec import apply_axes
+    from perm_core.engine.spec import apply_axes
     step = apply_axes(apply_axes(x, (None, "tokens"), a), (None, "tokens"), b)
     assert torch.equal(apply_axes(x, (None, "tokens"), a.then(b)), step)
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from perm_core.__main__ import main
-from perm_core.apps import inversion, split_learning
-from perm_core.digits import digits_vit_config
+from perm_core.applications import inversion, split_learning
+from perm_core.models.digits import digits_vit_config
 
 
 def test_scrambled_split_training_matches_plain():

@@ -1,5 +1,5 @@
 """Two threads on one shared model: torch's functional_call leaves the model with a session's weights for good;
-perm_core.stateless.functional_call keeps it, and each session computes with its own (found by
+perm_core.run.stateless.functional_call keeps it, and each session computes with its own (found by
 benchmarks/classroom.py)."""
 
 import threading
@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.func import functional_call as torch_functional_call
 
-from perm_core.stateless import functional_call, model_lock, own_dtype, own_parameters
+from perm_core.run.stateless import functional_call, model_lock, own_dtype, own_parameters
 
 
 class SlowLinear(torch.nn.Module):

@@ -15,14 +15,15 @@ import safetensors.torch
 import torch
 import transformers as hf
 
-from perm_core import same_function, verify
 from perm_core.__main__ import main
-from perm_core.numerics import use_exact_numerics
-from perm_core.random_models import build_random_model, random_inputs
-from perm_core.same_function import UNIT_ROUNDOFF, compare_models, weight_bound
-from perm_core.spec import transform_param
-from perm_core.symmetries import WEIGHT_SYMMETRIES, build_many
-from perm_core.verify import Subject
+from perm_core.engine.spec import transform_param
+from perm_core.engine.symmetries import WEIGHT_SYMMETRIES, build_many
+from perm_core.models.random_models import build_random_model, random_inputs
+from perm_core.run.numerics import use_exact_numerics
+from perm_core.verify import check as verify
+from perm_core.verify import same_function
+from perm_core.verify.check import Subject
+from perm_core.verify.same_function import UNIT_ROUNDOFF, compare_models, weight_bound
 from tests.unit.test_recover import with_params
 
 KEY = 5

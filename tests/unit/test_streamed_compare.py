@@ -11,10 +11,11 @@ from collections.abc import Mapping
 
 import torch
 
-from perm_core import tolerances, verify
-from perm_core.random_models import build_random_model, random_inputs
-from perm_core.spec import transform_params
-from perm_core.verify import Subject, TransformedOnDemand
+from perm_core.engine.spec import transform_params
+from perm_core.models.random_models import build_random_model, random_inputs
+from perm_core.verify import check as verify
+from perm_core.verify import tolerances
+from perm_core.verify.check import Subject, TransformedOnDemand
 
 
 def world(family="llama", keys=None):

@@ -10,9 +10,9 @@ import weakref
 import pytest
 import torch
 
-from perm_core import verify
-from perm_core.random_models import build_random_model, random_inputs
-from perm_core.verify import StreamedGradients, Subject, check_scramble
+from perm_core.models.random_models import build_random_model, random_inputs
+from perm_core.verify import check as verify
+from perm_core.verify.check import StreamedGradients, Subject, check_scramble
 
 KEYS = {"channels": 2, "heads": 3, "mlp": 5}
 

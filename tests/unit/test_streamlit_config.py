@@ -5,7 +5,7 @@ import tomllib
 import weakref
 from pathlib import Path
 
-from perm_core.inputs import MAX_IMAGE_BYTES
+from perm_core.models.inputs import MAX_IMAGE_BYTES
 
 CONFIG = tomllib.loads((Path(__file__).resolve().parents[2] / ".streamlit" / "config.toml").read_text())
 

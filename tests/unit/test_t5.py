@@ -16,15 +16,16 @@ import pytest
 import torch
 import transformers as hf
 
-from perm_core import symmetries, zoo
 from perm_core.__main__ import main
-from perm_core.defaults import default_inputs
+from perm_core.engine import symmetries
+from perm_core.engine.spec import FamilySpec, Rule, UnclaimedParameterError
+from perm_core.engine.tokens import model_inputs
 from perm_core.families import family_of, t5
-from perm_core.numerics import use_exact_numerics
-from perm_core.random_models import random_config, random_inputs, randomize_
-from perm_core.spec import FamilySpec, Rule, UnclaimedParameterError
-from perm_core.tokens import model_inputs
-from perm_core.verify import BROKEN_AT, Subject, check, check_scramble, measure_break
+from perm_core.models import registry as zoo
+from perm_core.models.defaults import default_inputs
+from perm_core.models.random_models import random_config, random_inputs, randomize_
+from perm_core.run.numerics import use_exact_numerics
+from perm_core.verify.check import BROKEN_AT, Subject, check, check_scramble, measure_break
 from tests.unit.scrambled_checkpoints import save_and_scramble
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -283,7 +284,7 @@ def test_gradients_of_both_stacks_and_every_parameter(tiny):
 def test_explore_says_why_t5_fails_with_tokens_on_and_passes_without(tiny):
     """The Explore verdict with the sidebar's default symmetries (tokens among them) fails on T5, as it must, and
     names the missing symmetry and the reason; without tokens the same model passes and nothing is blamed."""
-    from perm_core.explore import Exploration
+    from perm_core.explore.exploration import Exploration
 
     model, inputs = tiny
     explorer = Exploration(model, inputs)
@@ -299,7 +300,7 @@ def test_explore_says_why_t5_fails_with_tokens_on_and_passes_without(tiny):
     assert not without.expected_failure and without.not_holding == {}
     assert "not a symmetry" not in without.verdict()
 
-    from perm_core.explore import control_options
+    from perm_core.explore.exploration import control_options
 
     name = next(c for c in control_options(explorer.subject, {"tokens": 7}) if c.startswith("channels/"))
     control = explorer.run({"tokens": 7}, control=name)  # a control's verdict is about the control
@@ -307,7 +308,7 @@ def test_explore_says_why_t5_fails_with_tokens_on_and_passes_without(tiny):
 
 
 def test_a_model_with_every_symmetry_blames_none():
-    from perm_core.explore import Exploration
+    from perm_core.explore.exploration import Exploration
 
     loaded = zoo.load_model("random:gpt2", dtype=torch.float64)
     result = Exploration(loaded.model, default_inputs(loaded)).run({"tokens": 7, "channels": 42})

@@ -7,7 +7,7 @@ import threading
 
 import torch
 
-from perm_core import threads
+from perm_core.run import threads
 
 
 def count_in_a_new_thread() -> int:

@@ -7,11 +7,12 @@ import json
 import pytest
 import torch
 
-from perm_core import inputs, zoo
 from perm_core.__main__ import main
-from perm_core.defaults import default_inputs
-from perm_core.inputs import InputError
-from perm_core.random_models import build_random_model
+from perm_core.models import inputs
+from perm_core.models import registry as zoo
+from perm_core.models.defaults import default_inputs
+from perm_core.models.inputs import InputError
+from perm_core.models.random_models import build_random_model
 
 TEXT_FAMILIES = ("bert", "gpt2", "llama")
 

@@ -11,14 +11,16 @@ import pytest
 import torch
 import transformers as hf
 
-from perm_core import oracle, symmetries, verify
-from perm_core.commands.check import format_report
-from perm_core.random_models import build_random_model, random_inputs
-from perm_core.spec import Scramble
-from perm_core.tolerances import BROKEN_AT
-from perm_core.transforms import Permutation
-from perm_core.verify import Subject, check, run_control
-from perm_core.zoo import finish
+from perm_core.cli.check import format_report
+from perm_core.engine import symmetries
+from perm_core.engine.spec import Scramble
+from perm_core.engine.transforms import Permutation
+from perm_core.models.random_models import build_random_model, random_inputs
+from perm_core.models.registry import finish
+from perm_core.verify import check as verify
+from perm_core.verify import oracle
+from perm_core.verify.check import Subject, check, run_control
+from perm_core.verify.tolerances import BROKEN_AT
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -142,7 +144,7 @@ def test_headline_errors_leave_out_tensors_zero_in_exact_arithmetic():
 
 
 def test_a_nan_in_a_floored_tensor_still_makes_the_headline_inf():
-    from perm_core.tolerances import TensorError, worst_rel
+    from perm_core.verify.tolerances import TensorError, worst_rel
 
     errors = [TensorError("a", 1e-16, 1e-16, 1e-9), TensorError("grad.param.k.bias", math.inf, math.inf, 1e-9,
                                                                  "exact zero", finite=False)]

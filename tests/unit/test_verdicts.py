@@ -11,15 +11,15 @@ import types
 import pytest
 import torch
 
-from perm_core import symmetries
-from perm_core.explore import Exploration
+from perm_core.engine import symmetries
+from perm_core.engine.spec import Rule, Scramble
+from perm_core.engine.transforms import Permutation
+from perm_core.explore.exploration import Exploration
 from perm_core.families import bert as bert_family
 from perm_core.families import family_of
-from perm_core.random_models import build_random_model, random_inputs
-from perm_core.spec import Rule, Scramble
-from perm_core.tolerances import json_safe, tensor_errors, worst
-from perm_core.transforms import Permutation
-from perm_core.verify import KEY_BIAS_REASON, Subject, VacuousCheckError, _summarize, check
+from perm_core.models.random_models import build_random_model, random_inputs
+from perm_core.verify.check import KEY_BIAS_REASON, Subject, VacuousCheckError, _summarize, check
+from perm_core.verify.tolerances import json_safe, tensor_errors, worst
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -53,7 +53,7 @@ def test_non_finite_fails_wherever_it_sits(bad, position):
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
 @pytest.mark.parametrize("where", ["first slice", "last slice", "original"])
 def test_sliced_reductions_of_large_tensors_equal_the_plain_ones_and_never_drop_non_finite(bad, where):
-    from perm_core.tolerances import CHUNK, _max_abs_difference, largest_magnitude
+    from perm_core.verify.tolerances import CHUNK, _max_abs_difference, largest_magnitude
 
     generator = torch.Generator().manual_seed(3)
     original = torch.randn(3, CHUNK + 1001, generator=generator)  # three slices and a short one
@@ -73,7 +73,7 @@ def test_sliced_reductions_of_large_tensors_equal_the_plain_ones_and_never_drop_
 @pytest.mark.parametrize("shape", [(1,), (7, 5), (2, 3, 64)])
 def test_the_one_slice_path_equals_the_plain_reduction_and_never_drops_non_finite(bad, shape):
     """Tensors of at most one slice take four torch calls instead of the sliced loop: same value, same NaN."""
-    from perm_core.tolerances import _max_abs_difference
+    from perm_core.verify.tolerances import _max_abs_difference
 
     generator = torch.Generator().manual_seed(4)
     original = torch.randn(shape, generator=generator)
@@ -260,8 +260,8 @@ def test_ill_conditioned_float64_gradients_get_their_measured_allowance_and_bugs
     tensor keeps 1e-9, and a spec bug still fails."""
     import transformers as hf
 
-    from perm_core.random_models import random_config, randomize_, use_exact_numerics
-    from perm_core.tolerances import FLOAT64_ROUNDOFF_CAP, TOLERANCE
+    from perm_core.models.random_models import random_config, randomize_, use_exact_numerics
+    from perm_core.verify.tolerances import FLOAT64_ROUNDOFF_CAP, TOLERANCE
 
     config = random_config("bert", "tiny")
     config.num_hidden_layers = 12

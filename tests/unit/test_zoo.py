@@ -5,10 +5,12 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from perm_core import inputs, zoo, zoo_smollm
 from perm_core.families import geometry_of
-from perm_core.numerics import EXACT_EAGER
-from perm_core.zoo import ModelLoadError
+from perm_core.models import inputs
+from perm_core.models import registry as zoo
+from perm_core.models import smollm as zoo_smollm
+from perm_core.models.registry import ModelLoadError
+from perm_core.run.numerics import EXACT_EAGER
 
 
 @pytest.fixture(autouse=True)
@@ -52,7 +54,7 @@ def test_list_models_rows():
 
 
 def zoo_hub_names():
-    from perm_core import zoo_hub
+    from perm_core.models import hub as zoo_hub
 
     return list(zoo_hub.HUB_MODELS)
 
@@ -230,7 +232,7 @@ def test_interrupted_conversion_leaves_no_cache(tmp_path, monkeypatch):
 
 
 def test_random_models_when_available():
-    random_models = pytest.importorskip("perm_core.random_models")
+    random_models = pytest.importorskip("perm_core.models.random_models")
     image_families = set()
     for family in zoo.FAMILIES:
         loaded = zoo.load_model(f"random:{family}", dtype=torch.float64)

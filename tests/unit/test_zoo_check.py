@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from perm_core import zoo
-from perm_core.defaults import default_inputs
-from perm_core.verify import check
+from perm_core.models import registry as zoo
+from perm_core.models.defaults import default_inputs
+from perm_core.verify.check import check
 
 
 @pytest.mark.parametrize("name", ["digits-vit", "minilm"])

@@ -4,13 +4,13 @@
 |-------------------------------|--------------------------|---------------------------------------------------|
 | shared models                 | models.shared_model      | loaded once per (name, dtype), at most 6          |
 | one model load at a time      | models._LOADING          | a lock (transformers' lazy imports are not safe)  |
-| transformed parameter sets    | perm_core.param_cache    | TSE_PARAMS_CACHE_MB, and the loaded weights' size |
+| transformed parameter sets    | perm_core.fast.param_cache    | TSE_PARAMS_CACHE_MB, and the loaded weights' size |
 | Explore's traces and results  | runs._caches             | TSE_EXPLORATIONS_CACHE_MB, TSE_RESULTS_CACHE_MB   |
 | other pages' finished runs    | runs._page_cache         | TSE_PAGES_CACHE_MB                                |
 | runs' data alive at once      | budget.RUN_BUDGET        | TSE_RUN_BUDGET_MB, first come first served        |
 | other pages' runs at once     | budget.page_slot         | TSE_PAGE_RUNS                                     |
 | Explore runs of one model     | budget.model_slot        | TSE_CONCURRENT_RUNS                               |
-| forwards on a shared model    | perm_core.stateless      | one lock per model                                |
+| forwards on a shared model    | perm_core.run.stateless      | one lock per model                                |
 | garbage collection            | housekeeping             | a full collection at most every 5 s               |
 | freed memory to the system    | housekeeping, malloc     | malloc_trim at most every 1 s; 1 MiB mmap blocks  |
 | a finished run's page data    | housekeeping             | globals over 256 KiB of tensors dropped           |

@@ -7,7 +7,8 @@ import gc
 import threading
 import time
 
-from perm_core import malloc, param_cache
+from perm_core.fast import param_cache
+from perm_core.run import malloc
 
 _last_run: dict[str, float] = {}
 _rate_guard = threading.Lock()

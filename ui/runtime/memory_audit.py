@@ -20,13 +20,14 @@ import threading
 import time
 from pathlib import Path
 
-from perm_core import limits, malloc
+from perm_core import limits
+from perm_core.run import malloc
 
 VARIABLE = "TSE_MEMORY_AUDIT_FILE"
 STEP_BYTES = 16 << 20
 INTERVAL_S = 0.25
 _PAGE = os.sysconf("SC_PAGE_SIZE")
-_caches: dict[str, object] = {}  # name -> an object with .bytes (perm_core.param_cache.TensorCache)
+_caches: dict[str, object] = {}  # name -> an object with .bytes (perm_core.fast.param_cache.TensorCache)
 _gauges: dict[str, object] = {}  # name -> a callable giving a number: what is in flight (runs, held bytes)
 _started = threading.Lock()
 _thread: threading.Thread | None = None

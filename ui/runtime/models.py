@@ -7,10 +7,10 @@ import threading
 
 import streamlit as st
 
-from perm_core import param_cache
-from perm_core.malloc import give_freed_memory_back
-from perm_core.stateless import own_dtype, own_parameters
-from perm_core.zoo import DTYPES, LoadedModel, load_model
+from perm_core.fast import param_cache
+from perm_core.models.registry import DTYPES, LoadedModel, load_model
+from perm_core.run.malloc import give_freed_memory_back
+from perm_core.run.stateless import own_dtype, own_parameters
 from ui.runtime import memory_audit, weights_audit
 
 # One load at a time in the process: transformers resolves its lazy imports without a lock, and two sessions
@@ -24,7 +24,7 @@ memory_audit.start()  # only with TSE_MEMORY_AUDIT_FILE set (benchmarks/classroo
 
 @st.cache_resource(show_spinner=False, max_entries=6)
 def shared_model(name: str, dtype_name: str = "float32") -> LoadedModel:
-    """Raises perm_core.zoo.ModelLoadError with a one-line message; callers show it with st.error."""
+    """Raises perm_core.models.registry.ModelLoadError with a one-line message; callers show it with st.error."""
     with st.spinner(f"Loading {name} ({dtype_name}) ..."):
         progress = st.progress(0.0, text=f"Loading {name}")
         with _LOADING:

@@ -13,8 +13,8 @@ import streamlit as st
 import torch
 
 from perm_core import limits
-from perm_core.explore import Exploration, ExploreResult
-from perm_core.param_cache import TensorCache
+from perm_core.explore.exploration import Exploration, ExploreResult
+from perm_core.fast.param_cache import TensorCache
 from ui.runtime import budget, memory_audit
 
 
@@ -117,7 +117,7 @@ def mlp_result(request: ExploreRequest, layer: int, explorer: Exploration, resul
     """The MLP-neuron view of one block, cached beside the result it belongs to: a rerun that changes nothing
     else (a chart export, another weight matrix) runs no model. When the result recorded this block in its own
     run, no forward runs and no run slot is waited for."""
-    from perm_core.mlp_view import mlp_view
+    from perm_core.explore.mlp_view import mlp_view
 
     recorded = layer in result.mlp_inputs
 

@@ -1,0 +1,115 @@
+"""CLI commands: one module each, with register(subparsers) setting `run` as the handler."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from perm_core.models.registry import DTYPES  # noqa: F401  (re-exported for the commands)
+
+
+class UsageError(Exception):
+    """Bad usage or an unusable model: one line on stderr, exit code 2."""
+
+
+SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+INDEX = "model.safetensors.index.json"
+
+
+def _weight_headers(directory: Path) -> dict[str, dict]:
+    """file name -> its safetensors header (tensor name -> {dtype, shape, data_offsets}): the files the index
+    names when the checkpoint is sharded, else model.safetensors, else every *.safetensors file."""
+    import json
+    import struct
+
+    if (directory / INDEX).is_file():
+        files = sorted(set(json.loads((directory / INDEX).read_text()).get("weight_map", {}).values()))
+    elif (directory / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    else:
+        files = sorted(p.name for p in directory.glob("*.safetensors"))
+    headers = {}
+    for name in files:
+        with open(directory / name, "rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            header = json.loads(handle.read(length))
+        headers[name] = {k: v for k, v in header.items() if k != "__metadata__"}
+    return headers
+
+
+def local_directory(name: str) -> Path | None:
+    from perm_core.models.hub import looks_like_path
+
+    path = Path(name).expanduser()
+    return path if looks_like_path(name) and path.is_dir() else None
+
+
+def stored_dtype(name: str) -> torch.dtype | None:
+    """The floating dtype a local checkpoint's weights are stored in (the coarsest, when they are mixed: its
+    rounding is the one the whole checkpoint carries); None for a zoo or random model, made in the dtype asked
+    for, or a directory whose headers cannot be read (loading then says why)."""
+    directory = local_directory(name)
+    if directory is None:
+        return None
+    try:
+        found = {SAFETENSORS_DTYPES[entry["dtype"]] for header in _weight_headers(directory).values()
+                 for entry in header.values() if entry.get("dtype") in SAFETENSORS_DTYPES}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return max(found, key=lambda d: torch.finfo(d).eps, default=None)
+
+
+def largest_shard_bytes(name: str, dtype: torch.dtype) -> int | None:
+    """For a sharded local checkpoint, its largest shard's tensor bytes with floating tensors in `dtype`: as
+    `max_shard_size`, save_pretrained's greedy split in the same tensor order then cuts the same shards (a limit
+    below the original one still fits every original shard, and closes each where the original did). None
+    when the checkpoint is not sharded."""
+    directory = local_directory(name)
+    if directory is None or not (directory / INDEX).is_file():
+        return None
+    sizes = []
+    for header in _weight_headers(directory).values():
+        total = 0
+        for entry in header.values():
+            if entry["dtype"] in SAFETENSORS_DTYPES:
+                total += math.prod(entry["shape"]) * dtype.itemsize
+            else:
+                total += entry["data_offsets"][1] - entry["data_offsets"][0]
+        sizes.append(total)
+    return max(sizes, default=None)
+
+
+def key_or_usage_error(text) -> int:
+    """A validated key, or UsageError with the key's own one-line message."""
+    from perm_core.engine.keys import InvalidKeyError, validate_key
+
+    try:
+        return validate_key(text)
+    except InvalidKeyError as error:
+        raise UsageError(str(error)) from None
+
+
+def load_or_usage_error(name: str, dtype: torch.dtype = torch.float32):
+    """A zoo model, or UsageError with the loader's one-line reason (unknown, offline, unsupported)."""
+    from perm_core.families import UnsupportedModelError, family_of
+    from perm_core.models.registry import ModelLoadError, load_model
+    from perm_core.run.progress import terminal_bar
+
+    try:
+        with terminal_bar(f"load {name}") as progress:  # a first conversion takes minutes
+            loaded = load_model(name, dtype=dtype, progress=progress)
+        family_of(loaded.model)
+    except (ModelLoadError, UnsupportedModelError, OSError, ValueError) as error:
+        raise UsageError(str(error).splitlines()[0] if str(error) else type(error).__name__) from None
+    return loaded
+
+
+def print_json(value) -> None:
+    """Strict JSON on stdout: non-finite numbers are written as the strings "nan", "inf", "-inf"."""
+    import json
+
+    from perm_core.verify.tolerances import json_safe
+
+    print(json.dumps(json_safe(value), indent=2, allow_nan=False))

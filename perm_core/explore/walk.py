@@ -1,0 +1,80 @@
+"""The guided walk for a class: five steps, each one live computation on the shipped digits ViT.
+
+Every step is a symmetry applied with the lecturer's key, measured: what moved (how far the scrambled world is
+from the original) and what came back (the worst relative error after the inverse). The page turns these
+numbers into its two sentences and its figure; nothing a student reads is typed in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from perm_core.explore.exploration import Exploration, ExploreResult, head_grid
+from perm_core.verify.check import TOLERANCE
+from perm_core.verify.tolerances import largest_magnitude, relative_differences
+
+STEPS = ("tokens", "channels", "heads", "rotation", "exact")
+TITLES = {"tokens": "1. Shuffle the tokens", "channels": "2. Shuffle the channels inside every token",
+          "heads": "3. Swap the attention heads", "rotation": "4. Rotate inside every head",
+          "exact": "5. Why it is exact (and why not bit for bit)"}
+
+
+@dataclass
+class StepResult:
+    step: str
+    key: int
+    result: ExploreResult
+    moved: float  # how far the scrambled run (or weight) is from the original, relative
+    restored_error: float  # worst relative error after the inverse
+    extra: dict = field(default_factory=dict)
+
+
+def _probabilities(logits: torch.Tensor) -> torch.Tensor:
+    return logits.double().softmax(-1)[0]
+
+
+def _relative(tensor: torch.Tensor, reference: torch.Tensor) -> float:
+    """max |tensor - reference| / max |reference|, the rule every verdict uses (tolerances.relative_differences)."""
+    return relative_differences({"x": reference}, {"x": tensor}, {"x": largest_magnitude(reference)})["x"][1]
+
+
+def run_step(explorer: Exploration, step: str, key: int, float32: Exploration | None = None) -> StepResult:
+    """explorer: the float64 digits model on one digit; float32: the same in float32 (the last step only)."""
+    symmetry = "tokens" if step == "exact" else step
+    keys = {"tokens": key, "channels": key} if step == "exact" else {symmetry: key}
+    result = explorer.run(keys)
+    extra: dict = {}
+    if step == "tokens":
+        original = _probabilities(explorer.original["output.logits"].tensor)
+        scrambled = _probabilities(result.scrambled["output.logits"].tensor)
+        extra.update(original=original, scrambled=scrambled, predicted=int(original.argmax()),
+                     predicted_scrambled=int(scrambled.argmax()),
+                     probability_gap=float((original - scrambled).abs().max()))
+    elif step == "channels":
+        original, scrambled, restored = (explorer.original["blocks.0.hidden"].tensor[0],
+                                         result.scrambled["blocks.0.hidden"].tensor[0],
+                                         result.restored["blocks.0.hidden"][0])
+        extra["hidden"] = (original, scrambled, restored)
+        # The sentence under the block-0 charts speaks of block 0: its numbers come from these very tensors
+        extra["block0_moved"] = _relative(scrambled, original)
+        extra["block0_restored"] = _relative(restored, original)
+    elif step == "heads":
+        extra["grid"] = head_grid(explorer, result, max_layers=explorer.geometry.n_layers, cells=8)
+    elif step == "rotation":
+        name = next(n for n, c in explorer.subject.claims.items() if c.layer == 0 and c.rule.tag in ("attn.q",
+                                                                                                    "attn.qkv"))
+        params, _ = explorer.params_for(result.scramble, keys, None)
+        before, after = explorer.subject.params[name].detach(), params[name].detach()
+        extra.update(weight_name=name, weight=(before, after),
+                     weight_change=float((after - before).abs().max() / before.abs().max()),
+                     attention_error=max(e.max_rel_error for e in result.errors if e.name.endswith(".attn")))
+    elif step == "exact":
+        if float32 is None:
+            raise ValueError("the last step compares float64 with float32: pass the float32 exploration")
+        single = float32.run(keys)
+        extra.update(float32=single, tolerance64=TOLERANCE[torch.float64], tolerance32=TOLERANCE[torch.float32],
+                     identical_bits=sum(bool(torch.equal(explorer.original[e.name].tensor, result.restored[e.name]))
+                                        for e in result.errors), n_tensors=len(result.errors))
+    return StepResult(step, key, result, result.moved, result.worst_rel, extra)

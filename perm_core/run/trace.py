@@ -1,0 +1,189 @@
+"""Run a stock model through functional_call and record everything under one naming scheme.
+
+Names, the same for every family:
+  embed                      the embedding output fed to block 0           [B, T, d]
+  blocks.{i}.hidden          the residual stream after block i             [B, T, d]
+  blocks.{i}.attn            attention probabilities of block i            [B, H, T, T]
+  blocks.{i}.cross_attn      an encoder-decoder's cross-attention          [B, H, decoder T, encoder T]
+  decoder.embed              an encoder-decoder's decoder embedding output [B, decoder T, d]
+  output.logits / output.pooler / output.last_hidden
+  output.start_logits / output.end_logits      question answering, one score per token [B, T]
+  output.prediction_logits / output.seq_relationship_logits / output.cls_logits / output.distillation_logits
+                             the other heads' outputs (BERT pre-training; DeiT's two classifiers)
+A head's output has a token axis where it has one entry per token (a language model's or token classifier's
+logits [B, T, classes], question answering's [B, T]); pooled outputs ([B, classes], a multiple-choice head's
+[B, choices]) have none. An encoder-decoder's per-token outputs are the decoder's, whose tokens never move.
+  grad.input                 d loss / d pixels (ViT) or d loss / d embed (text)
+  grad.blocks.{i}.hidden     d loss / d hidden state
+  grad.param.{name}          d loss / d parameter
+Every record carries its axis roles, so the spec engine can un-scramble it like a weight.
+Encoder-decoders (T5) number their blocks encoder first, then decoder (as Rule.layer_offset does), and
+"tokens" are the encoder's: the decoder's token axes never move (see tokens.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from perm_core.engine.spec import PIXELS, Claim
+from perm_core.families import Geometry
+from perm_core.fast import graph_forward
+from perm_core.run.stateless import functional_call
+
+TOKEN_RESID = (None, "tokens", "resid")
+
+
+@dataclass
+class Record:
+    tensor: torch.Tensor
+    axes: object  # axis roles, or PIXELS
+    layer: int | None = None
+
+
+def invariant_loss(primary: torch.Tensor) -> torch.Tensor:
+    """A loss every symmetry leaves unchanged (it only sees the multiset of output entries)."""
+    flat = primary.flatten()
+    return torch.logsumexp(flat, 0) + flat.square().mean()
+
+
+def run(model, params: dict, kwargs: dict, g: Geometry, claims: dict[str, Claim] | None = None,
+        backward: bool = False, on_param_grad=None, graph: bool = False) -> dict[str, Record]:
+    """on_param_grad(name, Record): with backward, each parameter's gradient is handed over as backward produces it
+    and not kept (no grad.param.* records): a float64 check then never holds a second model-sized set.
+    graph: run a forward without backward as one TorchScript graph (perm_core.fast.graph_forward: the same numbers,
+    one GIL round trip), for forwards repeated on one input, as an app's key changes are."""
+    if graph and not backward:
+        out = graph_forward.forward(model, params, {**kwargs, "output_hidden_states": True,
+                                                    "output_attentions": True})
+        if out is not None:
+            return _forward_records(out, model, g)
+    if backward:
+        params = {name: p.detach().requires_grad_(True) for name, p in params.items()}
+        if "pixel_values" in kwargs:
+            kwargs = {**kwargs, "pixel_values": kwargs["pixel_values"].detach().requires_grad_(True)}
+    context = torch.enable_grad() if backward else torch.no_grad()
+    with context:
+        out = functional_call(model, params, args=(), kwargs={**kwargs, "output_hidden_states": True,
+                                                            "output_attentions": True}, strict=False)
+        records = _forward_records(out, model, g)
+        if backward:
+            records.update(_backward_records(out, records, params, kwargs, claims, g, on_param_grad))
+    for record in records.values():
+        record.tensor = record.tensor.detach()
+    return records
+
+
+def _forward_records(out, model, g: Geometry) -> dict[str, Record]:
+    if getattr(out, "encoder_hidden_states", None) is not None:
+        return _seq2seq_records(out)
+    hidden = out.hidden_states
+    records = {"embed": Record(hidden[0], TOKEN_RESID)}
+    for i, state in enumerate(hidden[1:]):
+        records[f"blocks.{i}.hidden"] = Record(state, TOKEN_RESID)
+    for i, probs in enumerate(out.attentions):
+        records[f"blocks.{i}.attn"] = Record(probs, (None, ("heads", i), "tokens", "tokens"))
+    for name, per_token_dims in HEAD_OUTPUTS.items():
+        tensor = getattr(out, name, None)
+        if tensor is not None:
+            records[f"output.{name}"] = Record(tensor, _head_axes(tensor, tensor.dim() == per_token_dims))
+    if getattr(out, "pooler_output", None) is not None:
+        records["output.pooler"] = Record(out.pooler_output, (None, "resid"))
+    if getattr(out, "last_hidden_state", None) is not None:
+        records["output.last_hidden"] = Record(out.last_hidden_state, TOKEN_RESID)
+    return records
+
+
+def _seq2seq_records(out) -> dict[str, Record]:
+    encoder_layers = len(out.encoder_hidden_states) - 1
+    decoder_resid = (None, None, "resid")
+    records = {"embed": Record(out.encoder_hidden_states[0], TOKEN_RESID),
+               "decoder.embed": Record(out.decoder_hidden_states[0], decoder_resid)}
+    for i, state in enumerate(out.encoder_hidden_states[1:]):
+        records[f"blocks.{i}.hidden"] = Record(state, TOKEN_RESID)
+    for i, state in enumerate(out.decoder_hidden_states[1:], start=encoder_layers):
+        records[f"blocks.{i}.hidden"] = Record(state, decoder_resid)
+    for i, probs in enumerate(out.encoder_attentions):
+        records[f"blocks.{i}.attn"] = Record(probs, (None, ("heads", i), "tokens", "tokens"))
+    for i, (probs, cross) in enumerate(zip(out.decoder_attentions, out.cross_attentions, strict=True),
+                                       start=encoder_layers):
+        records[f"blocks.{i}.attn"] = Record(probs, (None, ("heads", i), None, None))
+        records[f"blocks.{i}.cross_attn"] = Record(cross, (None, ("heads", i), None, "tokens"))
+    heads = {name: getattr(out, name, None) for name in HEAD_OUTPUTS}
+    for name, tensor in heads.items():  # one row per decoder token, or pooled: no axis moves
+        if tensor is not None:
+            records[f"output.{name}"] = Record(tensor, _head_axes(tensor, False))
+    if all(tensor is None for tensor in heads.values()):
+        records["output.last_hidden"] = Record(out.last_hidden_state, decoder_resid)
+    return records
+
+
+# Output field -> the number of dimensions it has when it holds one entry per token.
+HEAD_OUTPUTS = {"logits": 3, "start_logits": 2, "end_logits": 2, "prediction_logits": 3,
+                "seq_relationship_logits": 3, "cls_logits": 3, "distillation_logits": 3}
+
+
+def _head_axes(tensor: torch.Tensor, per_token: bool) -> tuple:
+    return (None, "tokens", *(None,) * (tensor.dim() - 2)) if per_token else (None,) * tensor.dim()
+
+
+def primary_output(records: dict[str, Record]) -> torch.Tensor:
+    """What the invariant loss reads: the logits; else every head output, flattened end to end (question
+    answering's start and end scores; BERT pre-training's two heads); else the last hidden state."""
+    if "output.logits" in records:
+        return records["output.logits"].tensor
+    heads = [records[f"output.{name}"].tensor.flatten() for name in HEAD_OUTPUTS if f"output.{name}" in records]
+    if heads:
+        return torch.cat(heads)
+    if "output.last_hidden" in records:
+        return records["output.last_hidden"].tensor
+    raise ValueError("the model produced neither logits nor a last hidden state")
+
+
+def _backward_records(out, records, params, kwargs, claims, g: Geometry, on_param_grad=None) -> dict[str, Record]:
+    loss = invariant_loss(primary_output(records))
+    image = "pixel_values" in kwargs
+    hidden_names = [n for n in records if n in ("embed", "decoder.embed") or n.endswith(".hidden")]
+    hidden_names = [n for n in hidden_names if records[n].tensor.requires_grad]
+    targets = [records[n].tensor for n in hidden_names] + list(params.values())
+    if image:
+        targets.append(kwargs["pixel_values"])
+    if on_param_grad is None:
+        grads = torch.autograd.grad(loss, targets, allow_unused=True)
+    else:
+        grads = _streamed_grads(loss, targets, params, claims, on_param_grad)
+    result = {}
+    for name, grad in zip(hidden_names, grads, strict=False):
+        # For text the embedding output is the model's input; for images the pixels are.
+        label = "grad.input" if name == "embed" and not image else f"grad.{name}"
+        if grad is not None:
+            result[label] = Record(grad, records[name].axes)
+    for name, grad in zip(params, grads[len(hidden_names):], strict=False):
+        if grad is not None:
+            result[f"grad.param.{name}"] = Record(grad, claims[name].rule.axes, claims[name].layer)
+    if image and grads[-1] is not None:
+        result["grad.input"] = Record(grads[-1], PIXELS)
+    return result
+
+
+def _streamed_grads(loss, targets, params: dict, claims, on_param_grad) -> list:
+    """torch.autograd.grad's list, with every parameter's entry None: each is handed to on_param_grad as soon
+    as it is accumulated, then dropped, so its memory serves the next one."""
+    def hand_over(name):
+        def hook(leaf):
+            grad, leaf.grad = leaf.grad, None
+            on_param_grad(name, Record(grad, claims[name].rule.axes, claims[name].layer))
+        return hook
+
+    leaves = set(map(id, params.values()))
+    handles = [leaf.register_post_accumulate_grad_hook(hand_over(name)) for name, leaf in params.items()]
+    others = [t for t in targets if id(t) not in leaves]
+    for tensor in others:
+        tensor.retain_grad()
+    try:
+        torch.autograd.backward(loss, inputs=targets)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return [None if id(t) in leaves else t.grad for t in targets]

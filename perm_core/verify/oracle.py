@@ -1,0 +1,126 @@
+"""The oracle row of every check: the project's original traced run against transformers' own forward.
+
+A check compares the project's scrambled run with the project's original run, so a bug both runs share (a
+sliding-window mask off by one, RoBERTa's positions one too low, an attention function that drops a bias) would
+pass it. The oracle ties the original run to the stock model: the same weights and input through the model's own
+`forward`, with transformers' own attention (SDPA where the model has it, else its eager attention), its own norms,
+and its own position ids and masks built from the raw input. Their outputs must agree to round-off.
+
+Tolerance: the dtype's check tolerance (1e-9 in float64, 1e-4 in float32), raised where the stock code's own
+arithmetic needs more: it computes some steps in float32 even for a float64 model (RMSNorm, T5's layer norm), and
+sums in another order. Then the output's measured float32 round-off (its distance in the same traced run made in
+float32, against float64) times compare's ROUNDOFF_SAFETY is allowed, capped at ROUNDOFF_CAP (1e-3), as for the
+checks' float32 tensors. A shared bug moves outputs by far more: a position table read one row off, or one token
+let through a mask, is O(1e-1) on weights away from init.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from perm_core.engine.spec import Scramble
+from perm_core.engine.tokens import model_inputs
+from perm_core.run.numerics import EXACT_EAGER
+from perm_core.run.stateless import model_lock
+from perm_core.verify.tolerances import (
+    ROUNDOFF_CAP,
+    ROUNDOFF_SAFETY,
+    TOLERANCE,
+    largest_magnitude,
+    relative_differences,
+)
+
+
+@dataclass
+class OracleResult:
+    output: str  # the traced output furthest from the stock forward's (every output is compared)
+    max_rel_error: float
+    tolerance: float
+    attention: str  # the stock attention the model ran with
+
+    @property
+    def passed(self) -> bool:
+        return self.max_rel_error <= self.tolerance
+
+
+def stock_kwargs(inputs: dict, geometry, dtype: torch.dtype) -> dict:
+    """The raw input as a user hands it to the model: no position ids, the 2-D padding mask, pixels in the dtype."""
+    kwargs = model_inputs(inputs, geometry, Scramble(), dtype)
+    kwargs.pop("position_ids", None)
+    if geometry.input_kind != "image":
+        ids = kwargs["input_ids"]
+        mask = inputs.get("attention_mask")
+        kwargs["attention_mask"] = torch.ones_like(ids) if mask is None else mask.reshape(ids.shape)
+    return kwargs
+
+
+@contextlib.contextmanager
+def stock_numerics(model):
+    """The model as transformers ships it, for the duration: its own attention and norm forwards (the project's
+    exact-numerics replacements are instance attributes, set aside and put back). Holds the model's lock, as every
+    forward on a shared model does."""
+    with model_lock(model):
+        replaced = {module: module.__dict__.pop("forward") for module in model.modules()
+                    if "forward" in module.__dict__}
+        attention = "eager"
+        try:
+            try:
+                model.set_attn_implementation("sdpa")
+                attention = "sdpa"
+            except (ValueError, ImportError):
+                model.set_attn_implementation("eager")
+            yield attention
+        finally:
+            for module, forward in replaced.items():
+                module.forward = forward
+            model.set_attn_implementation(EXACT_EAGER)
+
+
+# The traced outputs' names for transformers' output fields (trace.py names the rest after their field)
+FIELDS = {"output.last_hidden": "last_hidden_state", "output.pooler": "pooler_output"}
+
+
+def _field(name: str) -> str:
+    return FIELDS.get(name, name.removeprefix("output."))
+
+
+def consult(subject, original: dict) -> OracleResult | None:
+    """Every output the original run traced (logits, QA scores, pooled and last hidden states) against the stock
+    forward's; the worst one is reported. None where the run traced no output."""
+    names = [n for n in original if n.startswith("output.")]
+    if not names:
+        return None
+    kwargs = stock_kwargs(subject.inputs, subject.geometry, subject.dtype)
+    with stock_numerics(subject.model) as attention, torch.no_grad():
+        out = subject.model(**kwargs)
+    worst_name, worst_error = names[0], 0.0
+    for name in names:
+        stock = getattr(out, _field(name), None)
+        traced = original[name].tensor
+        if stock is None or stock.shape != traced.shape:
+            return OracleResult(name, float("inf"), TOLERANCE.get(subject.dtype, ROUNDOFF_CAP), attention)
+        error = _relative(stock.detach(), traced)
+        if not error <= worst_error:
+            worst_name, worst_error = name, error
+    return OracleResult(worst_name, worst_error, _tolerance(subject, original, worst_name, worst_error), attention)
+
+
+def _relative(reference: torch.Tensor, tensor: torch.Tensor) -> float:
+    _, rel, finite = relative_differences({"x": reference}, {"x": tensor}, {"x": largest_magnitude(reference)})["x"]
+    return rel if finite else float("inf")
+
+
+def _tolerance(subject, original: dict, name: str, error: float) -> float:
+    """The dtype's tolerance, or what the output's measured float32 round-off allows (module docstring); the
+    round-off is measured only when the error needs it: a forward of the same traced run in the other dtype."""
+    base = TOLERANCE.get(subject.dtype, TOLERANCE[torch.float32])
+    if error <= base or error == float("inf"):
+        return base
+    other = torch.float32 if subject.dtype == torch.float64 else torch.float64
+    rerun = subject.trace(dtype=other)[name].tensor
+    exact, rounded = (original[name].tensor, rerun) if other == torch.float32 else (rerun, original[name].tensor)
+    roundoff = _relative(exact.to(torch.float64), rounded.to(torch.float64))
+    return min(max(base, ROUNDOFF_SAFETY * roundoff), ROUNDOFF_CAP)
