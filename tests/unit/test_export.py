@@ -61,3 +61,26 @@ def test_unknown_format_and_missing_browser_are_clear_errors(monkeypatch):
     monkeypatch.setattr(type(fig), "to_image", no_browser)
     with pytest.raises(export.ExportError, match="could not render the chart as PNG .*the CSV still has"):
         export.figure_image(fig, "png")
+
+
+def test_a_render_that_fails_once_is_tried_again(monkeypatch):
+    """Kaleido's page once ran before its scripts had loaded ('kaleido_scopes is not defined'): a second try
+    renders; a browser that never starts still fails every try, with the clear error."""
+    fig = figures.paired_bars(["a"], [1.0], [2.0], ("x", "y"), "t")
+    calls = []
+
+    def flaky(self, **kwargs):
+        calls.append(kwargs)
+        if len(calls) == 1:
+            raise RuntimeError("ReferenceError: kaleido_scopes is not defined")
+        return b"\x89PNG rendered"
+
+    monkeypatch.setattr(export.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(type(fig), "to_image", flaky)
+    assert export.figure_image(fig, "png") == b"\x89PNG rendered" and len(calls) == 2
+    calls.clear()
+    monkeypatch.setattr(type(fig), "to_image", lambda self, **kwargs: calls.append(1) or (_ for _ in ()).throw(
+        RuntimeError("could not find a Chrome executable")))
+    with pytest.raises(export.ExportError):
+        export.figure_image(fig, "png")
+    assert len(calls) == export.RENDER_ATTEMPTS

@@ -7,6 +7,7 @@ import csv
 import hashlib
 import io
 import re
+import time
 
 import numpy as np
 import plotly.graph_objects as go
@@ -51,15 +52,25 @@ def file_stem(fig: go.Figure) -> str:
     return f"{slug}-{sha.hexdigest()[:8]}"
 
 
+# Kaleido's headless page once ran a render before its own scripts had loaded ('kaleido_scopes is not defined', a
+# fresh clone's test run on two busy cores); a second try renders. A browser that cannot start fails every try.
+RENDER_ATTEMPTS = 3
+
+
 def figure_image(fig: go.Figure, fmt: str, scale: float = 2.0) -> bytes:
     if fmt not in IMAGE_FORMATS:
         raise ValueError(f"unknown image format {fmt!r}; choose from {', '.join(IMAGE_FORMATS)}")
-    try:
-        return fig.to_image(format=fmt, scale=scale if fmt == "png" else 1.0)
-    except Exception as error:  # noqa: BLE001 - kaleido raises several kinds when no browser can start
-        raise ExportError(f"could not render the chart as {fmt.upper()} ({type(error).__name__}: "
-                          f"{str(error).splitlines()[0] if str(error) else 'no detail'}); the CSV still has "
-                          "its numbers") from error
+    for attempt in range(RENDER_ATTEMPTS):
+        try:
+            return fig.to_image(format=fmt, scale=scale if fmt == "png" else 1.0)
+        except Exception as error:  # noqa: BLE001 - kaleido raises several kinds when no browser can start
+            if attempt + 1 < RENDER_ATTEMPTS:  # a fresh Kaleido page can run before its scripts have loaded
+                time.sleep(0.5)
+                continue
+            raise ExportError(f"could not render the chart as {fmt.upper()} ({type(error).__name__}: "
+                              f"{str(error).splitlines()[0] if str(error) else 'no detail'}); the CSV still has "
+                              "its numbers") from error
+    raise AssertionError("unreachable")
 
 
 def figure_csv(fig: go.Figure) -> str:
