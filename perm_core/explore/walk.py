@@ -13,7 +13,7 @@ import torch
 
 from perm_core.explore.exploration import Exploration, ExploreResult, head_grid
 from perm_core.verify.check import TOLERANCE
-from perm_core.verify.tolerances import largest_magnitude, relative_differences
+from perm_core.verify.tolerances import relative_error
 
 STEPS = ("tokens", "channels", "heads", "rotation", "exact")
 TITLES = {"tokens": "1. Shuffle the tokens", "channels": "2. Shuffle the channels inside every token",
@@ -35,11 +35,6 @@ def _probabilities(logits: torch.Tensor) -> torch.Tensor:
     return logits.double().softmax(-1)[0]
 
 
-def _relative(tensor: torch.Tensor, reference: torch.Tensor) -> float:
-    """max |tensor - reference| / max |reference|, the rule every verdict uses (tolerances.relative_differences)."""
-    return relative_differences({"x": reference}, {"x": tensor}, {"x": largest_magnitude(reference)})["x"][1]
-
-
 def run_step(explorer: Exploration, step: str, key: int, float32: Exploration | None = None) -> StepResult:
     """explorer: the float64 digits model on one digit; float32: the same in float32 (the last step only)."""
     symmetry = "tokens" if step == "exact" else step
@@ -58,8 +53,8 @@ def run_step(explorer: Exploration, step: str, key: int, float32: Exploration | 
                                          result.restored["blocks.0.hidden"][0])
         extra["hidden"] = (original, scrambled, restored)
         # The sentence under the block-0 charts speaks of block 0: its numbers come from these very tensors
-        extra["block0_moved"] = _relative(scrambled, original)
-        extra["block0_restored"] = _relative(restored, original)
+        extra["block0_moved"] = relative_error(original, scrambled)
+        extra["block0_restored"] = relative_error(original, restored)
     elif step == "heads":
         extra["grid"] = head_grid(explorer, result, max_layers=explorer.geometry.n_layers, cells=8)
     elif step == "rotation":

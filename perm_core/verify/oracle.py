@@ -29,8 +29,7 @@ from perm_core.verify.tolerances import (
     ROUNDOFF_CAP,
     ROUNDOFF_SAFETY,
     TOLERANCE,
-    largest_magnitude,
-    relative_differences,
+    relative_error,
 )
 
 
@@ -102,15 +101,10 @@ def consult(subject, original: dict) -> OracleResult | None:
         traced = original[name].tensor
         if stock is None or stock.shape != traced.shape:
             return OracleResult(name, float("inf"), TOLERANCE.get(subject.dtype, ROUNDOFF_CAP), attention)
-        error = _relative(stock.detach(), traced)
+        error = relative_error(stock.detach(), traced)
         if not error <= worst_error:
             worst_name, worst_error = name, error
     return OracleResult(worst_name, worst_error, _tolerance(subject, original, worst_name, worst_error), attention)
-
-
-def _relative(reference: torch.Tensor, tensor: torch.Tensor) -> float:
-    _, rel, finite = relative_differences({"x": reference}, {"x": tensor}, {"x": largest_magnitude(reference)})["x"]
-    return rel if finite else float("inf")
 
 
 def _tolerance(subject, original: dict, name: str, error: float) -> float:
@@ -122,5 +116,5 @@ def _tolerance(subject, original: dict, name: str, error: float) -> float:
     other = torch.float32 if subject.dtype == torch.float64 else torch.float64
     rerun = subject.trace(dtype=other)[name].tensor
     exact, rounded = (original[name].tensor, rerun) if other == torch.float32 else (rerun, original[name].tensor)
-    roundoff = _relative(exact.to(torch.float64), rounded.to(torch.float64))
+    roundoff = relative_error(exact.to(torch.float64), rounded.to(torch.float64))
     return min(max(base, ROUNDOFF_SAFETY * roundoff), ROUNDOFF_CAP)

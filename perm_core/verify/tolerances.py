@@ -247,6 +247,12 @@ def largest_magnitude(tensor: torch.Tensor) -> float:
     return max(-low.item(), high.item()) if not (low.isnan() or high.isnan()) else math.nan
 
 
+def relative_error(reference: torch.Tensor, tensor: torch.Tensor) -> float:
+    """max |tensor - reference| / max |reference| of one pair, on the reference's own scale; inf if either holds a
+    non-finite value."""
+    return relative_differences({"x": reference}, {"x": tensor}, {"x": largest_magnitude(reference)})["x"][1]
+
+
 def tensor_errors(original: dict, restored: dict[str, torch.Tensor], floor_reasons: dict[str, str] | None = None,
                   roundoff: dict[str, float] | None = None, scale: dict[str, float] | None = None) -> list[TensorError]:
     """Per-tensor errors of `restored` against `original` (Records or tensors), with tolerances.
