@@ -16,7 +16,7 @@ MODELS = ("digits-vit", "digits-vit-b", "minilm", "smollm2-135m")
 DEFAULT_WRONG = {"digits-vit": 20, "digits-vit-b": 20, "minilm": 5, "smollm2-135m": 3}
 LABELS = {"accuracy": "test accuracy", "retrieval": "paraphrase retrieval top-1", "perplexity": "perplexity"}
 
-ensure_view("own", globals())  # the sidebar says this page has its own controls; the URL keeps them
+ensure_view("own")  # the sidebar says this page has its own controls; the URL keeps them
 st.title("Model authorization: a key-locked Transformer")
 st.markdown(
     "**The scheme** (after Xu et al., CVPR 2024). The key draws a permutation *P* of the residual channels. "

@@ -16,7 +16,7 @@ from ui.state import seed_choice, seed_subset
 
 DIGITS_MODELS = ("digits-vit", "digits-vit-b")
 
-ensure_view("own", globals())  # the sidebar says this page has its own controls; the URL keeps them
+ensure_view("own")  # the sidebar says this page has its own controls; the URL keeps them
 st.title("Fusion: match, then average")
 st.markdown(
     "Two digits ViTs with the same architecture, trained from different seeds. Averaging their weights directly "
