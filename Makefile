@@ -3,7 +3,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 PORT ?= 8501
 
-.PHONY: run test test-fast install install-dev chromium lint bench classroom clean
+.PHONY: run serve serve-stop test test-fast install install-dev chromium haproxy lint bench classroom clean
 
 $(VENV)/.installed: requirements.txt
 	python3 -m venv $(VENV)
@@ -28,10 +28,24 @@ chromium:
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver) \
 		|| { echo "could not install Debian's chromium (run as root, or install it yourself)"; exit 1; }; }
 
+haproxy:
+	@command -v haproxy >/dev/null 2>&1 || test -x /usr/sbin/haproxy || { \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy) \
+		|| { echo "could not install Debian's haproxy (run as root, or install it yourself)"; exit 1; }; }
+
 run: install
 	# two malloc arenas for all threads: see perm_core/run/malloc.py (SERVER_ENVIRONMENT)
 	HF_HUB_OFFLINE=1 MALLOC_ARENA_MAX=2 $(VENV)/bin/streamlit run app.py --server.address 127.0.0.1 --server.port $(PORT) \
 		--browser.gatherUsageStats false --server.headless true
+
+# REPLICAS copies of the app on loopback ports behind HAProxy on PORT, sticky by cookie (docs/deployment.md);
+# Ctrl-C or make serve-stop stops them. SERVE_ARGS="--upstream HOST:PORT" adds replicas on other hosts.
+REPLICAS ?= 2
+serve: install haproxy
+	$(PY) serve/replicas.py --replicas $(REPLICAS) --port $(PORT) $(SERVE_ARGS)
+
+serve-stop:
+	$(PY) serve/replicas.py --stop --port $(PORT)
 
 # Two pytest-xdist workers, each with one torch thread (tests/conftest.py); --dist loadfile keeps a file's module
 # fixtures (converted models) on one worker. TEST_WORKERS=0 runs in this process alone.
@@ -42,7 +56,7 @@ FAST_TESTS := tests/unit/test_conformance.py tests/unit/test_oracle.py tests/uni
 	tests/unit/test_trustworthy_verdicts.py tests/unit/test_not_symmetries.py tests/unit/test_spec.py \
 	tests/unit/test_keys.py tests/unit/test_cli.py
 
-test: install-dev chromium
+test: install-dev chromium haproxy
 	$(VENV)/bin/ruff check .
 	$(PYTEST) tests/unit tests/app tests/e2e
 
