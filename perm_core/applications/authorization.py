@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -79,10 +80,18 @@ class Lock:
     def params_for(self, key: int | None) -> dict[str, torch.Tensor]:
         if key is None:
             return self.published
-        element = symmetries.channels(keys.parse_long_key(key), self.subject.geometry)
+        return self.client_params(symmetries.channels(keys.parse_long_key(key), self.subject.geometry))
+
+    def client_params(self, element: Scramble, published: dict | None = None) -> dict[str, torch.Tensor]:
+        """What a client runs that moves the embedding layer's channels by `element` in front of `published`
+        (this lock's backbone unless given): the key holder's element, or one an attacker recovered."""
         client = {n: apply_axes(p, self.subject.claims[n].rule.axes, element, self.subject.claims[n].layer)
                   for n, p in self.subject.params.items() if is_user_side(n)}
-        return {**self.published, **client}
+        return {**(self.published if published is None else published), **client}
+
+    def key_permutation(self) -> torch.Tensor:
+        """The residual-channel permutation the key draws: new channel i holds the original's channel index[i]."""
+        return symmetries.channels(self.key, self.subject.geometry).spaces[("resid", None)][0].index
 
     def key_space_bits(self) -> float:
         return symmetries.key_space_bits("channels", self.subject.geometry)
@@ -135,6 +144,17 @@ def wrong_keys(key: int, count: int) -> list[int]:
     return found
 
 
+def measurer(lock: Lock, loaded, metric: str) -> tuple[Callable[[dict], float], float]:
+    """(the metric of a parameter set for `lock`'s model, its chance level)."""
+    if metric == "accuracy":
+        return (lambda params: digits_accuracy(lock, params)), 1 / 10
+    if metric == "retrieval":
+        pairs = paraphrase_pairs()
+        return (lambda params: retrieval_top1(lock, params, loaded.tokenizer, pairs)), 1 / len(pairs)
+    # perplexity: chance is a uniform guess over the vocabulary
+    return (lambda params: perplexity(lock, params, loaded.tokenizer)), float(loaded.model.config.vocab_size)
+
+
 @dataclass
 class AuthorizationResult:
     model: str
@@ -160,20 +180,7 @@ def authorize(loaded, key: int, n_wrong: int = 20, model_name: str | None = None
     key = keys.parse_long_key(key)
     metric = metric_for(loaded.model)
     lock = Lock(loaded.model, key)
-    if metric == "accuracy":
-        def measure(params):
-            return digits_accuracy(lock, params)
-        chance = 1 / 10
-    elif metric == "retrieval":
-        pairs = paraphrase_pairs()
-
-        def measure(params):
-            return retrieval_top1(lock, params, loaded.tokenizer, pairs)
-        chance = 1 / len(pairs)
-    else:
-        def measure(params):
-            return perplexity(lock, params, loaded.tokenizer)
-        chance = float(loaded.model.config.vocab_size)  # a uniform guess over the vocabulary
+    measure, chance = measurer(lock, loaded, metric)
     candidates = wrong_keys(key, n_wrong)
     total = n_wrong + 3
     figures = []
