@@ -1,0 +1,190 @@
+"""The streamed check: every symmetry and negative control of the whole-model check, on a checkpoint read from its
+safetensors shards one block at a time.
+
+What the proof rests on: the network is a chain of stages (the embedding, each block, the head). If each stage
+maps the element's transform of the original's input at that stage to the transform of the original's output
+there (and, backward, the transform of the original's output gradient to that of its input and parameter
+gradients), then by induction along the chain the transformed network's run is the transformed original run, so
+the whole network is equivariant. Each stage is therefore checked on the original's own activations and
+gradients, with the same engine (engine.spec), the stock modules of transformers, and the same verdict rules
+(verify.tolerances, verify.check), into the same Report.
+
+Memory: at most three copies of the largest block's weights in the checked dtype (the output head is run in
+vocabulary chunks no larger than half a block), one block's activations and the embedding rows the input looks up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import torch
+
+from perm_core.engine import symmetries
+from perm_core.engine.spec import Scramble, transform_param
+from perm_core.engine.tokens import model_inputs, n_tokens
+from perm_core.stream.forward import ControlRun, OriginalRun, forward_pass
+from perm_core.stream.layout import StreamedModel, StreamingUnsupportedError
+from perm_core.stream.memory import MemoryBound, peak_bytes, reset_peak, resident_bytes
+from perm_core.stream.reverse import Element, block_stage, embedding_stage, head_stage
+from perm_core.verify.check import (
+    KEY_BIAS_REASON,
+    ControlResult,
+    Report,
+    VacuousCheckError,
+    _cannot_move,
+    _summarize,
+    most_moved,
+)
+from perm_core.verify.oracle import OracleResult
+from perm_core.verify.tolerances import MOVED_AT, ROUNDOFF_CAP, ROUNDOFF_SAFETY, TOLERANCE, judged, relative_error
+
+PROOF = ("each stage (the embedding, every block, the head) was checked on the original run's own input there, "
+         "and backward on the original's gradient at its output, both transformed as the element says: each stage "
+         "equivariant on the original's activations makes the whole network equivariant, by induction along the "
+         "chain of stages")
+
+
+@dataclass
+class StreamedReport(Report):
+    proof: str = PROOF
+    memory: MemoryBound | None = None
+    head_chunks: int = 1
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        streamed = {"proof": self.proof, "head_chunks": self.head_chunks, "notes": self.notes,
+                    "memory": None if self.memory is None else self.memory.to_json()}
+        return {**super().to_json(), "streamed": streamed}
+
+
+def stream_check(directory, inputs: dict, symmetry_names=symmetries.SYMMETRIES, key: int | Mapping[str, int] = 0,
+                 model_name: str = "", backward: bool = True, include_combined: bool = True,
+                 dtype: torch.dtype = torch.float64, progress=None) -> StreamedReport:
+    """check() of verify.check, stage by stage from the checkpoint's shards (the module docstring)."""
+    peak_reset = reset_peak()
+    baseline = resident_bytes()
+    names = list(symmetry_names)
+    key_of = dict(key) if isinstance(key, Mapping) else {name: key for name in names}
+    if not names:
+        raise VacuousCheckError("no symmetry to check: name at least one")
+    model = StreamedModel(directory, dtype)
+    g = model.geometry
+    if any(name in g.not_holding() for name in names):
+        raise StreamingUnsupportedError("streaming does not measure symmetries an architecture lacks")
+    count = n_tokens(inputs, g)
+    judge = SimpleNamespace(tolerance=TOLERANCE.get(dtype, TOLERANCE[torch.float32]), dtype=dtype,
+                            movable_tokens=g.movable_tokens(count), places=_places(model))
+    report = StreamedReport(model_name or str(directory), model.family.name, str(dtype).split(".")[-1],
+                            {name: key_of[name] for name in names})
+    if "tokens" in names and judge.movable_tokens < 2:
+        report.checks.extend(_cannot_move(judge, "tokens", backward))
+        names.remove("tokens")
+    restrictions = g.restrictions()
+    report.restricted = {name: restrictions[name] for name in names if name in restrictions}
+    steps = names + (["all"] if include_combined and len(names) > 1 else [])
+    controls = {name: symmetries.controls(name, key_of[name], g, count) for name in names}
+    for name, found in controls.items():
+        if not found:
+            raise VacuousCheckError(f"the {name} symmetry has no negative control on {model.family.name}")
+    largest = max(model.bytes_of(model.block_names(layer)) for layer in range(model.n_layers))
+    chunks = model.head_chunks(largest // 2)
+    report.head_chunks = len(chunks)
+
+    run, control_runs = forward_pass(model, inputs, [c for found in controls.values() for c in found],
+                                     head_chunks=chunks, progress=progress)
+    report.oracle = _oracle(model, inputs, run)
+    elements = {}
+    for name in steps:
+        keys = {n: key_of[n] for n in names} if name == "all" else {name: key_of[name]}
+        elements[name] = Element(model, inputs, symmetries.build_many(keys, g, count))
+    grad, stash = head_stage(model, run, elements, backward, chunks)
+    original_inputs = model_inputs(inputs, g, Scramble(), dtype)
+    original_kwargs = model.layer_kwargs(original_inputs)
+    for layer in reversed(range(model.n_layers)):
+        if progress:
+            progress(1.0 - (layer + 1) / (model.n_layers + 1), f"checking block {layer}")
+        grad = block_stage(model, layer, run, elements, backward, grad, original_kwargs[layer])
+    embedding_stage(model, run, elements, backward, grad, stash, original_inputs["input_ids"])
+
+    floor_reasons = {f"grad.param.{n}": KEY_BIAS_REASON for n, c in model.claims.items()
+                     if c.rule.tag == "attn.k" and len(model.reader.entries[n].shape) == 1 and not g.rope}
+    scales = run.scales.final(floor_reasons, dtype)
+    by_symmetry = {name: [r for r in control_runs if r.control.symmetry == name] for name in names}
+    for name in steps:
+        errors = judged(elements[name].tally.differences(scales), dtype, floor_reasons)
+        moved, what = _movement(model, elements[name].scramble, judge.movable_tokens)
+        for direction in ("forward", "backward") if backward else ("forward",):
+            mine = [e for e in errors if e.name.startswith("grad.") == (direction == "backward")]
+            report.checks.append(_summarize(judge, name, direction, mine, moved, what))
+        report.controls.extend(_control_result(r, scales, floor_reasons) for r in by_symmetry.get(name, []))
+    report.memory = _memory(model, run, count, largest, baseline, peak_reset)
+    if progress:
+        progress(1.0, "done")
+    return report
+
+
+def _places(model: StreamedModel) -> dict:
+    return {"n_layers": model.n_layers,
+            "parameter_layers": {name: claim.layer for name, claim in model.claims.items()},
+            "embedding_parameters": frozenset(n for n, c in model.claims.items() if c.rule.tag == "embedding"),
+            "first_decoder_layer": None}
+
+
+def _control_result(r: ControlRun, scales: dict, floor_reasons: dict) -> ControlResult:
+    c = r.control
+    amount = r.tally.worst_relative(scales, floor_reasons)
+    if r.broken_at:
+        return ControlResult(c.symmetry, c.name, c.description, True, amount,
+                             f"{r.broken_at} (on the original's input there; streamed)")
+    return ControlResult(c.symmetry, c.name, c.description, False, amount,
+                         note="streamed: an unbroken control is not tested for being uninformative here")
+
+
+def _movement(model: StreamedModel, scramble: Scramble, movable_tokens: int) -> tuple[float, str]:
+    """verify.check.Subject.element_movement, each weight read when it is asked for, smallest first."""
+    moved: dict[str, float] = {}
+    if scramble.tokens is not None and movable_tokens > 0:
+        index = scramble.tokens.index
+        shifted = int((index != torch.arange(len(index))).sum())
+        if shifted:
+            moved[f"tokens: {shifted} of {movable_tokens} movable moved"] = shifted / movable_tokens
+    if not max(moved.values(), default=0.0) >= MOVED_AT:
+        for name in sorted(model.names, key=lambda n: model.reader.entries[n].numel):
+            before = model.reader.read(name, model.dtype)
+            after = transform_param(before, model.claims[name], scramble)
+            if after is before:
+                continue
+            moved[f"weight {name}"] = relative_error(before, after)
+            if moved[f"weight {name}"] >= MOVED_AT:
+                break
+    return most_moved(moved)
+
+
+def _oracle(model: StreamedModel, inputs: dict, run: OriginalRun) -> OracleResult:
+    """verify.oracle.consult, streamed: the stock forward's logits against the traced ones, and where the stock
+    code's own arithmetic needs it, the allowance of the logits' measured float32 round-off."""
+    error = relative_error(run.stock_logits, run.records["output.logits"])
+    base = TOLERANCE.get(model.dtype, TOLERANCE[torch.float32])
+    tolerance = base
+    if not error <= base and error != float("inf"):
+        other = torch.float32 if model.dtype == torch.float64 else torch.float64
+        rerun, _ = forward_pass(StreamedModel(model.reader.directory, other, model.reader), inputs, stock=False)
+        exact, rounded = run.records["output.logits"], rerun.records["output.logits"]
+        if other == torch.float64:
+            exact, rounded = rounded, exact
+        roundoff = relative_error(exact.to(torch.float64), rounded.to(torch.float64))
+        tolerance = min(max(base, ROUNDOFF_SAFETY * roundoff), ROUNDOFF_CAP)
+    return OracleResult("output.logits", error, tolerance, model.stock_attention)
+
+
+def _memory(model: StreamedModel, run: OriginalRun, count: int, largest: int, baseline, peak_reset) -> MemoryBound:
+    g, itemsize = model.geometry, model.dtype.itemsize
+    vocab = model.reader.entries[model.head_name].shape[0]
+    # one block's activations with their gradients (x4: original and transformed, forward and backward), every
+    # block's input kept, and the logits with their gradient
+    per_block = count * (12 * g.d_model + 4 * g.d_mlp + 4 * g.n_heads * count) * 4
+    activations = itemsize * (per_block + count * g.d_model * 2 * model.n_layers + count * vocab * 4)
+    rows = len(run.looked_up) * g.d_model * itemsize * 3
+    return MemoryBound(largest, activations, rows, baseline, peak_bytes(), peak_reset)

@@ -1,0 +1,141 @@
+"""The original run of a streamed check, stage by stage, with what rides along on the same read of each block:
+the negative controls and the stock model's own forward (the oracle).
+
+Each stage's weights are read, run and dropped before the next stage is read. What is kept is per token: each
+block's input and output hidden state, its attention probabilities and the logits.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from perm_core.engine.spec import Scramble, apply_axes, transform_param, transform_params
+from perm_core.engine.symmetries import Control
+from perm_core.engine.tokens import model_inputs
+from perm_core.run.trace import TOKEN_RESID
+from perm_core.stream.layout import StreamedModel
+from perm_core.stream.tally import Scales, Tally
+from perm_core.verify import oracle
+from perm_core.verify.tolerances import BROKEN_AT
+
+LOGITS_AXES = (None, "tokens", None)
+
+
+def attention_axes(layer: int) -> tuple:
+    return (None, ("heads", layer), "tokens", "tokens")
+
+
+@dataclass
+class OriginalRun:
+    block_inputs: list[torch.Tensor] = field(default_factory=list)  # block i's input hidden state
+    records: dict[str, torch.Tensor] = field(default_factory=dict)  # the whole-model trace's forward names
+    scales: Scales = field(default_factory=Scales)
+    looked_up: list[int] = field(default_factory=list)  # the embedding rows the input reads, ascending
+    stock_logits: torch.Tensor | None = None
+
+
+@dataclass
+class ControlRun:
+    """A negative control followed stage by stage until some tensor breaks by more than BROKEN_AT."""
+
+    control: Control
+    inverse: Scramble
+    layer_kwargs: list[dict]
+    ids: torch.Tensor
+    tally: Tally = field(default_factory=Tally)
+    broken_at: str = ""
+    worst: float = 0.0
+
+    def judge(self, names: list[str], scales: Scales, where: str) -> None:
+        for name in names:
+            diff, scale = self.tally.diffs.get(name, math.inf), scales.own.get(name, math.nan)
+            rel = diff / scale if scale > 0 and math.isfinite(diff) else (0.0 if diff == 0 else math.inf)
+            self.worst = rel if not rel <= self.worst else self.worst
+        if not self.broken_at and not self.worst <= BROKEN_AT:
+            self.broken_at = where
+
+
+def forward_pass(model: StreamedModel, inputs: dict, controls: list[Control] = (), stock: bool = True,
+                 head_chunks: list[tuple[int, int]] | None = None, progress=None) -> tuple[OriginalRun, list]:
+    """The original run (and, with `stock`, transformers' own forward beside it), each control compared at every
+    stage until it breaks. Returns the run and the ControlRuns."""
+    g, dtype = model.geometry, model.dtype
+    kwargs = model_inputs(inputs, g, Scramble(), dtype)
+    layer_kwargs = model.layer_kwargs(kwargs)
+    run = OriginalRun()
+    ids = kwargs["input_ids"]
+    run.looked_up = sorted(set(ids.flatten().tolist()))
+    rows = model.reader.rows(model.embed_name, run.looked_up, dtype)
+    hidden = model.embed(rows, run.looked_up, ids)
+    _keep(run, "embed", hidden)
+    if stock:
+        stock_kwargs = oracle.stock_kwargs(inputs, g, dtype)
+        stock_layers = model.layer_kwargs(stock_kwargs, stock=True)
+        stock_hidden = model.embed(rows, run.looked_up, stock_kwargs["input_ids"], stock=True)
+    runs = []
+    for control in controls:
+        scramble = control.scramble
+        control_kwargs = model_inputs(inputs, g, scramble, dtype)
+        runs.append(ControlRun(control, scramble.inverse(), model.layer_kwargs(control_kwargs),
+                               control_kwargs["input_ids"]))
+    for c in runs:
+        moved_rows = transform_param(rows, model.claims[model.embed_name], c.control.scramble)
+        restored = apply_axes(model.embed(moved_rows, run.looked_up, c.ids), TOKEN_RESID, c.inverse)
+        c.tally.add("embed", hidden, restored)
+        c.judge(["embed"], run.scales, "the embeddings")
+    del rows
+    for layer in range(model.n_layers):
+        if progress:
+            progress(layer / (model.n_layers + 1), f"original run: block {layer}")
+        weights = model.read(model.block_names(layer))
+        out, attention = model.block(layer, weights, hidden, layer_kwargs[layer])
+        names = [f"blocks.{layer}.hidden", f"blocks.{layer}.attn"]
+        _keep(run, names[0], out)
+        _keep(run, names[1], attention)
+        for c in runs:
+            if c.broken_at:
+                continue
+            moved = transform_params(weights, model.spec, c.control.scramble, model.claims)
+            c_out, c_attention = model.block(layer, moved, apply_axes(hidden, TOKEN_RESID, c.control.scramble),
+                                             c.layer_kwargs[layer])
+            del moved
+            c.tally.add(names[0], out, apply_axes(c_out, TOKEN_RESID, c.inverse))
+            c.tally.add(names[1], attention, apply_axes(c_attention, attention_axes(layer), c.inverse, layer))
+            c.judge(names, run.scales, f"block {layer}")
+        if stock:
+            stock_hidden, _ = model.block(layer, weights, stock_hidden, stock_layers[layer], stock=True)
+        run.block_inputs.append(hidden)
+        hidden = out
+        del weights
+    if progress:
+        progress(model.n_layers / (model.n_layers + 1), "original run: the head")
+    pieces, stock_pieces = [], []
+    head_claim = model.claims[model.head_name]
+    for start, stop in head_chunks or [(0, model.reader.entries[model.head_name].shape[0])]:
+        rows = model.reader.row_range(model.head_name, start, stop, dtype)
+        logits = model.head(rows, hidden)
+        pieces.append(logits)
+        if stock:
+            stock_pieces.append(model.head(rows, stock_hidden, stock=True))
+        for c in runs:
+            if not c.broken_at:
+                moved = transform_param(rows, head_claim, c.control.scramble)
+                restored = apply_axes(model.head(moved, apply_axes(hidden, TOKEN_RESID, c.control.scramble)),
+                                      LOGITS_AXES, c.inverse)
+                c.tally.add("output.logits", logits, restored)
+        del rows
+    _keep(run, "output.logits", torch.cat(pieces, dim=-1))
+    for c in runs:
+        if not c.broken_at:
+            c.judge(["output.logits"], run.scales, "the head")
+    if stock:
+        run.stock_logits = torch.cat(stock_pieces, dim=-1)
+    return run, runs
+
+
+def _keep(run: OriginalRun, name: str, tensor: torch.Tensor) -> None:
+    run.records[name] = tensor.detach()
+    run.scales.add(name, run.records[name])

@@ -1,0 +1,182 @@
+"""The checks of a streamed check: stage by stage from the head back to the embeddings.
+
+At each stage the original's gradient at the stage's output is known (the head's comes from the invariant loss on
+the original logits), so one read of the stage's weights serves every element: the original stage runs forward
+and backward once, then each element's transformed stage runs on the original's input and output gradient,
+transformed as the element says, and its un-scrambled output, attention, input gradient and parameter gradients
+are compared with the original's. A stage holds at most three copies of its weights: the original's gradients,
+the transformed weights, and the original weights, kept as stored when that is smaller than the checked dtype and
+otherwise read again for each element; each transformed parameter's gradient is compared as backward makes it and
+dropped (as verify.check.StreamedGradients does).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from perm_core.engine.spec import Scramble, apply_axes, transform_param
+from perm_core.engine.tokens import model_inputs
+from perm_core.run.trace import TOKEN_RESID, invariant_loss
+from perm_core.stream.forward import LOGITS_AXES, OriginalRun, attention_axes
+from perm_core.stream.layout import StreamedModel
+from perm_core.stream.tally import Tally
+
+
+class Element:
+    """One checked element with what its transformed stages are given."""
+
+    def __init__(self, model: StreamedModel, inputs: dict, scramble: Scramble):
+        kwargs = model_inputs(inputs, model.geometry, scramble, model.dtype)
+        self.scramble, self.inverse = scramble, scramble.inverse()
+        self.layer_kwargs, self.ids = model.layer_kwargs(kwargs), kwargs["input_ids"]
+        self.tally = Tally()
+
+    def moved(self, tensor: torch.Tensor, axes, layer: int | None = None) -> torch.Tensor:
+        return apply_axes(tensor, axes, self.scramble, layer)
+
+    def restored(self, tensor: torch.Tensor, axes, layer: int | None = None) -> torch.Tensor:
+        return apply_axes(tensor.detach(), axes, self.inverse, layer)
+
+
+def _leaf(tensor: torch.Tensor, grad: bool) -> torch.Tensor:
+    return tensor.detach().requires_grad_(grad)
+
+
+def head_stage(model: StreamedModel, run: OriginalRun, elements: dict[str, Element], backward: bool,
+               chunks: list[tuple[int, int]]) -> tuple[torch.Tensor | None, dict]:
+    """Compare the logits and the head's gradients chunk by chunk. Returns the original's gradient at the head's
+    input and, for a head tied to the embedding, its gradient rows at the looked-up tokens (original, and each
+    element's un-scrambled), which the embedding stage adds its own to."""
+    top = run.records[f"blocks.{model.n_layers - 1}.hidden"]
+    logits = run.records["output.logits"]
+    claim = model.claims[model.head_name]
+    grad_name = f"grad.param.{model.head_name}"
+    stash: dict = {}
+    if backward:
+        leaf = _leaf(logits, True)
+        grad_logits = torch.autograd.grad(invariant_loss(leaf), leaf)[0]
+        grad_top = torch.zeros_like(top)
+        moved_grad_top = {label: torch.zeros_like(top) for label in elements}
+    for start, stop in chunks:
+        rows = model.reader.row_range(model.head_name, start, stop, model.dtype)
+        tied_rows = [r - start for r in run.looked_up if start <= r < stop] if model.tied else []
+        if backward:
+            weight, inputs = _leaf(rows, True), _leaf(top, True)
+            torch.autograd.backward(model.head(weight, inputs), grad_logits[..., start:stop], inputs=[weight, inputs])
+            grad_top += inputs.grad
+            grad_weight = _set_aside(weight.grad, tied_rows, stash, "original", start)
+            run.scales.add(grad_name, grad_weight)
+            del weight
+        for label, element in elements.items():
+            weight = _leaf(transform_param(rows, claim, element.scramble), backward)
+            inputs = _leaf(element.moved(top, TOKEN_RESID), backward)
+            out = model.head(weight, inputs)
+            element.tally.add("output.logits", logits[..., start:stop], element.restored(out, LOGITS_AXES))
+            if backward:
+                torch.autograd.backward(out, element.moved(grad_logits[..., start:stop], LOGITS_AXES),
+                                        inputs=[weight, inputs])
+                moved_grad_top[label] += inputs.grad
+                moved, weight.grad = weight.grad, None
+                restored = _set_aside(element.restored(moved, claim.rule.axes, claim.layer), tied_rows, stash,
+                                      label, start)
+                del moved
+                element.tally.add(grad_name, grad_weight, restored)
+                del restored
+            del weight, out
+    if not backward:
+        return None, stash
+    name = f"grad.blocks.{model.n_layers - 1}.hidden"
+    run.scales.add(name, grad_top)
+    for label, element in elements.items():
+        element.tally.add(name, grad_top, element.restored(moved_grad_top[label], TOKEN_RESID))
+    return grad_top, stash
+
+
+def _set_aside(grad: torch.Tensor, rows: list[int], stash: dict, owner: str, start: int) -> torch.Tensor:
+    """A tied head's gradient rows at looked-up tokens are kept apart (the embedding stage completes them) and
+    zeroed here, so that this chunk's comparison and scale see only the rows that are final."""
+    if rows:
+        index = torch.tensor(rows)
+        stash.setdefault(owner, {}).update({start + r: row for r, row in zip(rows, grad[index].clone(), strict=True)})
+        grad[index] = 0.0
+    return grad
+
+
+def block_stage(model: StreamedModel, layer: int, run: OriginalRun, elements: dict[str, Element], backward: bool,
+                grad_out: torch.Tensor | None, original_kwargs: dict) -> torch.Tensor | None:
+    """Compare block `layer` under every element (`original_kwargs`: what the original block is given besides its
+    input); returns the original's gradient at its input."""
+    names = model.block_names(layer)
+    stored_smaller = all(model.reader.entries[n].dtype.itemsize < model.dtype.itemsize for n in names)
+    stored = model.read(names, dtype=None) if stored_smaller else None
+    hidden = run.block_inputs[layer]
+    out_name, attn_name = f"blocks.{layer}.hidden", f"blocks.{layer}.attn"
+    in_name = "grad.input" if layer == 0 else f"grad.blocks.{layer - 1}.hidden"
+    grads, grad_in = {}, None
+    if backward:
+        weights = {n: _leaf(w.to(model.dtype), True) for n, w in _weights(model, names, stored).items()}
+        inputs = _leaf(hidden, True)
+        out, _ = model.block(layer, weights, inputs, original_kwargs)
+        torch.autograd.backward(out, grad_out, inputs=[inputs, *weights.values()])
+        grad_in = inputs.grad
+        run.scales.add(in_name, grad_in)
+        for name, weight in weights.items():
+            grads[name] = weight.grad
+            run.scales.add(f"grad.param.{name}", weight.grad)
+        del weights, out
+    for element in elements.values():
+        weights = {n: _leaf(transform_param(w.to(model.dtype), model.claims[n], element.scramble), backward)
+                   for n, w in _weights(model, names, stored).items()}
+        handles = [w.register_post_accumulate_grad_hook(_compare_grad(element, n, model.claims[n], grads))
+                   for n, w in weights.items()] if backward else []
+        inputs = _leaf(element.moved(hidden, TOKEN_RESID), backward)
+        out, attention = model.block(layer, weights, inputs, element.layer_kwargs[layer])
+        element.tally.add(out_name, run.records[out_name], element.restored(out, TOKEN_RESID))
+        element.tally.add(attn_name, run.records[attn_name], element.restored(attention, attention_axes(layer), layer))
+        if backward:
+            torch.autograd.backward(out, element.moved(grad_out, TOKEN_RESID), inputs=[inputs, *weights.values()])
+            element.tally.add(in_name, grad_in, element.restored(inputs.grad, TOKEN_RESID))
+        for handle in handles:
+            handle.remove()
+        del weights, out, attention, inputs
+    return grad_in
+
+
+def _weights(model: StreamedModel, names: list[str], stored: dict | None) -> dict[str, torch.Tensor]:
+    """The block's weights: the copy kept as stored, else read again (in the checked dtype)."""
+    return stored if stored is not None else model.read(names)
+
+
+def _compare_grad(element: Element, name: str, claim, grads: dict):
+    def hook(leaf: torch.Tensor) -> None:
+        grad, leaf.grad = leaf.grad, None
+        element.tally.add(f"grad.param.{name}", grads[name], element.restored(grad, claim.rule.axes, claim.layer))
+    return hook
+
+
+def embedding_stage(model: StreamedModel, run: OriginalRun, elements: dict[str, Element], backward: bool,
+                    grad_out: torch.Tensor | None, stash: dict, ids: torch.Tensor) -> None:
+    """Compare the embedding output and the gradient of its looked-up rows (a tied head's rows completed)."""
+    claim = model.claims[model.embed_name]
+    grad_name = f"grad.param.{model.embed_name}"
+    rows = model.reader.rows(model.embed_name, run.looked_up, model.dtype)
+    if backward:
+        weight = _leaf(rows, True)
+        torch.autograd.backward(model.embed(weight, run.looked_up, ids), grad_out, inputs=[weight])
+        original = _completed(weight.grad, stash.get("original"), run.looked_up)
+        run.scales.add(grad_name, original)
+    for label, element in elements.items():
+        weight = _leaf(transform_param(rows, claim, element.scramble), backward)
+        out = model.embed(weight, run.looked_up, element.ids)
+        element.tally.add("embed", run.records["embed"], element.restored(out, TOKEN_RESID))
+        if backward:
+            torch.autograd.backward(out, element.moved(grad_out, TOKEN_RESID), inputs=[weight])
+            restored = _completed(element.restored(weight.grad, claim.rule.axes, claim.layer), stash.get(label),
+                                  run.looked_up)
+            element.tally.add(grad_name, original, restored)
+
+
+def _completed(grad_rows: torch.Tensor, head_rows: dict | None, looked_up: list[int]) -> torch.Tensor:
+    if not head_rows:
+        return grad_rows
+    return grad_rows + torch.stack([head_rows[token] for token in looked_up])
