@@ -25,6 +25,7 @@ def percent(text: str) -> float:
 
 def test_digits_lock_numbers_and_histogram():
     at = AppTest.from_file(PAGE, default_timeout=300)
+    at.query_params["au_attack_steps"] = "100"  # the attacker's fine-tuning sweep, short
     at.run()
     assert not at.exception and not at.error
     shown = {m.label: m.value for m in at.metric}
@@ -57,6 +58,7 @@ def test_bad_key_shows_an_error():
 
 def test_a_hex_key_of_256_bits_unlocks_and_the_text_says_its_length():
     at = AppTest.from_file(PAGE, default_timeout=300)
+    at.query_params["au_attack_steps"] = "100"
     at.run()
     at.text_input(key="au_key").set_value("0x" + "a5" * 32).run()
     assert not at.exception and not at.error
@@ -67,9 +69,40 @@ def test_a_hex_key_of_256_bits_unlocks_and_the_text_says_its_length():
 
 def test_minilm_retrieval():
     at = AppTest.from_file(PAGE, default_timeout=300)
+    at.query_params["au_model"] = "minilm"
     at.run()
-    at.selectbox(key="au_model").set_value("minilm").run()
     assert not at.exception and not at.error
     shown = {m.label: m.value for m in at.metric}
     assert percent(shown["Right key"]) == percent(shown["Unlocked model"]) >= 0.9
     assert percent(shown["No key"]) < percent(shown["Right key"]) - 0.3
+    # the attacker breaks the key of a text model too; the fine-tuning sweep needs the digits' training data
+    assert shown["Key recovered"] == "exactly" and shown["Attacker's unlocked model"] == shown["Right key"]
+    assert any("every one of the 384 channel positions" in w.value for w in at.warning)
+    assert any("measured on the digits models" in c.value for c in at.caption)
+    assert len(at.get("plotly_chart")) == 1
+
+
+def test_the_attacker_recovers_the_key_and_the_sweep_chart_says_what_the_sentence_says():
+    at = AppTest.from_file(PAGE, default_timeout=300)
+    at.query_params["au_attack_steps"] = "100"
+    at.run()
+    assert not at.exception and not at.error
+    shown = {m.label: m.value for m in at.metric}
+    assert shown["Key recovered"] == "exactly"
+    assert shown["Attacker's unlocked model"] == shown["Key holder's model"] == shown["Right key"]
+    assert float(shown["Attacker's time"].removesuffix(" s")) > 0
+    broken = next(w.value for w in at.warning if w.value.startswith("The key is broken"))
+    assert "every one of the 64 channel positions" in broken and "differs from the locked one by 0.0e+00" in broken
+    markdown = " ".join(m.value for m in at.markdown)
+    assert "Hidden No More” (ICML 2025)" in markdown and "Shuffling Defense” (ACL 2026)" in markdown
+    sweep = json.loads(at.get("plotly_chart")[1].proto.spec)
+    traces = {t["name"]: t for t in sweep["data"]}
+    share = traces["key recovered (share of its channel positions)"]
+    assert share["x"] == ["0", "10", "30", "100"]
+    attacker = traces["attacker's unlocked accuracy"]["y"]
+    owner = traces["owner's accuracy (the fine-tuned model, with the key)"]["y"]
+    assert f"{owner[0]:.1f}%" == shown["Right key"]  # k = 0 is the untouched lock
+    sentence = next(m.value for m in at.markdown if m.value.startswith("After 100 steps"))
+    assert (f"recovers {share['y'][-1]:.1f}% of the key and unlocks {attacker[-1]:.1f}%, against the owner's "
+            f"{owner[-1]:.1f}%") in sentence
+    assert traces["chance 10%"]["y"] == [10.0, 10.0]

@@ -1,0 +1,33 @@
+"""Plotly builders for the Authorization page's attacker: numbers in, go.Figure out; no model code."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from ui.charts.figures import LAYOUT, titled, wrap_title
+
+SERIES = (("share_recovered", "key recovered (share of its channel positions)", "#9467bd", "solid"),
+          ("attacker", "attacker's unlocked accuracy", "#d62728", "solid"),
+          ("owner", "owner's accuracy (the fine-tuned model, with the key)", "#2ca02c", "dash"))
+
+
+def fine_tune_attack(sweep, chance: float) -> go.Figure:
+    """Against the owner's fine-tuning steps after locking: how much of the key the attacker recovers, the
+    accuracy the attacker unlocks, and the owner's own accuracy. Steps are categories (0 has no place on a log
+    axis, and the steps are spaced about evenly in log)."""
+    steps = [str(k) for k in sweep.steps]
+    fig = go.Figure()
+    for field, name, color, dash in SERIES:
+        values = [100 * v for v in getattr(sweep, field)]
+        fig.add_trace(go.Scatter(x=steps, y=values, mode="lines+markers", name=name,
+                                 line=dict(color=color, dash=dash, width=2),
+                                 hovertemplate="%{y:.1f}%<extra>" + name + "</extra>"))
+    fig.add_trace(go.Scatter(x=[steps[0], steps[-1]], y=[100 * chance] * 2, mode="lines",
+                             name=f"chance {100 * chance:.0f}%", line=dict(color="gray", dash="dot", width=1.5),
+                             hoverinfo="name"))
+    fig.update_layout(**LAYOUT, legend=dict(orientation="h", yanchor="top", y=-0.22, x=0))
+    fig.update_xaxes(title="owner's fine-tuning steps after locking", type="category")
+    fig.update_yaxes(title="%", range=[0, 105])
+    title = (f"The owner fine-tunes the locked model (learning rate {sweep.learning_rate:g}) and publishes it; "
+             "the attacker recovers the key from it and the base checkpoint")
+    return titled(fig, wrap_title(title, 70), 420)
