@@ -1,30 +1,33 @@
 """A classroom at once: N student sessions on one server, each changing keys, then Check and Rotation.
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/classroom.py [--driver ws|browser] [--sessions 30]
-        [--seconds 120] [--json FILE]
+        [--pace saturation|classroom] [--seconds 120|180] [--replicas N] [--json FILE]
 
-Starts the app on a free loopback port, then N students at once. --driver ws (the default): each student is a
-websocket client speaking the protocol the browser speaks (benchmarks/streamlit_ws.py: the same BackMsgs, the
-widget states re-sent as the frontend does, the elements of each run read from the ForwardMsgs). It measures
-the server. --driver browser: N contexts of one headless Chromium (separate cookies, websockets and sessions),
-which also render every chart as the students' machines do; but on this 2-core machine 30 browsers used 902
-CPU-seconds against the server's 310, so their latencies measured the browsers, not the server.
+Starts the app on a free loopback port (--replicas N: N replicas behind HAProxy, as `make serve` starts them; the
+students go through the proxy, each kept on one replica by its cookie), then N students at once. --driver ws (the
+default): each student is a websocket client speaking the protocol the browser speaks (benchmarks/streamlit_ws.py:
+the same BackMsgs, the widget states re-sent as the frontend does, the elements of each run read from the
+ForwardMsgs). It measures the server. --driver browser: N contexts of one headless Chromium (separate cookies,
+websockets and sessions), which also render every chart as the students' machines do; but on this 2-core machine
+30 browsers used 902 CPU-seconds against the server's 310, so their latencies measured the browsers, not the server.
 
 All sessions first open the lecturer's link (Explore on dinov2-s, each with its own key) at the same moment.
 Then sessions take digits-vit, dinov2-s and minilm in turn; each opens Explore, changes its channels or tokens
-key every few seconds until the time is up (each change waits for the previous result: a student reads it),
-then runs Check (forward; --check-backward too) and opens Rotation. A latency is from the action to the end of
-the script run it started (ws: from sending the rerun, or opening the websocket, to script_finished; browser:
-URL updated, status widget gone).
+key until the time is up (each change waits for the previous result: a student reads it), then runs Check
+(forward; --check-backward too) and opens Rotation. --pace saturation (the default): a student changes a key 2-4 s
+after the previous result; --pace classroom (issue 32): one key change per student every 20 s on average, start to
+start (10-30 s at random). A latency is from the action to the end of the script run it started (ws: from sending
+the rerun, or opening the websocket, to script_finished; browser: URL updated, status widget gone).
 
+Throughput: key changes per second, per model, and per CPU-second of the server(s) in the key changes' window.
 Afterwards: errors (exception elements, error alerts, "Traceback" anywhere on the page, errors in the server
-log), the server's peak resident memory (VmHWM, and the sampled sum over its process tree) against the speed
-issue's bound (2x the loaded models' float32 weights + 1 GiB) with what held it at its peak
-(ui.runtime.memory_audit, opt-in by TSE_MEMORY_AUDIT_FILE), and the weights of every shared model hashed
-at load and at exit inside the server (ui.runtime.weights_audit, opt-in by TSE_WEIGHTS_HASH_FILE) and in this fresh
-process: all three must be equal. Then a second, fresh server replays sampled sessions' final settings one at
-a time with the same driver: their verdicts, metrics and Check/Rotation results must be the same text,
-numbers included.
+log), the server's peak resident memory (VmHWM, and the sampled sum over its process tree) against issue 32's
+bound (2x the loaded models' float32 weights + 1 GiB + 24 MiB per session; each replica against its own models
+and students, and the sums), with what held it at its peak (ui.runtime.memory_audit, opt-in by
+TSE_MEMORY_AUDIT_FILE), and the weights of every shared model hashed at load and at exit inside the server
+(ui.runtime.weights_audit, opt-in by TSE_WEIGHTS_HASH_FILE; each replica's own) and in this fresh process: all
+three must be equal. Then a second, fresh server replays sampled sessions' final settings one at a time with the
+same driver: their verdicts, metrics and Check/Rotation results must be the same text, numbers included.
 """
 
 from __future__ import annotations
@@ -35,7 +38,6 @@ import itertools
 import json
 import os
 import random
-import shutil
 import sys
 import tempfile
 import time
@@ -45,25 +47,31 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.classroom_drivers import DRIVERS  # noqa: E402
-from benchmarks.classroom_report import (  # noqa: E402
-    ServerProcess,
-    fresh_hashes,
-    log_errors,
-    print_report,
-    summarize,
-)
+from benchmarks.classroom_figures import summarize  # noqa: E402
+from benchmarks.classroom_replicas import ReplicaSet  # noqa: E402
+from benchmarks.classroom_report import ServerProcess, fresh_hashes, log_errors, print_report  # noqa: E402
 
 MODELS = ("digits-vit", "dinov2-s", "minilm")
 SHARED_LINK_MODEL = "dinov2-s"  # the app's opening model, and slow enough that sessions overlap on it
 ROTATION_MODELS = ("digits-vit", "minilm")  # Rotation's own list has no dinov2-s: its sessions rotate digits-vit
 KEYS = ("channels", "tokens")
 COMPARED = ("alerts", "metrics", "errors")
+DEFAULT_SECONDS = {"saturation": 120.0, "classroom": 180.0}
+
+
+def pause(pace: str, rng: random.Random, last_change: float) -> float:
+    """Seconds until a student's next key change: saturation reads for 2-4 s after each result; a classroom
+    student starts one every 20 s on average (10-30 s after the previous one started, at once if that is past)."""
+    if pace == "saturation":
+        return rng.uniform(2.0, 4.0)
+    return max(0.0, last_change + rng.uniform(10.0, 30.0) - time.perf_counter())
 
 
 async def timed(records: list, model: str, what: str, action) -> None:
     started = time.perf_counter()
     await action()
-    records.append({"model": model, "interaction": what, "seconds": time.perf_counter() - started})
+    records.append({"model": model, "interaction": what, "seconds": time.perf_counter() - started,
+                    "ended": time.time()})
 
 
 async def run_check_and_rotation(visitor, model: str, query: str, key: int, backward: bool, records: list,
@@ -93,13 +101,16 @@ async def student(driver, index: int, deadline: float, args, records: list) -> d
         await timed(records, SHARED_LINK_MODEL, "shared link", lambda: visitor.goto("explore", shared,
                                                                                     "un-scrambled"))
         out["errors"] += (await visitor.snapshot())["errors"]
+        out["replica"] = await visitor.replica()  # the one its cookie keeps it on behind the proxy; else None
         query = f"model={model}&k_channels={keys['channels']}"
         await timed(records, model, "open Explore", lambda: visitor.goto("explore", query, "un-scrambled"))
         out["errors"] += (await visitor.snapshot())["errors"]
+        last_change = time.perf_counter()
         for change_number in itertools.count():
             if change_number and time.time() >= deadline:  # every session changes a key at least once
                 break
-            await asyncio.sleep(rng.uniform(2.0, 4.0))
+            await asyncio.sleep(pause(args.pace, rng, last_change))
+            last_change = time.perf_counter()
             name = KEYS[rng.randrange(len(KEYS))]
             keys[name] = rng.randrange(10**6)
             await timed(records, model, "key change",
@@ -164,33 +175,43 @@ def main(argv=None) -> dict:
     parser.add_argument("--driver", choices=tuple(DRIVERS), default="ws",
                         help="ws: Streamlit's websocket protocol (measures the server); browser: headless Chromium")
     parser.add_argument("--sessions", type=int, default=30)
-    parser.add_argument("--seconds", type=float, default=120, help="how long sessions keep changing keys")
+    parser.add_argument("--pace", choices=tuple(DEFAULT_SECONDS), default="saturation",
+                        help="saturation: a key change 2-4 s after each result; classroom: one every 20 s on average")
+    parser.add_argument("--seconds", type=float, help="how long sessions keep changing keys (saturation 120, "
+                                                      "classroom 180)")
+    parser.add_argument("--replicas", type=int, default=0,
+                        help="N replicas behind HAProxy (serve/replicas.py); 0: one server, no proxy")
     parser.add_argument("--samples", type=int, default=6, help="sessions replayed alone for the same numbers")
     parser.add_argument("--check-backward", action="store_true", help="Check also compares gradients")
     parser.add_argument("--json", type=Path, help="write the figures as JSON here too")
     args = parser.parse_args(argv)
+    args.seconds = args.seconds if args.seconds is not None else DEFAULT_SECONDS[args.pace]
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="classroom-") as scratch:
-        hash_file, memory_file = Path(scratch) / "weights.json", Path(scratch) / "memory.json"
-        audits = {"TSE_WEIGHTS_HASH_FILE": str(hash_file), "TSE_MEMORY_AUDIT_FILE": str(memory_file)}
-        with ServerProcess(Path(scratch) / "server.log", audits) as server:
+        audits = {"TSE_WEIGHTS_HASH_FILE": f"{scratch}/weights.json", "TSE_MEMORY_AUDIT_FILE": f"{scratch}/memory.json"}
+        servers = (ReplicaSet(args.replicas, Path(scratch)) if args.replicas
+                   else ServerProcess(Path(scratch) / "server.log", audits))
+        with servers as server:
             sessions_started = time.time()
             sessions, records = asyncio.run(classroom(server.url, server, args))
             sessions_wall = time.time() - sessions_started
             server.stop()  # SIGTERM: the audit hashes every shared model at exit
             memory = server.memory()
-            memory["split"] = json.loads(memory_file.read_text()) if memory_file.exists() else {}
+            memory["splits" if args.replicas else "split"] = server.memory_split()
             cpu_seconds = server.cpu()
-            server_errors = log_errors(server.log.read_text())
+            log = server.log_text()
             if args.json:  # the tracebacks behind the errors, kept beside the figures
-                shutil.copy(server.log, args.json.with_suffix(".server.log"))
-        in_server = json.loads(hash_file.read_text()) if hash_file.exists() else {}
-        fresh, weight_bytes = fresh_hashes(in_server)
+                args.json.with_suffix(".server.log").write_text(log)
+            measured = {"memory": memory, "server_errors": log_errors(log), "cpu_timeline": server.cpu_timeline,
+                        "in_server": server.weights_hashes(), "proxy_sessions": server.proxy_sessions}
+        fresh, weight_bytes = fresh_hashes(measured["in_server"])
         finished = [s for s in sessions if "rotation" in s]
         samples = _spread(finished, args.samples)
-        with ServerProcess(Path(scratch) / "replay.log", {}) as reference:
-            same = asyncio.run(replay(reference.url, samples, args))
-    figures = summarize(args, sessions, records, server_errors, memory, in_server, fresh, weight_bytes, same)
+        same = []
+        if samples:
+            with ServerProcess(Path(scratch) / "replay.log", {}) as reference:
+                same = asyncio.run(replay(reference.url, samples, args))
+    figures = summarize(args, sessions, records, measured, fresh, weight_bytes, same)
     figures["driver"] = args.driver
     figures["cpu_seconds"] = cpu_seconds
     figures["sessions_wall_seconds"] = round(sessions_wall, 1)

@@ -1,19 +1,24 @@
 """The two ways benchmarks/classroom.py can be a student: Streamlit's websocket protocol, or a real browser.
 
 Both give a `visitor()` with the same few actions, each returning once the script run it started is over:
-goto(page, query, shown), set_key(name, value, shown), click(label, shown), snapshot(), query, close().
+goto(page, query, shown), set_key(name, value, shown), click(label, shown), snapshot(), query, close(); and
+replica(): the replica the proxy's cookie keeps the visitor on (serve/haproxy.cfg.template), None without a proxy.
 `shown` is text the run must have produced; a page error (exception, error alert) also ends the wait, and
 snapshot() reports it. Anything else that goes wrong raises: the scenario records it as a failed session.
 """
 
 from __future__ import annotations
 
+import asyncio
 import shutil
+import urllib.request
+from http.cookies import SimpleCookie
 from urllib.parse import unquote
 
 from benchmarks.streamlit_ws import StreamlitSession
 
 TIMEOUT_S = 900  # a loaded server is slow, not broken
+REPLICA_COOKIE = "TSE_REPLICA"  # set by the proxy (serve/haproxy.cfg.template): the replica a browser stays on
 
 
 class ScenarioError(RuntimeError):
@@ -22,6 +27,30 @@ class ScenarioError(RuntimeError):
 
 def page_url(url: str, page: str, query: str) -> str:
     return f"{url}/{page}?{query}" if query else f"{url}/{page}"
+
+
+def cookies_set_by(url: str) -> dict[str, str]:
+    """The cookies a GET of the page sets, as a browser's first request gets them (the proxy's sticky cookie)."""
+    with urllib.request.urlopen(url, timeout=TIMEOUT_S) as response:
+        jar = SimpleCookie()
+        for header in response.headers.get_all("Set-Cookie") or []:
+            jar.load(header)
+    return {name: morsel.value for name, morsel in jar.items()}
+
+
+async def open_session(url: str, page: str, query: str, cookies: dict[str, str]) -> StreamlitSession:
+    """StreamlitSession.open, sending the visitor's cookies with the websocket as a browser does."""
+    if not cookies:
+        return await StreamlitSession.open(url, page, query, timeout=TIMEOUT_S)
+    from websockets.asyncio.client import connect
+
+    address = url.replace("http://", "ws://", 1) + "/_stcore/stream"
+    websocket = await connect(address, subprotocols=["streamlit", "PLACEHOLDER_AUTH_TOKEN"], ping_interval=None,
+                              max_size=None, open_timeout=TIMEOUT_S,
+                              additional_headers={"Cookie": "; ".join(f"{k}={v}" for k, v in cookies.items())})
+    session = StreamlitSession(websocket, page, query, TIMEOUT_S)
+    await session.rerun()
+    return session
 
 
 class WsDriver:
@@ -46,12 +75,18 @@ class WsVisitor:
     def __init__(self, url: str):
         self.url = url
         self.session: StreamlitSession | None = None
+        self.cookies: dict[str, str] | None = None  # the visitor's cookie jar, filled by its first page load
 
     async def goto(self, page: str, query: str, shown: str) -> None:
-        """A page load: a new session, as the browser's (its websocket starts afresh)."""
+        """A page load: a new session, as the browser's (its websocket starts afresh, with the visitor's cookies)."""
         await self.close()
-        self.session = await StreamlitSession.open(self.url, page, query, timeout=TIMEOUT_S)
+        if self.cookies is None:
+            self.cookies = await asyncio.to_thread(cookies_set_by, page_url(self.url, page, query))
+        self.session = await open_session(self.url, page, query, self.cookies)
         self._expect(shown)
+
+    async def replica(self) -> str | None:
+        return (self.cookies or {}).get(REPLICA_COOKIE)
 
     async def set_key(self, name: str, value: int | str, shown: str) -> None:
         await self.session.set_value(str(value), label=f"{name} key")
@@ -162,6 +197,9 @@ class BrowserVisitor:
     @property
     def query(self) -> str:
         return self.page.url.split("?", 1)[1]
+
+    async def replica(self) -> str | None:
+        return next((c["value"] for c in await self.context.cookies() if c["name"] == REPLICA_COOKIE), None)
 
     async def close(self) -> None:
         await self.context.close()

@@ -1,10 +1,11 @@
-"""benchmarks/classroom.py's server process, memory, weight hashes and figures (table and JSON)."""
+"""benchmarks/classroom.py's server process, its memory, CPU and weight hashes, and the printed report
+(the figures themselves: classroom_figures.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
+import json
 import os
 import subprocess
 import sys
@@ -12,11 +13,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+from benchmarks.classroom_figures import model_label
 from perm_core.run.malloc import SERVER_ENVIRONMENT
 
 ROOT = Path(__file__).resolve().parents[1]
-GOALS_P95_S = {"digits-vit": 5.0}  # the issue's goal for a key change; every other model: 10 s
-OTHER_GOAL_P95_S = 10.0
 
 
 class ServerProcess:
@@ -32,6 +32,8 @@ class ServerProcess:
         # Last seen, per process. "clients": this process (the ws driver runs here) and its children that are not
         # the server (Playwright, Chromium), since this process started the server.
         self.cpu_seconds: dict[str, dict[int, float]] = {"server": {}, "clients": {}}
+        self.cpu_timeline: list[tuple[float, float]] = []  # (time, the server's CPU seconds so far)
+        self.proxy_sessions: dict[str, int] = {}  # no proxy in front of one server
         self._own_cpu_before = _cpu_seconds_of_this_process()
 
     def __enter__(self) -> ServerProcess:
@@ -74,6 +76,7 @@ class ServerProcess:
                     times = process.cpu_times()
                     self.cpu_seconds[side][process.pid] = times.user + times.system
             self.cpu_seconds["clients"][os.getpid()] = _cpu_seconds_of_this_process() - self._own_cpu_before
+            self.cpu_timeline.append((time.time(), sum(self.cpu_seconds["server"].values())))
             for line in Path(f"/proc/{root.pid}/status").read_text().splitlines():
                 if line.startswith("VmHWM:"):
                     self.peak_rss = max(self.peak_rss, int(line.split()[1]) * 1024)
@@ -97,7 +100,21 @@ class ServerProcess:
             self.process.wait()
 
     def memory(self) -> dict:
-        return {"server_peak_rss_bytes": self.peak_rss, "tree_peak_rss_sampled_bytes": self.peak_tree_rss}
+        return {"server_peak_rss_bytes": self.peak_rss, "tree_peak_rss_sampled_bytes": self.peak_tree_rss,
+                "replicas": {"server": self.peak_rss}}
+
+    def log_text(self) -> str:
+        return self.log.read_text()
+
+    def _audit(self, variable: str) -> dict:
+        path = Path(self.env.get(variable, ""))
+        return json.loads(path.read_text()) if self.env.get(variable) and path.exists() else {}
+
+    def weights_hashes(self) -> dict:
+        return self._audit("TSE_WEIGHTS_HASH_FILE")
+
+    def memory_split(self) -> dict:
+        return self._audit("TSE_MEMORY_AUDIT_FILE")
 
     def cpu(self) -> dict:
         """CPU seconds used while sampled: the server's, and the clients' (they share this machine's cores)."""
@@ -117,57 +134,25 @@ def log_errors(text: str) -> list[str]:
     return found + ([f"{tracebacks} traceback(s) in the server log"] if tracebacks else [])
 
 
-def fresh_hashes(in_server: dict) -> tuple[dict, int]:
-    """Each model the server hashed, loaded again in this process from the same zoo cache: label -> sha256;
-    and the float32 bytes of their weights (the memory bound)."""
+def fresh_hashes(in_server: dict) -> tuple[dict, dict]:
+    """Each model the servers hashed, loaded again in this process from the same zoo cache: "name/dtype" -> sha256;
+    and the float32 bytes of each one's weights (the memory bound)."""
     import torch
 
     from perm_core.models.registry import DTYPES, load_model
     from ui.runtime.weights_audit import weights_hash
 
-    hashes, weight_bytes = {}, 0
-    for label in sorted(in_server):
+    hashes, weight_bytes = {}, {}
+    for label in sorted({model_label(label) for label in in_server}):
         if " " in label:  # "(reloaded)": already a finding
             continue
         name, dtype_name = label.rsplit("/", 1)
         model = load_model(name, dtype=DTYPES[dtype_name]).model
         hashes[label] = weights_hash(model)
-        weight_bytes += sum(p.numel() * 4 for p in model.parameters())
+        weight_bytes[label] = sum(p.numel() * 4 for p in model.parameters())
         del model
         torch.cuda.empty_cache() if torch.cuda.is_available() else None
     return hashes, weight_bytes
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
-
-
-def summarize(args, sessions, records, server_errors, memory, in_server, fresh, weight_bytes, same) -> dict:
-    latency = {}
-    for record in records:
-        latency.setdefault(record["model"], {}).setdefault(record["interaction"], []).append(record["seconds"])
-    table = [{"model": model, "interaction": what, "n": len(values), "p50_s": round(percentile(values, 50), 2),
-              "p95_s": round(percentile(values, 95), 2), "max_s": round(max(values), 2)}
-             for model, by_what in sorted(latency.items()) for what, values in by_what.items()]
-    goals = {row["model"]: {"p95_s": row["p95_s"], "goal_s": GOALS_P95_S.get(row["model"], OTHER_GOAL_P95_S),
-                            "met": row["p95_s"] <= GOALS_P95_S.get(row["model"], OTHER_GOAL_P95_S)}
-             for row in table if row["interaction"] == "key change"}
-    errors = [f"session {s['session']} ({s['model']}): {e}" for s in sessions for e in s["errors"]]
-    errors += [f"server log: {e}" for e in server_errors]
-    hashes = {label: {"loaded": h.get("loaded"), "at_exit": h.get("at_exit"), "fresh_process": fresh.get(label)}
-              for label, h in in_server.items()}
-    unchanged = bool(hashes) and all(len({*h.values()}) == 1 and None not in h.values() for h in hashes.values())
-    bound = 2 * weight_bytes + 2**30
-    finished = sum("rotation" in s for s in sessions)
-    return {"sessions": args.sessions, "seconds": args.seconds, "finished_sessions": finished,
-            "latency": table, "key_change_goals": goals, "errors": errors,
-            "memory": {**memory, "loaded_float32_weights_bytes": weight_bytes, "bound_bytes": bound,
-                       "within_bound": memory["server_peak_rss_bytes"] <= bound},
-            "weights": hashes, "weights_unchanged": unchanged,
-            "same_as_alone": same, "all_same_as_alone": bool(same) and all(v["same"] for v in same),
-            "ok": not errors and unchanged and finished == args.sessions and bool(same)
-            and all(v["same"] for v in same)}
 
 
 def split_line(peak: dict) -> str:
@@ -188,8 +173,9 @@ def split_line(peak: dict) -> str:
 
 
 def print_report(figures: dict) -> None:
-    print(f"\n{figures['sessions']} sessions, {figures['seconds']:g} s of key changes, "
-          f"{figures['finished_sessions']} finished Explore, Check and Rotation")
+    where = f"{figures['replicas']} replicas behind HAProxy" if figures["replicas"] else "one server"
+    print(f"\n{figures['sessions']} sessions on {where}, {figures['seconds']:g} s of key changes at the "
+          f"{figures['pace']} pace, {figures['finished_sessions']} finished Explore, Check and Rotation")
     print(f"{'model':<12} {'interaction':<13} {'n':>4} {'p50':>7} {'p95':>7} {'max':>7}")
     for row in figures["latency"]:
         print(f"{row['model']:<12} {row['interaction']:<13} {row['n']:>4} {row['p50_s']:>6.2f}s "
@@ -201,11 +187,28 @@ def print_report(figures: dict) -> None:
         clients = "this process" if figures.get("driver") == "ws" else "Chromium, Playwright and this process"
         cpu, wall = figures["cpu_seconds"], figures.get("sessions_wall_seconds") or float("nan")
         print(f"CPU seconds: server {cpu['server']:.0f} ({cpu['server'] / wall:.2f} cores busy over the "
-              f"sessions' {wall:.0f} s), clients {cpu['clients']:.0f} ({figures.get('driver')} driver: {clients})")
+              f"sessions' {wall:.0f} s), clients {cpu['clients']:.0f} ({figures.get('driver')} driver: {clients})"
+              + (f", proxy {cpu['proxy']:.1f}" if "proxy" in cpu else ""))
+    rate = figures["throughput"]
+    if rate:
+        print(f"throughput: {rate['key_changes']} key changes in {rate['window_s']:.0f} s = "
+              f"{rate['per_second']:.2f}/s ("
+              + ", ".join(f"{m} {v:.2f}/s" for m, v in rate["per_model_per_second"].items())
+              + f"); {rate['per_server_cpu_second']} per server CPU-second ({rate['server_cpu_seconds']:.0f} CPU s)")
     memory = figures["memory"]
-    print(f"server peak RSS {memory['server_peak_rss_bytes'] / 2**30:.2f} GiB (tree, sampled "
-          f"{memory['tree_peak_rss_sampled_bytes'] / 2**30:.2f} GiB); bound 2x weights + 1 GiB = "
-          f"{memory['bound_bytes'] / 2**30:.2f} GiB: {'within' if memory['within_bound'] else 'NOT within'}")
+    print(f"server peak RSS {memory['server_peak_rss_bytes'] / 2**30:.2f} GiB (sampled sum "
+          f"{memory['tree_peak_rss_sampled_bytes'] / 2**30:.2f} GiB"
+          + (f", PSS {memory['peak_pss_sampled_bytes'] / 2**30:.2f} GiB" if "peak_pss_sampled_bytes" in memory else "")
+          + f"); bound 2x weights + 1 GiB + 24 MiB per session = {memory['bound_bytes'] / 2**30:.2f} GiB: "
+          f"{'within' if memory['within_bound'] else 'NOT within'}")
+    for name, server in memory["replicas"].items():
+        print(f"  {name}: peak {server['peak_rss_bytes'] / 2**30:.2f} GiB, {server['students']} students "
+              f"(proxy: {figures['proxy_sessions'].get(name, '-')} connections), weights "
+              f"{server['weights_bytes'] / 2**20:.0f} MiB, bound {server['bound_bytes'] / 2**30:.2f} GiB: "
+              f"{'within' if server['within'] else 'NOT within'}")
+    for name, split in memory.get("splits", {}).items():
+        if split.get("peak"):
+            print(f"  {name} {split_line(split['peak'])}")
     if memory.get("split", {}).get("peak"):
         print(f"  {split_line(memory['split']['peak'])}")
     live = memory.get("split", {}).get("at_exit_trimmed")
