@@ -45,6 +45,8 @@ from perm_core.verify.check import check  # noqa: E402
 
 MODELS = ("random:vit-base", "random:bert-base", "random:gpt2-base", "smollm2-135m", "gemma3-270m", "dinov2-s")
 SEQ_LEN = 128
+# Issue 32's goals: each case's time at most this many times its own floor
+GOALS_OVER_FLOOR = {"fresh": 1.3, "mlp_key": 1.15, "tokens_key": 1.15, "check": 1.5}
 
 
 # --clock cpu: the process's CPU time, which other work on a shared machine inflates far less than wall time
@@ -157,6 +159,18 @@ def written_by_case(explorer: Exploration, base: dict) -> dict[str, list[str]]:
     return written
 
 
+def against_floors(row: dict) -> str:
+    """Each case's ratio over its floor, against issue 32's goal."""
+    parts = []
+    for case, goal in GOALS_OVER_FLOOR.items():
+        if f"{case}_floor" not in row:
+            continue
+        ratio = (row["check_s"] / row["bare_s"] if case == "check" else row[f"{case}_ratio"]) / row[f"{case}_floor"]
+        verdict = "met" if ratio <= goal else "NOT met"
+        parts.append(f"{case.replace('_', ' ')} {ratio:.2f}x (goal <= {goal}x: {verdict})")
+    return f"  {row['model']} against its floors: " + ", ".join(parts)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(MODELS))
@@ -180,6 +194,7 @@ def main() -> None:
               f"{'pass' if r['passed'] else 'FAIL'}"
               + (f", check {'passed' if r['check_passed'] else 'FAILED'} in {r['check_s']:.1f} s" if "check_s" in r
                  else ""), flush=True)
+        print(against_floors(r), flush=True)
 
 
 if __name__ == "__main__":
