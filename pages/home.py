@@ -12,56 +12,64 @@ from ui.charts import figures
 from ui.sidebar import ensure_view, test_digits
 from ui.state import publish
 
-ensure_view("none", globals())
-st.title("Transformer Symmetry Explorer")
-st.markdown(
-    "A Transformer does not care **in which order** it gets its tokens, nor **in which order** the channels of "
-    "each token are stored, as long as its weights are permuted to match. Scramble the input and the weights "
-    "with a secret key, run the model, apply the inverse, and every hidden state, attention map, output and "
-    "gradient comes back equal to float64 round-off: relative errors around 1e-15. Not bit for bit: the "
-    "scrambled model adds the same terms in another order, so the last bits may differ.")
 
-left, right = st.columns(2)
-with left:
-    st.subheader("Inter-token permutation")
-    st.markdown("Shuffle the **tokens** (image patches, words) together with their positions. Every layer's "
-                "output is shuffled the same way: the model is *equivariant*.")
-    st.latex(r"f(P X) = P\, f(X)")
-    test_x, _ = test_digits()
-    digit = test_x[:1].double()  # the first held-out scikit-learn digit
-    order = Permutation(torch.cat([torch.zeros(1, dtype=torch.long), permutation(7, 16, "home") + 1]))
-    pictures = st.columns(2)
-    pictures[0].image(figures.mosaic_image(digit, 2, 160), caption="a digit as 16 patches")
-    pictures[1].image(figures.mosaic_image(shuffle_patches(digit, order, 2), 2, 160), caption="patches shuffled, key 7")
-with right:
-    st.subheader("Intra-token permutation")
-    st.markdown("Shuffle the **channels** inside every token, and permute every weight matrix, norm and "
-                "embedding to match. The scrambled model computes the scrambled function, and un-permuting "
-                "its output gives the original one.")
-    st.latex(r"\begin{gathered} W' = Q^\top W Q \\ f_{\theta'}(X Q) = f_\theta(X)\, Q \end{gathered}")  # fits 1024 px
-    st.markdown("The same holds for **attention heads**, **channels inside a head**, **MLP neurons**, and "
-                "(Zhang et al., ICML 2025) for **per-head rotations** of queries/keys and values/outputs.")
+def main() -> None:
+    """The page's data lives in this frame: nothing of a run outlives it in the page's globals."""
+    ensure_view("none")
+    st.title("Transformer Symmetry Explorer")
+    st.markdown(
+        "A Transformer does not care **in which order** it gets its tokens, nor **in which order** the channels of "
+        "each token are stored, as long as its weights are permuted to match. Scramble the input and the weights "
+        "with a secret key, run the model, apply the inverse, and every hidden state, attention map, output and "
+        "gradient comes back equal to float64 round-off: relative errors around 1e-15. Not bit for bit: the "
+        "scrambled model adds the same terms in another order, so the last bits may differ.")
 
-st.subheader("Why")
-st.markdown(
-    "Attention compares tokens only with each other ($QK^\\top$ and a row-wise softmax), norms and MLPs act on "
-    "each token alone, and the positional information travels *with* its token. A permutation matrix $P$ is "
-    "orthogonal ($PP^\\top=I$), so it cancels inside every product of weights. Xu et al. (CVPR 2024) turn this "
-    "into privacy (split learning on scrambled features) and model authorization (a model that only works "
-    "with the right key).")
+    left, right = st.columns(2)
+    with left:
+        st.subheader("Inter-token permutation")
+        st.markdown("Shuffle the **tokens** (image patches, words) together with their positions. Every layer's "
+                    "output is shuffled the same way: the model is *equivariant*.")
+        st.latex(r"f(P X) = P\, f(X)")
+        test_x, _ = test_digits()
+        digit = test_x[:1].double()  # the first held-out scikit-learn digit
+        order = Permutation(torch.cat([torch.zeros(1, dtype=torch.long), permutation(7, 16, "home") + 1]))
+        pictures = st.columns(2)
+        pictures[0].image(figures.mosaic_image(digit, 2, 160), caption="a digit as 16 patches")
+        pictures[1].image(figures.mosaic_image(shuffle_patches(digit, order, 2), 2, 160),
+                          caption="patches shuffled, key 7")
+    with right:
+        st.subheader("Intra-token permutation")
+        st.markdown("Shuffle the **channels** inside every token, and permute every weight matrix, norm and "
+                    "embedding to match. The scrambled model computes the scrambled function, and un-permuting "
+                    "its output gives the original one.")
+        # two lines: fits 1024 px
+        st.latex(r"\begin{gathered} W' = Q^\top W Q \\ f_{\theta'}(X Q) = f_\theta(X)\, Q \end{gathered}")
+        st.markdown("The same holds for **attention heads**, **channels inside a head**, **MLP neurons**, and "
+                    "(Zhang et al., ICML 2025) for **per-head rotations** of queries/keys and values/outputs.")
 
-st.subheader("Where to go")
-links = (("pages/explore.py", "Explore: scramble a model and watch every layer un-scramble", ":material/shuffle:"),
-         ("pages/check.py", "Check: a full verification report for any zoo model", ":material/fact_check:"),
-         ("pages/backward.py", "Backward: gradients un-permute too", ":material/undo:"),
-         ("pages/authorization.py", "Authorization: a model keyed to its owner", ":material/key:"),
-         ("pages/split_learning.py", "Split learning: what an attacker rebuilds", ":material/call_split:"),
-         ("pages/rotation.py", "Rotation: the symmetry beyond permutations", ":material/rotate_right:"),
-         ("pages/fusion.py", "Fusion: align, then average two models", ":material/merge:"))
-root = Path(__file__).resolve().parent.parent
-for path, label, icon in links:
-    if (root / path).exists():
-        st.page_link(path, label=label, icon=icon)
-st.caption("Use the sidebar to choose the model, the input and the keys; the URL keeps your view, so you can "
-           "share it.")
-publish()
+    st.subheader("Why")
+    st.markdown(
+        "Attention compares tokens only with each other ($QK^\\top$ and a row-wise softmax), norms and MLPs act on "
+        "each token alone, and the positional information travels *with* its token. A permutation matrix $P$ is "
+        "orthogonal ($PP^\\top=I$), so it cancels inside every product of weights. Xu et al. (CVPR 2024) turn this "
+        "into privacy (split learning on scrambled features) and model authorization (a model that only works "
+        "with the right key).")
+
+    st.subheader("Where to go")
+    links = (("pages/explore.py", "Explore: scramble a model and watch every layer un-scramble", ":material/shuffle:"),
+             ("pages/check.py", "Check: a full verification report for any zoo model", ":material/fact_check:"),
+             ("pages/backward.py", "Backward: gradients un-permute too", ":material/undo:"),
+             ("pages/authorization.py", "Authorization: a model keyed to its owner", ":material/key:"),
+             ("pages/split_learning.py", "Split learning: what an attacker rebuilds", ":material/call_split:"),
+             ("pages/rotation.py", "Rotation: the symmetry beyond permutations", ":material/rotate_right:"),
+             ("pages/fusion.py", "Fusion: align, then average two models", ":material/merge:"))
+    root = Path(__file__).resolve().parent.parent
+    for path, label, icon in links:
+        if (root / path).exists():
+            st.page_link(path, label=label, icon=icon)
+    st.caption("Use the sidebar to choose the model, the input and the keys; the URL keeps your view, so you can "
+               "share it.")
+    publish()
+
+
+main()

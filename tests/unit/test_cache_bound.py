@@ -101,7 +101,9 @@ def test_other_pages_run_at_most_two_at_once_process_wide_and_a_failed_run_frees
             with lock:
                 running[0] -= 1
             return torch.full((2,), float(key))
-        assert torch.equal(runs.page_run(page, ("slot test", key), run), torch.full((2,), float(key)))
+        with runs.page_runs() as page_results:
+            result = page_results.result(runs.PageRequest(page, ("slot test", key)), run)
+            assert torch.equal(result, torch.full((2,), float(key)))
 
     threads = [threading.Thread(target=work, args=(page, key)) for key in range(3)
                for page in ("check-like", "rotation-like")]  # six runs of two pages and several "models"
@@ -115,8 +117,8 @@ def test_other_pages_run_at_most_two_at_once_process_wide_and_a_failed_run_frees
         raise RuntimeError("a run that fails")
 
     for _ in range(budget._PAGE_RUNS + 1):  # each failure gives its slot back, or the third would wait forever
-        with pytest.raises(RuntimeError):
-            runs.page_run("failing", ("slot test",), fail)
+        with pytest.raises(RuntimeError), runs.page_runs() as page_results:
+            page_results.result(runs.PageRequest("failing", ("slot test",)), fail)
     assert budget._page_slots.acquire(blocking=False)
     budget._page_slots.release()
 

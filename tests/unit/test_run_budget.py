@@ -4,10 +4,12 @@ turn, first come first served, a small one goes in whenever it fits, and a run t
 import contextlib
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
+import torch
 
-from ui.runtime import budget as compute
+from ui.runtime import budget as run_budgets
 from ui.runtime import runs
 from ui.runtime.budget import RunBudget
 
@@ -68,7 +70,7 @@ def test_a_small_run_goes_in_beside_a_waiting_large_one():
     budget.take(4000)
     large = taking(budget, 3000, done, "large")
     waiting(budget, 1)
-    budget.take(6400 // compute.SMALL_SHARE)  # fits beside the 4000 held; the large one still waits
+    budget.take(6400 // run_budgets.SMALL_SHARE)  # fits beside the 4000 held; the large one still waits
     assert budget.used == 4100 and done == []
     budget.give(4100)
     large.join(WAIT_S)
@@ -106,6 +108,9 @@ def test_a_run_that_stops_while_waiting_takes_nothing_and_lets_the_next_in():
     assert done == ["next"] and budget.used == 100
 
 
+LOADED = SimpleNamespace(labels=None, tokenizer=None)
+
+
 class FakeExplorer:
     """What explore_run reads of an Exploration: its result's bytes, what computing adds, and run()."""
     trace_bytes, compute_bytes = 30, 50
@@ -123,17 +128,37 @@ class FakeExplorer:
 def test_an_explore_run_holds_its_bytes_while_drawn_and_gives_them_back_however_it_ends(monkeypatch):
     budget, explorer, seen = RunBudget(100), FakeExplorer(), []
     monkeypatch.setattr(runs, "_caches", lambda: {"results": runs.TensorCache(1 << 20)})
-    request = runs.ExploreRequest("m", "float32", "cpu", "x", (("mlp", 3),))
-    with runs.explore_run(request, explorer, lambda: _seeing(seen, budget), budget) as result:
-        assert result == "result 1" and seen == [80]  # while computing: the result's bytes and the weights'
+    monkeypatch.setattr(runs, "_mlp_result", lambda *args: None)
+    monkeypatch.setattr(runs, "page_data", lambda explorer, result, *args: f"page of {result}")
+    request = runs.ExploreRequest("m", "float32", "cpu", "x", (("mlp", 3),), layer=0)
+    with runs.explore(request, explorer, LOADED, {}, lambda: _seeing(seen, budget), budget) as data:
+        assert data == "page of result 1" and seen == [80]  # while computing: the result's bytes and the weights'
         assert budget.used == 30  # while the page draws: the result's bytes
     assert budget.used == 0
-    with pytest.raises(RuntimeError), runs.explore_run(request, FakeExplorer(fail=True), run_budget=budget):
+    with pytest.raises(RuntimeError), runs.explore(request, FakeExplorer(fail=True), LOADED, {}, run_budget=budget):
         pass
     assert budget.used == 0  # a failed run gives back everything
     stopped = RuntimeError("Streamlit stops the run while the page draws")
-    with pytest.raises(RuntimeError), runs.explore_run(request, explorer, run_budget=budget):
+    with pytest.raises(RuntimeError), runs.explore(request, explorer, LOADED, {}, run_budget=budget):
         raise stopped
+    assert budget.used == 0
+
+
+def test_a_page_holds_each_result_while_drawn_and_gives_them_back_however_it_ends(monkeypatch):
+    budget = RunBudget(1 << 20)
+    cache = runs.TensorCache(1 << 20)
+    monkeypatch.setattr(runs, "_page_cache", lambda: cache)
+    gradients, lockstep = torch.zeros(1000), torch.zeros(3000)  # float32: 4000 and 12000 bytes
+    with runs.page_runs(budget) as page:
+        assert page.result(runs.PageRequest("backward/gradients", ("k", 1)), lambda: gradients) is gradients
+        assert budget.used == 4000
+        assert page.result(runs.PageRequest("backward/lockstep", ("k", 1)), lambda: lockstep) is lockstep
+        assert budget.used == 16000  # both are drawn now
+    assert budget.used == 0
+    with pytest.raises(RuntimeError), runs.page_runs(budget) as page:
+        page.result(runs.PageRequest("backward/gradients", ("k", 1)), lambda: 1 / 0)  # cached: not computed
+        assert budget.used == 4000
+        raise RuntimeError("Streamlit stops the run while the page draws")
     assert budget.used == 0
 
 
@@ -145,24 +170,24 @@ def _seeing(seen, budget):
 
 def test_a_page_run_holds_its_bytes_while_it_computes_and_gives_them_back_on_failure(monkeypatch):
     budget = RunBudget(1000)
-    monkeypatch.setattr(compute, "RUN_BUDGET", budget)
-    with compute.page_slot(300):
+    monkeypatch.setattr(run_budgets, "RUN_BUDGET", budget)
+    with run_budgets.page_slot(300):
         assert budget.used == 300
     assert budget.used == 0
-    with pytest.raises(RuntimeError), compute.page_slot(300):
+    with pytest.raises(RuntimeError), run_budgets.page_slot(300):
         raise RuntimeError("the run failed")
     assert budget.used == 0 and budget._queue == []
 
 
 def test_a_page_run_counts_three_copies_of_its_models_weights(monkeypatch):
-    from ui.runtime import models as resources
+    from ui.runtime import models as shared_models
 
-    monkeypatch.setattr(resources, "_loaded_bytes", {("a", "float32"): 100, ("b", "float32"): 10,
+    monkeypatch.setattr(shared_models, "_loaded_bytes", {("a", "float32"): 100, ("b", "float32"): 10,
                                                      ("a", "float64"): 200})
-    assert compute.page_run_bytes("a") == 300
-    assert compute.page_run_bytes("a", "b") == 330
-    assert compute.page_run_bytes("a", dtype_name="float64") == 600
-    assert compute.page_run_bytes("not loaded") == 0  # small: it never waits
+    assert run_budgets.page_run_bytes("a") == 300
+    assert run_budgets.page_run_bytes("a", "b") == 330
+    assert run_budgets.page_run_bytes("a", dtype_name="float64") == 600
+    assert run_budgets.page_run_bytes("not loaded") == 0  # small: it never waits
 
 
 class Stopped(Exception):
@@ -179,7 +204,7 @@ def stopped_when_notice_clears(monkeypatch):
         def empty(self):
             raise Stopped
 
-    monkeypatch.setattr(compute.st, "empty", Notice)
+    monkeypatch.setattr(run_budgets.st, "empty", Notice)
 
 
 def test_a_run_stopped_as_its_wait_notice_is_cleared_holds_nothing(stopped_when_notice_clears):
@@ -189,7 +214,7 @@ def test_a_run_stopped_as_its_wait_notice_is_cleared_holds_nothing(stopped_when_
 
     def run():
         try:
-            compute.take(budget, 50)
+            run_budgets.take(budget, 50)
         except Stopped:
             errors.append("stopped")
 
@@ -205,13 +230,13 @@ def test_a_run_stopped_as_its_wait_notice_is_cleared_holds_nothing(stopped_when_
 def test_a_page_run_stopped_as_its_slot_notice_is_cleared_gives_the_slot_back(stopped_when_notice_clears,
                                                                              monkeypatch):
     slots = threading.BoundedSemaphore(1)
-    monkeypatch.setattr(compute, "_page_slots", slots)
+    monkeypatch.setattr(run_budgets, "_page_slots", slots)
     slots.acquire()  # another visitor's run holds the only slot
     errors = []
 
     def run():
         try:
-            with compute.page_slot():
+            with run_budgets.page_slot():
                 errors.append("ran")
         except Stopped:
             errors.append("stopped")

@@ -13,19 +13,19 @@
 | forwards on a shared model    | perm_core.run.stateless      | one lock per model                                |
 | garbage collection            | housekeeping             | a full collection at most every 5 s               |
 | freed memory to the system    | housekeeping, malloc     | malloc_trim at most every 1 s; 1 MiB mmap blocks  |
-| a finished run's page data    | housekeeping             | globals over 256 KiB of tensors dropped           |
 | memory and weights audits     | memory_audit, weights_audit | TSE_MEMORY_AUDIT_FILE, TSE_WEIGHTS_HASH_FILE   |
 
-An Explore run comes in through `with explore_run(ExploreRequest(...), explorer) as result:` (its share of the run
-budget held while it computes and while the page draws, given back on exit); another page's run through
-`page_run(page, settings, compute, page_run_bytes(...))` (a slot and its share, then a shared cached result).
+An Explore run comes in through `with explore(ExploreRequest(...), explorer, loaded, inputs) as data:`: its share
+of the run budget is held while it computes and while the page draws every tensor it was handed, and given back on
+exit. Another page's runs come in through `with page_runs() as shared_runs: main(shared_runs)`, the page asking
+`shared_runs.result(PageRequest(...), compute)`, the same way.
 """
 
 from ui.runtime.budget import page_run_bytes, page_slot
-from ui.runtime.housekeeping import collect_garbage, drop_page_data, give_back_freed_memory
+from ui.runtime.housekeeping import collect_garbage, give_back_freed_memory
 from ui.runtime.models import long_lived_objects_frozen, shared_model
-from ui.runtime.runs import ExploreRequest, exploration, explore_run, mlp_result, model_on, page_run
+from ui.runtime.runs import ExploreRequest, PageRequest, exploration, explore, model_on, page_runs
 
-__all__ = ["ExploreRequest", "collect_garbage", "drop_page_data", "exploration", "explore_run",
-           "give_back_freed_memory", "long_lived_objects_frozen", "mlp_result", "model_on", "page_run",
+__all__ = ["ExploreRequest", "PageRequest", "collect_garbage", "exploration", "explore",
+           "give_back_freed_memory", "long_lived_objects_frozen", "model_on", "page_runs",
            "page_run_bytes", "page_slot", "shared_model"]

@@ -7,7 +7,6 @@ import gc
 import threading
 import time
 
-from perm_core.fast import param_cache
 from perm_core.run import malloc
 
 _last_run: dict[str, float] = {}
@@ -43,27 +42,3 @@ def collect_garbage(min_interval: float = 5.0) -> bool:
         return False
     gc.collect()
     return True
-
-
-# A page's data outlives its run unless dropped: Streamlit keeps a session's widgets (their callbacks and format
-# functions) from one run to the next, and each function defined in a page holds the page's globals. Thirty
-# sessions kept thirty Explore results alive (1.0 GB of traces) past the results cache's bound.
-PAGE_DATA_KEPT_BYTES = 1 << 18
-_OWN_PACKAGES = ("perm_core", "ui")
-
-
-def _may_hold_tensors(value) -> bool:
-    return (isinstance(value, (dict, list, tuple)) or type(value).__name__ in ("Tensor", "ndarray")
-            or type(value).__module__.split(".")[0] in _OWN_PACKAGES)
-
-
-def drop_page_data(page_globals: dict) -> list[str]:
-    """Delete the globals of a finished page run that hold more than PAGE_DATA_KEPT_BYTES of tensors or arrays
-    (results, reports, traces); returns their names. What the caches hold stays there; what only this page held
-    is freed now instead of at the session's next run. Light globals (labels, options, settings) stay for the
-    callbacks and format functions Streamlit may still call."""
-    dropped = [name for name, value in page_globals.items() if not name.startswith("__") and
-               _may_hold_tensors(value) and param_cache.holds_more_than(value, PAGE_DATA_KEPT_BYTES)]
-    for name in dropped:
-        del page_globals[name]
-    return dropped

@@ -14,6 +14,8 @@ import torch
 
 from perm_core import limits
 from perm_core.explore.exploration import Exploration, ExploreResult
+from perm_core.explore.page_data import PageChoice, page_data
+from perm_core.fast import param_cache
 from perm_core.fast.param_cache import TensorCache
 from ui.runtime import budget, memory_audit
 
@@ -42,12 +44,47 @@ def _page_cache() -> TensorCache:
     return cache
 
 
-def page_run(page: str, settings, compute, nbytes: int = 0):
-    """A finished run of another page (a gradient comparison, an authorization, a fusion ...) by its settings,
-    shared by sessions and bounded by bytes (TSE_PAGES_CACHE_MB): counted entries of unknown size
-    let a classroom's keys pile up gigabytes. Computed in a page slot holding nbytes of the run budget
-    (page_run_bytes), outside any lock (it can draw progress)."""
-    return _computed_once(_page_cache(), (page, settings), compute, lambda: budget.page_slot(nbytes))
+@dataclass(frozen=True)
+class PageRequest:
+    """A run of a page other than Explore (a gradient comparison, an authorization, a fusion ...): the page and
+    its settings name the result, shared by every session; nbytes is what it holds of the run budget while it
+    computes (page_run_bytes)."""
+
+    page: str
+    settings: tuple
+    nbytes: int = 0
+
+
+class PageRuns:
+    """The runs one page run draws from, each fetched or computed once (bounded by bytes in the pages cache,
+    TSE_PAGES_CACHE_MB: counted entries of unknown size let a classroom's keys pile up gigabytes). Each result's
+    bytes are held from the run budget until the page has drawn it."""
+
+    def __init__(self, run_budget: budget.RunBudget):
+        self._budget = run_budget
+        self.held = 0
+
+    def result(self, request: PageRequest, compute):
+        """The shared result, computed in a page slot holding request.nbytes of the run budget, outside any lock
+        (compute can draw progress)."""
+        value = _computed_once(_page_cache(), (request.page, request.settings), compute,
+                               lambda: budget.page_slot(request.nbytes))
+        nbytes = param_cache.tensor_bytes(value)
+        budget.take(self._budget, nbytes)
+        self.held += nbytes
+        return value
+
+
+@contextmanager
+def page_runs(run_budget: budget.RunBudget | None = None):
+    """The one way a page other than Explore gets its results: `with page_runs() as shared_runs: main(shared_runs)`,
+    the page asking shared_runs.result(PageRequest(...), compute); everything it held is given back on exit, however
+    the run ends."""
+    runs = PageRuns(run_budget or budget.RUN_BUDGET)
+    try:
+        yield runs
+    finally:
+        runs._budget.give(runs.held)
 
 
 def _computed_once(cache: TensorCache, key, compute, slot=None):
@@ -75,8 +112,8 @@ def exploration(model_name: str, dtype_name: str, device: str, input_id: str, _m
 
 @dataclass(frozen=True)
 class ExploreRequest:
-    """What an Explore run is asked for. `key` names its result in the results cache; mlp_layer, the block whose
-    MLP neurons the page shows, is recorded in the same run but does not make another result."""
+    """What an Explore page asks for. `key` names its result in the results cache; layer, head and weight (what
+    the page shows of the result) make no other result: the layer's MLP activation is recorded in the same run."""
 
     model_name: str
     dtype_name: str
@@ -84,7 +121,9 @@ class ExploreRequest:
     input_id: str
     keys: tuple[tuple[str, int], ...]  # (symmetry, key), sorted
     control: str | None = None
-    mlp_layer: int | None = None
+    layer: int | None = None
+    head: int = 0
+    weight: str | None = None
 
     @property
     def key(self) -> tuple:
@@ -92,12 +131,13 @@ class ExploreRequest:
 
 
 @contextmanager
-def explore_run(request: ExploreRequest, explorer: Exploration, computing=nullcontext,
-                run_budget: budget.RunBudget | None = None):
-    """The one way an Explore page gets its result. Holds the run budget's share first (the result's bytes, and twice
-    the weights' while it computes: a transformed set and the graph's packed copy), fetches or computes the result,
-    keeps only the result's bytes while the page draws it, and gives everything back on exit, however the run ends
-    (a rerun or a stop raises through here). computing: a context to show while the model runs (a spinner)."""
+def explore(request: ExploreRequest, explorer: Exploration, loaded, inputs: dict, computing=nullcontext,
+            run_budget: budget.RunBudget | None = None):
+    """The one way the Explore page gets what it draws (perm_core.explore.page_data.ExplorePageData), every tensor
+    computed before the page draws its first chart. Holds the run budget's share first (the result's bytes, and
+    twice the weights' while it computes: a transformed set and the graph's packed copy), fetches or computes the
+    result, keeps only the result's bytes while the page draws, and gives everything back on exit, however the
+    run ends (a rerun or a stop raises through here). computing: a context shown while the model runs."""
     run_budget = run_budget or budget.RUN_BUDGET
     compute_bytes = 0 if request.key in _caches()["results"] else explorer.compute_bytes
     budget.take(run_budget, explorer.trace_bytes + compute_bytes)
@@ -105,20 +145,28 @@ def explore_run(request: ExploreRequest, explorer: Exploration, computing=nullco
     try:
         with computing():
             result = _computed_once(_caches()["results"], request.key,
-                                    lambda: explorer.run(dict(request.keys), request.control, request.mlp_layer))
+                                    lambda: explorer.run(dict(request.keys), request.control, request.layer))
+            layer = request.layer if request.layer is not None else explorer.geometry.n_layers - 1
+            data = page_data(explorer, result, PageChoice(layer, request.head, request.weight),
+                             _mlp_result(request, layer, explorer, result), inputs, loaded.labels,
+                             loaded.tokenizer, dict(request.keys), request.control)
         run_budget.give(compute_bytes)
         held = explorer.trace_bytes
-        yield result
+        yield data
     finally:
         run_budget.give(held)
 
 
-def mlp_result(request: ExploreRequest, layer: int, explorer: Exploration, result: ExploreResult):
-    """The MLP-neuron view of one block, cached beside the result it belongs to: a rerun that changes nothing
-    else (a chart export, another weight matrix) runs no model. When the result recorded this block in its own
-    run, no forward runs and no run slot is waited for."""
-    from perm_core.explore.mlp_view import mlp_view
+def _mlp_result(request: ExploreRequest, layer: int, explorer: Exploration, result: ExploreResult):
+    """The MLP-neuron view of one block (None for a block without an MLP), cached beside the result it belongs
+    to: a rerun that changes nothing else (a chart export, another weight matrix) runs no model. When the result
+    recorded this block in its own run, no forward runs and no run slot is waited for."""
+    from perm_core.explore.mlp_view import mlp_view, output_projection
 
+    try:
+        output_projection(explorer, layer)
+    except ValueError:
+        return None
     recorded = layer in result.mlp_inputs
 
     def build():
