@@ -27,7 +27,7 @@ from perm_core.models.registry import mean_pool
 from perm_core.run.stateless import functional_call
 from perm_core.run.trace import TOKEN_RESID, Record
 from perm_core.verify.check import BROKEN_AT, FLOOR, TOLERANCE, Subject, TensorError, worst_rel
-from perm_core.verify.tolerances import is_finite, tensor_errors, worst, worst_abs
+from perm_core.verify.tolerances import headline, is_finite, tensor_errors, worst, worst_abs
 
 LOSSES = {
     "class": "cross-entropy to a chosen class",
@@ -133,9 +133,11 @@ class GradientComparison:
 
     @property
     def worst_name(self) -> str:
-        """The gradient with the largest relative error (a non-finite one counts as the largest)."""
-        return max(self.errors, key=lambda e: math.inf if not e.finite or math.isnan(e.max_rel_error)
-                   else e.max_rel_error).name.removeprefix("grad.param.").removeprefix("grad.")
+        """The gradient whose error max_rel_error reports: the largest relative error among the headline tensors
+        (a non-finite one counts as the largest; tensors zero in exact arithmetic are reported apart)."""
+        worst_error = max(headline(self.errors) or self.errors,
+                          key=lambda e: math.inf if not e.finite or math.isnan(e.max_rel_error) else e.max_rel_error)
+        return worst_error.name.removeprefix("grad.param.").removeprefix("grad.")
 
     @property
     def max_rel_error(self) -> float:
