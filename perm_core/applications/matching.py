@@ -71,9 +71,18 @@ SIDES = {"qk": ("q", "k"), "vo": ("v", "o")}
 
 def match_heads(params_a, params_b, claims, layer: int, g: Geometry, channels: bool, rotate: bool,
                 permute_heads: bool) -> dict:
-    """The attention spaces of one layer: head permutation, then channel permutation or rotation."""
+    """The attention spaces of one layer, matched on the weights: head permutation, then channel permutation
+    or rotation."""
     blocks_a = {side: _head_blocks(params_a, claims, roles, layer, g) for side, roles in SIDES.items()}
     blocks_b = {side: _head_blocks(params_b, claims, roles, layer, g) for side, roles in SIDES.items()}
+    return match_head_blocks(blocks_a, blocks_b, g, channels, rotate, permute_heads)
+
+
+def match_head_blocks(blocks_a: dict, blocks_b: dict, g: Geometry, channels: bool, rotate: bool,
+                      permute_heads: bool) -> dict:
+    """The attention spaces of one layer from per-side blocks {"qk"|"vo": [heads, head_dim, features]}, whose
+    features are anything an in-head map acts on as it acts on the weights' rows (the weights themselves, or
+    the heads' activations on the same inputs)."""
     heads = torch.arange(g.n_heads)
 
     def best_inside(cross):  # the best value reachable inside one head pair
@@ -150,3 +159,40 @@ def distance(params_a: dict, params_b: dict, names=None) -> float:
     total = sum(((params_a[n].detach().to(torch.float64) - params_b[n].detach().to(torch.float64)) ** 2).sum()
                 for n in names)
     return float(torch.as_tensor(total).sqrt())
+
+
+UNMOVED = (None, "positions", "tokens")  # axis roles that no weight symmetry moves
+
+
+def residual_from_unmoved(params_a: dict, params_b: dict, claims) -> Permutation:
+    """The residual permutation from the parameters whose other axes nothing moves (embeddings, norms, biases,
+    the head): their rows along the residual axis are comparable before any other space is matched."""
+    def rows(params):
+        return torch.cat([params[name].detach().to(torch.float64).movedim(axes.index("resid"), 0)
+                          .reshape(params[name].shape[axes.index("resid")], -1)
+                          for name in sorted(params) if (axes := claims[name].rule.axes).count("resid") == 1
+                          and all(role in UNMOVED for role in axes if role != "resid")], dim=1)
+
+    return Permutation(assignment(rows(params_a) @ rows(params_b).T))
+
+
+def align_by_weights(method: str, params_a: dict, params_b: dict, spec, claims, g: Geometry,
+                     rounds: int = 5) -> Scramble:
+    """Weight matching of every space, the residual stream included (Git Re-Basin's coordinate descent): starting
+    from residual_from_unmoved, the inner spaces given the residual permutation (align), then the residual
+    permutation given the inner spaces, by LSA on the inner products of every parameter's rows along the
+    residual axis, until a round does not bring B closer. Returns the closest alignment seen."""
+    if method == "average":
+        return Scramble()
+    residual, best = residual_from_unmoved(params_a, params_b, claims), None
+    for _ in range(rounds):
+        scramble = align(method, params_a, params_b, spec, claims, g, residual)
+        gap = distance(params_a, transform_params(params_b, spec, scramble, claims))
+        if best is not None and gap >= best[0] - 1e-12:
+            break
+        best = (gap, scramble)
+        inner = Scramble({space: chain for space, chain in scramble.spaces.items() if space != ("resid", None)})
+        moved = transform_params(params_b, spec, inner, claims)
+        residual = Permutation(assignment(rows_of(params_a, claims, "resid", None)
+                                          @ rows_of(moved, claims, "resid", None).T))
+    return best[1]
