@@ -1,12 +1,19 @@
-"""AppTest: the Fusion page fuses digits-vit and digits-vit-b four ways, with proofs and the barrier plots."""
+"""AppTest: the Fusion page fuses digits-vit and digits-vit-b four ways, with proofs and the barrier plots; and the
+experiment over seed pairs, whose sentence, table and charts carry the same computed numbers."""
 
+import base64
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from perm_core.applications.fusion_experiment import METHODS as EXPERIMENT_METHODS
+from perm_core.applications.intervals import paired_difference
+
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
+TINY_EXPERIMENT = {"fx_width": "32", "fx_epochs": "1"}  # five pairs of 32-wide ViTs, one epoch each: seconds
 
 
 @pytest.fixture(autouse=True)
@@ -14,12 +21,33 @@ def _offline(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
 
-def test_fusion_page_default_run():
-    at = AppTest.from_file(APP, default_timeout=240)
+def decode(values) -> list[float]:
+    if isinstance(values, dict) and "bdata" in values:
+        return np.frombuffer(base64.b64decode(values["bdata"]), dtype=np.dtype(values["dtype"])).tolist()
+    return list(values)
+
+
+def fusion_page(**query) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=300)
+    for name, value in {**TINY_EXPERIMENT, **query}.items():
+        at.query_params[name] = value
     at.run()
     at.switch_page("pages/fusion.py")
     at.run()
     assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def charts(at) -> list[dict]:
+    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+
+
+def title(chart: dict) -> str:
+    return chart["layout"].get("title", {}).get("text", "")
+
+
+def test_fusion_page_default_run():
+    at = fusion_page()
     assert not at.error, [e.value for e in at.error]
     proofs = [s.value for s in at.success]
     assert len(proofs) == 3 and all("broken, as it must be" in p for p in proofs)  # the three alignments
@@ -27,25 +55,49 @@ def test_fusion_page_default_run():
     table = at.dataframe[0].value
     average = table[table["model"] == "fused, average"].iloc[0]
     assert average["aligned B = B"].startswith("— (B itself")
-    charts = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
-    loss_chart = next(c for c in charts if "test loss" in c["layout"]["title"]["text"])
+    loss_chart = next(c for c in charts(at) if "test loss" in title(c))
     assert [t["name"] for t in loss_chart["data"]] == ["average", "permutation", "rotation", "permutation+rotation"]
-    table = at.dataframe[0].value
     assert len(table) == 6  # A, B and four fused models
-    markdown = " ".join(m.value for m in at.markdown)
-    assert "Paper" in markdown and "This run" in markdown
+    fused = {row["model"]: row["test accuracy"] for _, row in table.iterrows()}
+    one_pair = next(m.value for m in at.markdown if m.value.startswith("On this one pair"))
+    assert (f"from {fused['fused, average']} (plain averaging) to {fused['fused, permutation+rotation']}"
+            in one_pair)
 
-    # No method picked: a clear message.
+    # No method picked: a clear message, and the experiment still runs below it.
     at.multiselect(key="fusion_methods").set_value([]).run()
     assert not at.exception and at.error and "at least one method" in at.error[0].value
+    assert any(m.value.startswith("**Over 5 seed pairs") for m in at.markdown)
+
+
+def test_the_experiment_says_from_its_intervals_whether_rotation_adds():
+    at = fusion_page()
+    markdown = " ".join(m.value for m in at.markdown)
+    assert "Paper" in markdown and "651.57 to 613.63" in markdown
+    table = at.dataframe[1].value
+    assert list(table["method"]) == list(EXPERIMENT_METHODS)
+    assert list(table["aligned B = B"]) == ["— (nothing aligned)"] + ["proved 5/5"] * 4
+    accuracy = next(c for c in charts(at) if title(c).startswith("Test accuracy of (A + aligned"))
+    bars, points = accuracy["data"][0], accuracy["data"][1]
+    means = dict(zip(bars["y"], decode(bars["x"]), strict=True))
+    for _, row in table.iterrows():  # the table's means are the chart's bars
+        assert row["merged accuracy, % (95 % interval)"].startswith(f"{means[row['method']]:.1f} (")
+    # the sentence: the paired interval of (permutation+rotation) - (permutation), from each pair's chart points
+    each = {}
+    for method, value in zip(points["y"], decode(points["x"]), strict=True):
+        each.setdefault(method, []).append(value)
+    assert all(len(values) == 5 for values in each.values())
+    verdict = next(m.value for m in at.markdown if m.value.startswith("**Over 5 seed pairs"))
+    for kind in ("activations", "weights"):
+        gain = paired_difference(each[f"{kind}: permutation+rotation"], each[f"{kind}: permutation"])
+        reading = ("rotation adds" if gain.low > 0 else "rotation costs" if gain.high < 0 else
+                   "no difference this many pairs can show")
+        assert (f"{gain.mean:+.1f} points with {kind[:-1]} matching (95 % interval {gain.low:+.1f} to "
+                f"{gain.high:+.1f}: {reading})") in verdict
+    assert any("fuse --experiment --pairs 5 --width 32 --epochs 1 --json" in c.value for c in at.caption)
 
 
 def test_the_same_model_twice_is_a_message_not_red_boxes():
-    at = AppTest.from_file(APP, default_timeout=300)
-    at.query_params["fusion_a"] = "digits-vit"
-    at.query_params["fusion_b"] = "digits-vit"
-    at.run()
-    at.switch_page("pages/fusion.py").run()
-    assert not at.exception and not at.error and not at.success
+    at = fusion_page(fusion_a="digits-vit", fusion_b="digits-vit")
+    assert not at.error and not at.success
     assert any("same model (digits-vit)" in w.value and "two different models" in w.value for w in at.warning)
-    assert not at.get("plotly_chart")
+    assert not any("test loss (cross-entropy)" in title(c) for c in charts(at))
