@@ -120,9 +120,9 @@ def attack_section(computed, model_name, key, label, fmt, chance) -> None:
     controls = st.columns(2)
     seed_choice("au_attack_lr", atk.FINE_TUNE_RATES, atk.FINE_TUNE_RATES[0], float)
     rate = controls[0].selectbox("Owner's fine-tuning learning rate", atk.FINE_TUNE_RATES, key="au_attack_lr",
-                                 format_func=lambda r: f"{r:g}" + (" (the rate digits-vit was trained at)"
-                                                                   if r == atk.FINE_TUNE_RATES[0] else ""),
-                                 disabled=not is_digits)
+                                 format_func=lambda r: f"{r:g}", disabled=not is_digits,
+                                 help=f"{atk.FINE_TUNE_RATES[0]:g} is the rate the digits models were trained at; "
+                                      f"{atk.FINE_TUNE_RATES[1]:g} moves the weights further, and costs accuracy")
     seed_choice("au_attack_steps", STEP_LADDERS, 300, int)
     most = controls[1].selectbox("Fine-tune up to (steps)", list(STEP_LADDERS), key="au_attack_steps",
                                  disabled=not is_digits)

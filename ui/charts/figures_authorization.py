@@ -6,9 +6,11 @@ import plotly.graph_objects as go
 
 from ui.charts.figures import LAYOUT, titled, wrap_title
 
-SERIES = (("share_recovered", "key recovered (share of its channel positions)", "#9467bd", "solid"),
-          ("attacker", "attacker's unlocked accuracy", "#d62728", "solid"),
-          ("owner", "owner's accuracy (the fine-tuned model, with the key)", "#2ca02c", "dash"))
+# (field, name, colour, dash, width): the attacker's line is wide and the owner's dashed over it, so where the two
+# coincide (the whole key recovered) both stay visible
+SERIES = (("share_recovered", "key recovered (share of its channel positions)", "#9467bd", "solid", 2),
+          ("attacker", "attacker's unlocked accuracy", "#d62728", "solid", 6),
+          ("owner", "owner's accuracy (the fine-tuned model, with the key)", "#2ca02c", "dash", 2))
 
 
 def fine_tune_attack(sweep, chance: float) -> go.Figure:
@@ -17,10 +19,10 @@ def fine_tune_attack(sweep, chance: float) -> go.Figure:
     axis, and the steps are spaced about evenly in log)."""
     steps = [str(k) for k in sweep.steps]
     fig = go.Figure()
-    for field, name, color, dash in SERIES:
+    for field, name, color, dash, width in SERIES:
         values = [100 * v for v in getattr(sweep, field)]
         fig.add_trace(go.Scatter(x=steps, y=values, mode="lines+markers", name=name,
-                                 line=dict(color=color, dash=dash, width=2),
+                                 line=dict(color=color, dash=dash, width=width),
                                  hovertemplate="%{y:.1f}%<extra>" + name + "</extra>"))
     fig.add_trace(go.Scatter(x=[steps[0], steps[-1]], y=[100 * chance] * 2, mode="lines",
                              name=f"chance {100 * chance:.0f}%", line=dict(color="gray", dash="dot", width=1.5),
