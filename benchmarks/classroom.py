@@ -216,6 +216,7 @@ def main(argv=None) -> dict:
     figures["cpu_seconds"] = cpu_seconds
     figures["sessions_wall_seconds"] = round(sessions_wall, 1)
     figures["wall_seconds"] = round(time.time() - started, 1)
+    figures["records"] = records  # every timed action with its end (time.time()): when the slow ones happened
     print_report(figures)
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))

@@ -72,9 +72,9 @@ def start(cmd: list[str], log: Path, env: dict | None = None) -> subprocess.Pope
 
 
 def replica_environment(count: int, cookie_secret: str, audit_dir: Path | None, name: str) -> dict:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", **SERVER_ENVIRONMENT,
-           # One secret for all: a browser moved to another replica (its own went down) keeps a valid XSRF token.
-           "STREAMLIT_SERVER_COOKIE_SECRET": cookie_secret}
+    # One secret for all (the caller's, to share it with other hosts): a browser moved to another replica (its own
+    # went down) keeps a valid XSRF token.
+    env = {"STREAMLIT_SERVER_COOKIE_SECRET": cookie_secret, **os.environ, "HF_HUB_OFFLINE": "1", **SERVER_ENVIRONMENT}
     # torch's intra-op threads: the host's cores shared among the local replicas, unless the caller chose.
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // count)))
     if audit_dir is not None:  # ui/runtime/weights_audit.py, ui/runtime/memory_audit.py: one file per replica
