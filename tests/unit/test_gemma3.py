@@ -20,7 +20,7 @@ from perm_core.engine.spec import FamilySpec, Rule, Scramble
 from perm_core.engine.tokens import causal_float_mask, model_inputs
 from perm_core.families import family_of, gemma3
 from perm_core.models import gemma as zoo_gemma
-from perm_core.models import registry as zoo
+from perm_core.models import registry
 from perm_core.models.defaults import default_inputs
 from perm_core.verify.check import Subject, check
 from tests.conftest import keep_converted
@@ -31,7 +31,7 @@ BROKEN = 1e-3
 
 @pytest.fixture(scope="module")
 def tiny():
-    loaded = zoo.load_model("random:gemma3", dtype=torch.float64)
+    loaded = registry.load_model("random:gemma3", dtype=torch.float64)
     return loaded.model, default_inputs(loaded)
 
 
@@ -154,7 +154,7 @@ def test_planted_bug_post_feedforward_norm_left_unpermuted_fails(tiny):
 
 
 def test_geometry_restrictions_leave_other_families_alone():
-    llama = zoo.load_model("random:llama").model
+    llama = registry.load_model("random:llama").model
     g = family_of(llama).geometry(llama.config)
     assert not g.qk_norm and g.sliding_window is None
     assert symmetries.default_qk_rotation(g) == "planes"
@@ -193,7 +193,7 @@ def gemma(tmp_path_factory):
     calls = []
     started = time.perf_counter()
     try:
-        loaded = zoo.load_model("gemma3-270m", progress=lambda f, m: calls.append((f, m)))
+        loaded = registry.load_model("gemma3-270m", progress=lambda f, m: calls.append((f, m)))
         yield loaded, calls, time.perf_counter() - started, cache
     finally:
         keep_converted(cache)  # the app's and the e2e servers' gemma3-270m: no second conversion
@@ -215,7 +215,7 @@ def test_gemma3_270m_converts_once_into_the_cache(gemma):
     assert (directories[0] / "complete.json").is_file()
     assert not list(cache.rglob("*.gguf"))  # the joined GGUF lived in the temp dir only
     again = []
-    zoo.load_model("gemma3-270m", progress=lambda f, m: again.append(m))
+    registry.load_model("gemma3-270m", progress=lambda f, m: again.append(m))
     assert again == []  # loaded from the cache: no conversion step reported
     ids = loaded.tokenizer("The capital of France is", return_tensors="pt")
     out = loaded.model.generate(**ids, max_new_tokens=4, do_sample=False)

@@ -9,8 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from perm_core.models import digits, inputs
-from perm_core.models import registry as zoo
+from perm_core.models import digits, inputs, registry
 from perm_core.models.inputs import InputError
 from tests import bad_files
 from ui.sidebar import frame_count, image_from_upload
@@ -18,12 +17,12 @@ from ui.sidebar import frame_count, image_from_upload
 
 @pytest.fixture(scope="module")
 def digits_vit():
-    return zoo.load_model("digits-vit")
+    return registry.load_model("digits-vit")
 
 
 @pytest.fixture(scope="module")
 def minilm():
-    return zoo.load_model("minilm")
+    return registry.load_model("minilm")
 
 
 def png_bytes(image: Image.Image, **params) -> bytes:

@@ -17,7 +17,7 @@ import transformers as hf
 
 from perm_core.__main__ import main
 from perm_core.engine.spec import apply_axes
-from perm_core.models import registry as zoo
+from perm_core.models import registry
 from perm_core.models.defaults import DEFAULT_TEXT, default_inputs
 from perm_core.models.random_models import build_random_model, random_config
 from perm_core.run.numerics import use_exact_numerics
@@ -83,7 +83,7 @@ def outputs(model, inputs: dict) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("class_name", list(CLASSES))
 def test_local_directory_keeps_its_class_and_passes_check(class_name, tmp_path, one_thread, capsys):
     directory = save_checkpoint(tmp_path / class_name, class_name)
-    loaded = zoo.load_model(str(directory), dtype=torch.float64)
+    loaded = registry.load_model(str(directory), dtype=torch.float64)
     assert type(loaded.model).__name__ == class_name
     assert loaded.info.source == "local" and loaded.info.family == CLASSES[class_name]
     saved, _ = build_random_model(CLASSES[class_name], seed=1, model_class=class_name)
@@ -102,7 +102,7 @@ def test_local_directory_keeps_its_class_and_passes_check(class_name, tmp_path, 
 @pytest.mark.parametrize("class_name", ["BertForTokenClassification", "GPT2LMHeadModel", "LlamaForCausalLM"])
 def test_per_token_logits_move_with_their_tokens(class_name, tmp_path, one_thread):
     """Token classification / LM logits carry a token axis: un-permuting them is what makes `tokens` pass."""
-    loaded = zoo.load_model(str(save_checkpoint(tmp_path / "m", class_name)), dtype=torch.float64)
+    loaded = registry.load_model(str(save_checkpoint(tmp_path / "m", class_name)), dtype=torch.float64)
     subject = Subject(loaded.model, default_inputs(loaded))
     scramble = subject.build({"tokens": 5})
     scrambled = subject.trace(scramble)
@@ -114,7 +114,7 @@ def test_per_token_logits_move_with_their_tokens(class_name, tmp_path, one_threa
 
 
 def test_sequence_classifier_reads_the_fixed_cls(tmp_path, one_thread):
-    loaded = zoo.load_model(str(save_checkpoint(tmp_path / "m", "BertForSequenceClassification")),
+    loaded = registry.load_model(str(save_checkpoint(tmp_path / "m", "BertForSequenceClassification")),
                             dtype=torch.float64)
     subject = Subject(loaded.model, default_inputs(loaded))
     scramble = subject.build({"tokens": 5})
@@ -155,7 +155,7 @@ def test_scramble_float64_keeps_class_and_function(class_name, tmp_path, one_thr
     original = cls.from_pretrained(source, dtype=torch.float64, attn_implementation="eager").eval()
     scrambled = cls.from_pretrained(out, dtype=torch.float64, attn_implementation="eager").eval()
     assert next(scrambled.parameters()).dtype == torch.float64
-    loaded = zoo.load_model(str(source), dtype=torch.float64)
+    loaded = registry.load_model(str(source), dtype=torch.float64)
     inputs = {k: v.double() if v.is_floating_point() else v for k, v in default_inputs(loaded).items()}
     subject = Subject(loaded.model)
     inverse = subject.build({name: 31 for name in symmetries}).inverse()
@@ -255,7 +255,7 @@ def test_a_tokenizer_larger_than_the_vocabulary_is_refused_in_one_line(tmp_path,
                                    config=small), capsys)
     assert "120 tokens" in line and f"holds {len(WORDS)}" in line
     fits = save_checkpoint(tmp_path / "fits", "BertForSequenceClassification", tokenizer=True)
-    assert zoo.load_model(str(fits)).tokenizer is not None  # a vocabulary at least as large: loads as before
+    assert registry.load_model(str(fits)).tokenizer is not None  # a vocabulary at least as large: loads as before
 
 
 def test_unknown_architecture_and_pickles_are_refused(tmp_path, one_thread, capsys):
@@ -272,9 +272,9 @@ def test_unknown_architecture_and_pickles_are_refused(tmp_path, one_thread, caps
 
 
 def test_tokenizer_only_where_the_source_had_one(tmp_path, one_thread):
-    plain = zoo.load_model(str(save_checkpoint(tmp_path / "plain", "GPT2LMHeadModel")))
+    plain = registry.load_model(str(save_checkpoint(tmp_path / "plain", "GPT2LMHeadModel")))
     assert plain.tokenizer is None and "no tokenizer" in plain.info.description
-    with_tokenizer = zoo.load_model(str(save_checkpoint(tmp_path / "tok", "GPT2LMHeadModel", tokenizer=True)))
+    with_tokenizer = registry.load_model(str(save_checkpoint(tmp_path / "tok", "GPT2LMHeadModel", tokenizer=True)))
     assert with_tokenizer.tokenizer is not None
     ids = default_inputs(with_tokenizer)["input_ids"][0].tolist()
     assert ids == with_tokenizer.tokenizer(DEFAULT_TEXT)["input_ids"] and ids.count(0) < len(ids)  # 0 is <unk>

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from perm_core.models import registry as zoo
+from perm_core.models import registry
 from perm_core.models.inputs import MAX_IMAGE_BYTES
 from perm_core.models.registry import ModelLoadError
 
@@ -51,17 +51,17 @@ class _Payload:
 
 def test_a_pickle_checkpoint_is_refused_without_running_it(tmp_path):
     marker = tmp_path / "the-pickle-ran"
-    model = zoo.load_model("digits-vit").model
+    model = registry.load_model("digits-vit").model
     model.config.save_pretrained(tmp_path / "only-pickle")
     torch.save({"payload": _Payload(marker)}, tmp_path / "only-pickle" / "pytorch_model.bin")
     with pytest.raises(ModelLoadError, match="pickle weights .*pytorch_model.bin.* can run code"):
-        zoo.load_model(str(tmp_path / "only-pickle"))
+        registry.load_model(str(tmp_path / "only-pickle"))
     assert not marker.exists()
 
     # Beside safetensors weights, a pickle is ignored: the model loads from the safetensors, the pickle never runs.
     model.save_pretrained(tmp_path / "both", safe_serialization=True)
     torch.save({"payload": _Payload(marker)}, tmp_path / "both" / "pytorch_model.bin")
-    loaded = zoo.load_model(str(tmp_path / "both"))
+    loaded = registry.load_model(str(tmp_path / "both"))
     assert not marker.exists()
     for name, tensor in model.state_dict().items():
         assert torch.equal(loaded.model.state_dict()[name], tensor), name

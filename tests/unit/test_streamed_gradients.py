@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from perm_core.models.random_models import build_random_model, random_inputs
-from perm_core.verify import check as verify
+from perm_core.verify import check as check_module
 from perm_core.verify.check import StreamedGradients, Subject, check_scramble
 
 KEYS = {"channels": 2, "heads": 3, "mlp": 5}
@@ -55,7 +55,7 @@ def test_streamed_check_gives_the_kept_checks_numbers(family):
         assert [(r.direction, r.passed, r.max_abs_error, r.max_rel_error) for r in streamed] == \
                [(r.direction, r.passed, r.max_abs_error, r.max_rel_error) for r in kept]
         assert [e.name for e in streamed[1].tensors] == [e.name for e in kept[1].tensors]
-        assert all(r.passed and r.moved >= verify.MOVED_AT for r in streamed)
+        assert all(r.passed and r.moved >= check_module.MOVED_AT for r in streamed)
 
 
 def test_streamed_gradients_compare_every_parameter_gradient():
@@ -76,9 +76,10 @@ def test_a_failing_streamed_check_is_judged_again_with_every_gradient_kept(monke
     # a spec bug: one MLP weight moved by another key
     monkeypatch.setattr(subject, "transformed_params", lambda s: {**real(s), down: real(other)[down]})
     calls = []
-    check = verify.check_scramble
-    monkeypatch.setattr(verify, "check_scramble", lambda *a, **k: calls.append(k.get("stream", True)) or check(*a, **k))
-    results = verify.check_scramble(subject, scramble, "mlp", original)
+    check = check_module.check_scramble
+    monkeypatch.setattr(check_module, "check_scramble",
+                        lambda *a, **k: calls.append(k.get("stream", True)) or check(*a, **k))
+    results = check_module.check_scramble(subject, scramble, "mlp", original)
     assert calls == [True, False]
     assert [r.passed for r in results] == [False, False]
     assert max(e.max_rel_error for e in results[1].tensors if e.name.startswith("grad.param.")) > 0.1

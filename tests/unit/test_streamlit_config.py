@@ -21,7 +21,7 @@ def test_the_upload_limit_is_the_image_loaders_limit():
 def test_no_full_collection_after_every_run_and_one_every_few_seconds_instead():
     """Streamlit's per-run full collection walked every session's objects under the GIL; app.py collects
     cycles at most every few seconds (ui.runtime.housekeeping.collect_garbage), which still frees them."""
-    from ui.runtime import housekeeping as resources
+    from ui.runtime import housekeeping
 
     assert CONFIG["runner"]["postScriptGC"] is False
     assert "collect_garbage()" in (Path(__file__).resolve().parents[2] / "app.py").read_text()
@@ -29,7 +29,7 @@ def test_no_full_collection_after_every_run_and_one_every_few_seconds_instead():
     class Cycle:
         pass
 
-    resources._last_run.pop("collect", None)
+    housekeeping._last_run.pop("collect", None)
     gc.disable()
     try:
         first = Cycle()
@@ -37,13 +37,13 @@ def test_no_full_collection_after_every_run_and_one_every_few_seconds_instead():
         ref = weakref.ref(first)
         del first
         assert ref() is not None  # a cycle: reference counting alone keeps it
-        assert resources.collect_garbage(min_interval=60)
+        assert housekeeping.collect_garbage(min_interval=60)
         assert ref() is None
         again = Cycle()
         again.me = again
         ref = weakref.ref(again)
         del again
-        assert not resources.collect_garbage(min_interval=60)  # within the interval: skipped
+        assert not housekeeping.collect_garbage(min_interval=60)  # within the interval: skipped
         assert ref() is not None
     finally:
         gc.enable()

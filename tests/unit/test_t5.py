@@ -21,7 +21,7 @@ from perm_core.engine import symmetries
 from perm_core.engine.spec import FamilySpec, Rule, UnclaimedParameterError
 from perm_core.engine.tokens import model_inputs
 from perm_core.families import family_of, t5
-from perm_core.models import registry as zoo
+from perm_core.models import registry
 from perm_core.models.defaults import default_inputs
 from perm_core.models.random_models import random_config, random_inputs, randomize_
 from perm_core.run.numerics import use_exact_numerics
@@ -35,7 +35,7 @@ BIAS = "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
 
 @pytest.fixture(scope="module")
 def tiny():
-    loaded = zoo.load_model("random:t5", dtype=torch.float64)
+    loaded = registry.load_model("random:t5", dtype=torch.float64)
     return loaded.model, default_inputs(loaded)
 
 
@@ -117,7 +117,7 @@ def test_check_passes_on_random_t5_float64_and_tokens_is_measured_not_checked(ti
 
 
 def test_check_passes_on_random_t5_float32():
-    loaded = zoo.load_model("random:t5", dtype=torch.float32)
+    loaded = registry.load_model("random:t5", dtype=torch.float32)
     report = check(loaded.model, default_inputs(loaded), key=2)
     assert_exact_report(report, bound=1e-3)
     assert report.not_symmetries[0].max_rel_error > 1e-2
@@ -239,9 +239,9 @@ def test_cli_check_random_t5_reports_tokens_as_not_holding(capsys):
 
 
 def test_zoo_lists_and_loads_random_t5():
-    loaded = zoo.load_model("random:t5", dtype=torch.float64)
+    loaded = registry.load_model("random:t5", dtype=torch.float64)
     assert loaded.info.family == "t5" and loaded.info.task == "seq2seq" and loaded.image_size is None
-    assert "random:t5" in zoo.offline_model_names()
+    assert "random:t5" in registry.offline_model_names()
 
 
 def test_t5_heads_are_claimed_whole():
@@ -310,6 +310,6 @@ def test_explore_says_why_t5_fails_with_tokens_on_and_passes_without(tiny):
 def test_a_model_with_every_symmetry_blames_none():
     from perm_core.explore.exploration import Exploration
 
-    loaded = zoo.load_model("random:gpt2", dtype=torch.float64)
+    loaded = registry.load_model("random:gpt2", dtype=torch.float64)
     result = Exploration(loaded.model, default_inputs(loaded)).run({"tokens": 7, "channels": 42})
     assert result.passed and result.not_holding == {} and not result.expected_failure

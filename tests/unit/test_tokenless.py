@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from perm_core.__main__ import main
-from perm_core.models import inputs
-from perm_core.models import registry as zoo
+from perm_core.models import inputs, registry
 from perm_core.models.defaults import default_inputs
 from perm_core.models.inputs import InputError
 from perm_core.models.random_models import build_random_model
@@ -19,12 +18,12 @@ TEXT_FAMILIES = ("bert", "gpt2", "llama")
 
 @pytest.fixture(scope="module")
 def random_text_models():
-    return {family: zoo.load_model(f"random:{family}") for family in TEXT_FAMILIES}
+    return {family: registry.load_model(f"random:{family}") for family in TEXT_FAMILIES}
 
 
 @pytest.fixture(scope="module")
 def digits_vit():
-    return zoo.load_model("digits-vit")
+    return registry.load_model("digits-vit")
 
 
 def test_random_text_models_have_no_tokenizer_but_take_text(random_text_models):
@@ -97,7 +96,7 @@ def test_weights_only_directory_runs_on_token_ids(family, tmp_path, one_thread, 
     model, _ = build_random_model(family, seed=2)
     model.config._attn_implementation = "eager"
     model.save_pretrained(tmp_path)
-    loaded = zoo.load_model(str(tmp_path))
+    loaded = registry.load_model(str(tmp_path))
     assert loaded.tokenizer is None and loaded.image_size is None
     encoding = default_inputs(loaded)
     assert encoding["input_ids"].shape == (1, inputs.DEFAULT_N_TOKENS)

@@ -6,8 +6,7 @@ import torch
 from safetensors.torch import save_file
 
 from perm_core.families import geometry_of
-from perm_core.models import inputs
-from perm_core.models import registry as zoo
+from perm_core.models import inputs, registry
 from perm_core.models import smollm as zoo_smollm
 from perm_core.models.registry import ModelLoadError
 from perm_core.run.numerics import EXACT_EAGER
@@ -22,17 +21,17 @@ def _offline(monkeypatch):
 
 
 def test_list_models_rows():
-    rows = {info.name: info for info in zoo.list_models()}
+    rows = {info.name: info for info in registry.list_models()}
     for name in ("digits-vit", "digits-vit-b", "minilm", "smollm2-135m", "gpt2", "distilgpt2",
                  "bert-base-uncased", "google/vit-base-patch16-224", "facebook/deit-tiny-patch16-224",
                  "HuggingFaceTB/SmolLM2-135M", "random:vit", "random:llama"):  # fmt: skip
         assert name in rows, name
-    assert rows[zoo.DEFAULT_IMAGE_MODEL].task == "image-classification"
-    assert rows[zoo.DEFAULT_TEXT_MODEL].task == "sentence-embedding"
+    assert rows[registry.DEFAULT_IMAGE_MODEL].task == "image-classification"
+    assert rows[registry.DEFAULT_TEXT_MODEL].task == "sentence-embedding"
     for name in ("digits-vit", "digits-vit-b", "minilm", "smollm2-135m"):
         assert rows[name].offline, name
     assert all(rows[n].source == "hub" and not rows[n].offline for n in zoo_hub_names())
-    assert {info.family for info in rows.values()} <= set(zoo.FAMILIES)
+    assert {info.family for info in rows.values()} <= set(registry.FAMILIES)
     # published parameter counts, here computed from configs on the meta device
     expected = {
         "minilm": 22_713_216,
@@ -47,16 +46,16 @@ def test_list_models_rows():
         assert rows[name].n_params == count, name
     assert rows["bert-base-uncased"].n_params == 109_514_298  # BertForMaskedLM, tied decoder
     assert rows["digits-vit"].n_params == sum(
-        p.numel() for p in zoo.load_model("digits-vit").model.parameters()
+        p.numel() for p in registry.load_model("digits-vit").model.parameters()
     )
     assert rows["minilm"].license == rows["smollm2-135m"].license == "Apache-2.0"
     assert rows["gpt2"].license == "MIT"
 
 
 def zoo_hub_names():
-    from perm_core.models import hub as zoo_hub
+    from perm_core.models import hub
 
-    return list(zoo_hub.HUB_MODELS)
+    return list(hub.HUB_MODELS)
 
 
 # --- hub offline ---
@@ -71,7 +70,7 @@ def test_hub_model_offline_fails_fast_naming_offline_models(name, monkeypatch):
     monkeypatch.setattr(socket.socket, "connect", lambda self, address: attempts.append(address))
     monkeypatch.setattr(socket, "create_connection", lambda address, *a, **k: attempts.append(address))
     with pytest.raises(ModelLoadError) as caught:
-        zoo.load_model(name)
+        registry.load_model(name)
     assert attempts == []
     message = str(caught.value)
     assert "\n" not in message and "offline" in message
@@ -80,25 +79,25 @@ def test_hub_model_offline_fails_fast_naming_offline_models(name, monkeypatch):
 
 def test_unknown_names_and_bad_directories(tmp_path):
     with pytest.raises(ModelLoadError, match="Unknown model 'no-such-model'"):
-        zoo.load_model("no-such-model")
+        registry.load_model("no-such-model")
     with pytest.raises(ModelLoadError, match="No such model directory"):
-        zoo.load_model(str(tmp_path / "absent"))
+        registry.load_model(str(tmp_path / "absent"))
     with pytest.raises(ModelLoadError, match="no config.json"):
-        zoo.load_model(str(tmp_path))
+        registry.load_model(str(tmp_path))
 
 
 def test_pickle_checkpoints_are_refused(tmp_path):
-    model = zoo.load_model("digits-vit").model
+    model = registry.load_model("digits-vit").model
     model.config.save_pretrained(tmp_path)
     torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")
     with pytest.raises(ModelLoadError, match="pickle"):
-        zoo.load_model(str(tmp_path))
+        registry.load_model(str(tmp_path))
 
 
 def test_local_directory_round_trip(tmp_path):
-    original = zoo.load_model("digits-vit")
+    original = registry.load_model("digits-vit")
     original.model.save_pretrained(tmp_path, safe_serialization=True)
-    loaded = zoo.load_model(str(tmp_path), dtype=torch.float64)
+    loaded = registry.load_model(str(tmp_path), dtype=torch.float64)
     assert loaded.info.family == "vit" and loaded.info.task == "image-classification"
     assert loaded.model.dtype == torch.float64 and not loaded.model.training
     assert loaded.model.config._attn_implementation == EXACT_EAGER
@@ -121,13 +120,13 @@ def test_local_rgb_vit_uses_its_image_processor_or_the_default(tmp_path):
         size={"height": 32, "width": 32}, image_mean=[0, 0, 0], image_std=[1, 1, 1]
     ).save_pretrained(tmp_path)
     white, black = Image.new("RGB", (50, 40), (255, 255, 255)), Image.new("RGB", (50, 40))
-    with_processor = zoo.load_model(str(tmp_path))
+    with_processor = registry.load_model(str(tmp_path))
     assert with_processor.image_processor is not None
     assert with_processor.labels == ["LABEL_0", "LABEL_1", "LABEL_2"]
     pixels = inputs.image_to_pixels(black, with_processor)  # its mean 0 / std 1: black stays 0
     assert pixels.shape == (1, 3, 32, 32) and torch.equal(pixels, torch.zeros_like(pixels))
     (tmp_path / "preprocessor_config.json").unlink()
-    bare = zoo.load_model(str(tmp_path))
+    bare = registry.load_model(str(tmp_path))
     assert bare.image_processor is None
     pixels = inputs.image_to_pixels(white, bare)  # default (x - 0.5) / 0.5: white -> 1, black -> -1
     assert pixels.shape == (1, 3, 32, 32) and torch.allclose(pixels, torch.ones_like(pixels))
@@ -141,14 +140,14 @@ def test_unsupported_local_architecture(tmp_path):
     FNetConfig().save_pretrained(tmp_path)
     save_file({"x": torch.zeros(1)}, tmp_path / "model.safetensors")
     with pytest.raises(ModelLoadError, match="not supported"):
-        zoo.load_model(str(tmp_path))
+        registry.load_model(str(tmp_path))
 
 
 # --- offline models ---
 
 
 def test_digits_vit_loaded_fields():
-    loaded = zoo.load_model("digits-vit", dtype=torch.float64)
+    loaded = registry.load_model("digits-vit", dtype=torch.float64)
     assert loaded.model.dtype == torch.float64 and not loaded.model.training
     assert loaded.model.config._attn_implementation == EXACT_EAGER
     assert (loaded.image_size, loaded.image_channels, loaded.tokenizer) == (8, 1, None)
@@ -161,11 +160,11 @@ def test_digits_vit_loaded_fields():
 def test_mean_pool_ignores_padding():
     hidden = torch.tensor([[[1.0, 2.0], [3.0, 4.0], [100.0, 100.0]]])
     mask = torch.tensor([[1, 1, 0]])
-    assert torch.equal(zoo.mean_pool(hidden, mask), torch.tensor([[2.0, 3.0]]))
+    assert torch.equal(registry.mean_pool(hidden, mask), torch.tensor([[2.0, 3.0]]))
 
 
 def test_minilm_paraphrase_beats_unrelated():
-    loaded = zoo.load_model("minilm")
+    loaded = registry.load_model("minilm")
     assert loaded.info.family == "bert" and type(loaded.model).__name__ == "BertModel"
     assert loaded.model.config._attn_implementation == EXACT_EAGER and not loaded.model.training
     texts = [
@@ -178,7 +177,7 @@ def test_minilm_paraphrase_beats_unrelated():
         for text in texts:
             encoding, _ = inputs.prepare_text(text, loaded)
             hidden = loaded.model(**encoding).last_hidden_state
-            embeddings.append(zoo.mean_pool(hidden, encoding["attention_mask"])[0])
+            embeddings.append(registry.mean_pool(hidden, encoding["attention_mask"])[0])
     cos = torch.nn.functional.cosine_similarity
     paraphrase, unrelated = cos(embeddings[0], embeddings[1], dim=0), cos(embeddings[0], embeddings[2], dim=0)
     assert paraphrase > 0.6 and unrelated < 0.2 and paraphrase > unrelated + 0.4
@@ -210,7 +209,7 @@ def test_smollm2_cache_is_complete_and_reloads_without_converting(smollm, monkey
     assert (directory / "complete.json").is_file()
     assert not [p for p in directory.parent.iterdir() if p.name.startswith(".smollm2-")]  # no temp left over
     steps = []
-    again = zoo.load_model("smollm2-135m", dtype=torch.bfloat16, progress=lambda f, m: steps.append(m))
+    again = registry.load_model("smollm2-135m", dtype=torch.bfloat16, progress=lambda f, m: steps.append(m))
     assert steps == []  # loaded from the cache: no conversion step reported
     assert again.model.dtype == torch.bfloat16
     name = "model.layers.3.self_attn.q_proj.weight"
@@ -234,8 +233,8 @@ def test_interrupted_conversion_leaves_no_cache(tmp_path, monkeypatch):
 def test_random_models_when_available():
     random_models = pytest.importorskip("perm_core.models.random_models")
     image_families = set()
-    for family in zoo.FAMILIES:
-        loaded = zoo.load_model(f"random:{family}", dtype=torch.float64)
+    for family in registry.FAMILIES:
+        loaded = registry.load_model(f"random:{family}", dtype=torch.float64)
         assert loaded.info.source == "random" and loaded.info.family == family
         assert loaded.model.dtype == torch.float64 and not loaded.model.training
         assert loaded.model.config._attn_implementation == EXACT_EAGER
@@ -245,4 +244,4 @@ def test_random_models_when_available():
     assert image_families == {"vit", "dinov2", "deit"}
     assert "tiny" in random_models.RANDOM_SIZES
     with pytest.raises(ModelLoadError, match="Unknown random family"):
-        zoo.load_model("random:resnet")
+        registry.load_model("random:resnet")
