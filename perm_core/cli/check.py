@@ -1,9 +1,10 @@
 """python -m perm_core check MODEL [--symmetry NAME ...] [--key N | --key NAME=N ...] [--input SPEC]
-[--dtype float32|float64] [--forward-only] [--json]"""
+[--dtype float32|float64] [--forward-only] [--stream] [--json]"""
 
 from __future__ import annotations
 
 from perm_core.cli import DTYPES, UsageError, key_or_usage_error, load_or_usage_error, print_json, stored_dtype
+from perm_core.cli._streamed import loaded_stand_in, streamed_model, streams_by_itself
 from perm_core.engine.symmetries import SYMMETRIES
 from perm_core.verify.tolerances import worst
 
@@ -21,6 +22,9 @@ def register(sub) -> None:
                                                         "default input)")
     parser.add_argument("--forward-only", action="store_true", help="skip the backward (gradient) checks")
     parser.add_argument("--dtype", choices=DTYPES, default="float64")
+    parser.add_argument("--stream", action="store_true",
+                        help="read the checkpoint block by block from its safetensors shards, in memory bounded by "
+                             "its largest block (chosen by itself when the whole model would not fit)")
     parser.add_argument("--json", action="store_true", help="machine-readable report on stdout")
     parser.set_defaults(run=run)
 
@@ -32,11 +36,14 @@ def run(args) -> int:
 
     names = args.symmetry or list(SYMMETRIES)
     keys = keys_or_usage_error(args.key or ["0"], names)
-    loaded = load_or_usage_error(args.model, DTYPES[args.dtype])
-    inputs = default_inputs(loaded) if args.input is None else input_or_usage_error(loaded, args.input)
-    with terminal_bar(f"check {args.model}") as progress:
-        report = check(loaded.model, inputs, names, keys, model_name=args.model, progress=progress,
-                       backward=not args.forward_only)
+    if args.stream or streams_by_itself(args.model, DTYPES[args.dtype]):
+        report = streamed_report(args, names, keys)
+    else:
+        loaded = load_or_usage_error(args.model, DTYPES[args.dtype])
+        inputs = default_inputs(loaded) if args.input is None else input_or_usage_error(loaded, args.input)
+        with terminal_bar(f"check {args.model}") as progress:
+            report = check(loaded.model, inputs, names, keys, model_name=args.model, progress=progress,
+                           backward=not args.forward_only)
     stored = stored_dtype(args.model)  # a local checkpoint's own dtype: upcast (or rounded) to --dtype
     stored_name = None if stored is None else str(stored).removeprefix("torch.")
     if args.json:
@@ -49,6 +56,23 @@ def run(args) -> int:
             lines.insert(1, f"weights stored as {stored_name}, checked in {args.dtype} ({how})")
         print("\n".join(lines))
     return 0 if report.passed else 1
+
+
+def streamed_report(args, names: list[str], keys: dict[str, int]):
+    from perm_core.models.defaults import default_inputs
+    from perm_core.run.progress import terminal_bar
+    from perm_core.stream.check import stream_check
+    from perm_core.stream.shards import CheckpointError
+
+    model = streamed_model(args.model, DTYPES[args.dtype])
+    loaded = loaded_stand_in(model, args.model)
+    inputs = default_inputs(loaded) if args.input is None else input_or_usage_error(loaded, args.input)
+    try:
+        with terminal_bar(f"check {args.model} (streamed)") as progress:
+            return stream_check(model.reader.directory, inputs, names, keys, model_name=args.model,
+                                backward=not args.forward_only, dtype=DTYPES[args.dtype], progress=progress)
+    except CheckpointError as error:
+        raise UsageError(str(error).splitlines()[0]) from None
 
 
 def keys_or_usage_error(texts: list[str], names: list[str]) -> dict[str, int]:
@@ -128,4 +152,15 @@ def format_report(report) -> str:
               "err/tol: the worst tensor's error over its own tolerance (a pass needs <= 1)",
               "a control is first run up to block 1's MLP; it runs in full where that shows no break",
               "PASSED" if report.passed else "FAILED"]
+    memory = getattr(report, "memory", None)
+    if memory is not None:  # a streamed check (perm_core.stream): what its proof rests on, and its memory
+        held = "unknown" if memory.held is None else f"{memory.held / 2**20:.1f} MiB"
+        peak = "unknown" if memory.peak is None else f"{memory.peak / 2**20:.1f} MiB"
+        lines[-2] = "a control runs stage by stage until one shows its break"
+        lines[-1:-1] = ["", f"streamed: {report.proof}",
+                        f"memory: held at most {held} above the {(memory.baseline or 0) / 2**20:.1f} MiB it started "
+                        f"at (peak resident {peak}); bound {memory.bound / 2**20:.1f} MiB = 3 x the largest block "
+                        f"{memory.largest_block / 2**20:.1f} MiB + activations {memory.activations / 2**20:.1f} MiB "
+                        f"+ embedding rows {memory.embedding_rows / 2**20:.2f} MiB + {memory.first_use / 2**20:.0f} "
+                        f"MiB torch loads on first use; head in {report.head_chunks} chunk(s)", *report.notes]
     return "\n".join(lines)

@@ -38,6 +38,8 @@ def register(sub) -> None:
                         help="dtype of the written weights (default: the one the checkpoint is stored in, float32 "
                              "for zoo and random models)")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--stream", action="store_true",
+                        help="transform the checkpoint's shards one tensor at a time (same shards and index)")
     parser.set_defaults(run=run)
 
 
@@ -50,6 +52,8 @@ def run(args) -> int:
         raise UsageError(f"cannot scramble weights with {', '.join(bad)}: only {', '.join(WEIGHT_SYMMETRIES)} "
                          "change weights alone (tokens permute the input)")
     key = key_or_usage_error(args.key)
+    if args.stream:
+        return run_streamed(args, key)
     stored = stored_dtype(args.model)
     dtype = WRITE_DTYPES[args.dtype] if args.dtype else stored or torch.float32
     # float32 holds bfloat16 and float16 weights exactly; float64 ones only in float64
@@ -64,6 +68,36 @@ def run(args) -> int:
               "reproduce": reproduce_command(args.model, args.symmetry, key, dtype_name(dtype), out)}
     (out / "key.json").write_text(json.dumps(record, indent=2))
     print(f"wrote {args.out}: {args.model} scrambled by {', '.join(args.symmetry)} with key {key}")
+    return 0
+
+
+def run_streamed(args, key: int) -> int:
+    """scramble --stream: perm_core.stream.scramble writes each shard tensor by tensor (floating tensors in --dtype,
+    else each in the dtype it is stored in)."""
+    from perm_core.cli._streamed import checkpoint_directory
+    from perm_core.stream.scramble import stream_scramble
+    from perm_core.stream.shards import CheckpointError
+    from perm_core.verify.same_function import dtype_name
+
+    directory = checkpoint_directory(args.model)
+    if directory is None:
+        raise UsageError(f"--stream reads a checkpoint directory of safetensors shards; {args.model} is none")
+    out = Path(args.out)
+    if out.expanduser().resolve() == directory.resolve():
+        raise UsageError("--out must differ from the checkpoint directory")
+    dtype = WRITE_DTYPES[args.dtype] if args.dtype else None
+    try:
+        model = stream_scramble(directory, {name: key for name in args.symmetry}, out, dtype)
+    except (CheckpointError, OSError) as error:
+        raise UsageError(str(error).splitlines()[0]) from None
+    stored = stored_dtype(str(directory))
+    written = dtype_name(dtype or stored)
+    record = {"model": args.model, "family": model.family.name, "class": model.cls_name, "key": key,
+              "dtype": written, "stored_dtype": dtype_name(stored),
+              "symmetries": {name: DESCRIPTIONS[name] for name in args.symmetry},
+              "reproduce": reproduce_command(args.model, args.symmetry, key, written, out) + " --stream"}
+    (out / "key.json").write_text(json.dumps(record, indent=2))
+    print(f"wrote {args.out}: {args.model} scrambled by {', '.join(args.symmetry)} with key {key} (streamed)")
     return 0
 
 

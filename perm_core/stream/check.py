@@ -24,6 +24,7 @@ import torch
 from perm_core.engine import symmetries
 from perm_core.engine.spec import Scramble, transform_param
 from perm_core.engine.tokens import model_inputs, n_tokens
+from perm_core.run.malloc import give_freed_memory_back
 from perm_core.stream.forward import ControlRun, OriginalRun, forward_pass
 from perm_core.stream.layout import StreamedModel, StreamingUnsupportedError
 from perm_core.stream.memory import MemoryBound, peak_bytes, reset_peak, resident_bytes
@@ -63,14 +64,19 @@ def stream_check(directory, inputs: dict, symmetry_names=symmetries.SYMMETRIES, 
                  model_name: str = "", backward: bool = True, include_combined: bool = True,
                  dtype: torch.dtype = torch.float64, progress=None) -> StreamedReport:
     """check() of verify.check, stage by stage from the checkpoint's shards (the module docstring)."""
-    peak_reset = reset_peak()
-    baseline = resident_bytes()
     names = list(symmetry_names)
     key_of = dict(key) if isinstance(key, Mapping) else {name: key for name in names}
     if not names:
         raise VacuousCheckError("no symmetry to check: name at least one")
+    # Blocks of 1 MiB and more get their own mappings, returned to the system when freed: resident memory is then
+    # what is alive, not what glibc kept of earlier stages (process-wide, as the app server sets it).
+    give_freed_memory_back()
     model = StreamedModel(directory, dtype)
     g = model.geometry
+    model.layer_kwargs(model_inputs(inputs, g, Scramble(), dtype))  # transformers' lazy imports happen here
+    # The peak counts from here: the interpreter, torch, transformers and the meta-device model are the baseline.
+    peak_reset = reset_peak()
+    baseline = resident_bytes()
     if any(name in g.not_holding() for name in names):
         raise StreamingUnsupportedError("streaming does not measure symmetries an architecture lacks")
     count = n_tokens(inputs, g)
@@ -187,4 +193,4 @@ def _memory(model: StreamedModel, run: OriginalRun, count: int, largest: int, ba
     per_block = count * (12 * g.d_model + 4 * g.d_mlp + 4 * g.n_heads * count) * 4
     activations = itemsize * (per_block + count * g.d_model * 2 * model.n_layers + count * vocab * 4)
     rows = len(run.looked_up) * g.d_model * itemsize * 3
-    return MemoryBound(largest, activations, rows, baseline, peak_bytes(), peak_reset)
+    return MemoryBound(largest, activations, rows, baseline=baseline, peak=peak_bytes(), peak_since_start=peak_reset)

@@ -121,8 +121,9 @@ class StreamedModel:
         own = [n for n in self.names if n.startswith(f"{self.prefix}layers.{layer}.")]
         return own + ([self.norm_name] if layer == self.n_layers - 1 else [])
 
-    def read(self, names, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-        return {name: self.reader.read(name, dtype or self.dtype) for name in names}
+    def read(self, names) -> dict[str, torch.Tensor]:
+        """The named tensors in the checked dtype."""
+        return {name: self.reader.read(name, self.dtype) for name in names}
 
     def bytes_of(self, names, dtype: torch.dtype | None = None) -> int:
         itemsize = (dtype or self.dtype).itemsize

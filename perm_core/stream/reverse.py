@@ -4,10 +4,10 @@ At each stage the original's gradient at the stage's output is known (the head's
 the original logits), so one read of the stage's weights serves every element: the original stage runs forward
 and backward once, then each element's transformed stage runs on the original's input and output gradient,
 transformed as the element says, and its un-scrambled output, attention, input gradient and parameter gradients
-are compared with the original's. A stage holds at most three copies of its weights: the original's gradients,
-the transformed weights, and the original weights, kept as stored when that is smaller than the checked dtype and
-otherwise read again for each element; each transformed parameter's gradient is compared as backward makes it and
-dropped (as verify.check.StreamedGradients does).
+are compared with the original's. A stage holds two copies of its weights and a few of its tensors: the original
+weights and their gradients while the original runs; then the gradients and one element's transformed weights,
+each parameter read again and transformed in turn (the shards are in the page cache by then), and each transformed
+parameter's gradient compared as backward makes it and dropped (as verify.check.StreamedGradients does).
 """
 
 from __future__ import annotations
@@ -107,14 +107,12 @@ def block_stage(model: StreamedModel, layer: int, run: OriginalRun, elements: di
     """Compare block `layer` under every element (`original_kwargs`: what the original block is given besides its
     input); returns the original's gradient at its input."""
     names = model.block_names(layer)
-    stored_smaller = all(model.reader.entries[n].dtype.itemsize < model.dtype.itemsize for n in names)
-    stored = model.read(names, dtype=None) if stored_smaller else None
     hidden = run.block_inputs[layer]
     out_name, attn_name = f"blocks.{layer}.hidden", f"blocks.{layer}.attn"
     in_name = "grad.input" if layer == 0 else f"grad.blocks.{layer - 1}.hidden"
     grads, grad_in = {}, None
     if backward:
-        weights = {n: _leaf(w.to(model.dtype), True) for n, w in _weights(model, names, stored).items()}
+        weights = {n: _leaf(w, True) for n, w in model.read(names).items()}
         inputs = _leaf(hidden, True)
         out, _ = model.block(layer, weights, inputs, original_kwargs)
         torch.autograd.backward(out, grad_out, inputs=[inputs, *weights.values()])
@@ -125,8 +123,8 @@ def block_stage(model: StreamedModel, layer: int, run: OriginalRun, elements: di
             run.scales.add(f"grad.param.{name}", weight.grad)
         del weights, out
     for element in elements.values():
-        weights = {n: _leaf(transform_param(w.to(model.dtype), model.claims[n], element.scramble), backward)
-                   for n, w in _weights(model, names, stored).items()}
+        weights = {n: _leaf(transform_param(model.reader.read(n, model.dtype), model.claims[n], element.scramble),
+                            backward) for n in names}
         handles = [w.register_post_accumulate_grad_hook(_compare_grad(element, n, model.claims[n], grads))
                    for n, w in weights.items()] if backward else []
         inputs = _leaf(element.moved(hidden, TOKEN_RESID), backward)
@@ -140,11 +138,6 @@ def block_stage(model: StreamedModel, layer: int, run: OriginalRun, elements: di
             handle.remove()
         del weights, out, attention, inputs
     return grad_in
-
-
-def _weights(model: StreamedModel, names: list[str], stored: dict | None) -> dict[str, torch.Tensor]:
-    """The block's weights: the copy kept as stored, else read again (in the checked dtype)."""
-    return stored if stored is not None else model.read(names)
 
 
 def _compare_grad(element: Element, name: str, claim, grads: dict):

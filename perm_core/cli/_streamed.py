@@ -1,0 +1,104 @@
+"""What `check --stream` and `scramble --stream` add to their commands (perm_core.stream does the work): the
+checkpoint directory a name stands for, the input built without loading the model, and when a check streams by
+itself: when the model's floating weights in the checked dtype, times WHOLE_CHECK_COPIES, would not fit in the
+memory available."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+from perm_core.cli import UsageError, local_directory
+
+# A whole-model check holds about five copies of the weights: the model, a transformed copy, both runs'
+# parameter gradients and the round-off run's (smollm2-135m in float64: 5.2 GiB resident for 1.08 GB of weights).
+WHOLE_CHECK_COPIES = 5
+ZOO_CHECKPOINTS = ("smollm2-135m", "gemma3-270m")  # zoo models converted once to a safetensors directory
+
+
+def checkpoint_directory(name: str) -> Path | None:
+    """The safetensors directory behind a name: a local directory, or a zoo model's converted cache (converted
+    now, once, if it is not yet); None for anything else."""
+    directory = local_directory(name)
+    if directory is not None or name not in ZOO_CHECKPOINTS:
+        return directory
+    from perm_core.models import gemma, smollm
+
+    if name == "smollm2-135m":
+        gguf = smollm.gguf_path()
+        directory = smollm.cache_dir(gguf) if gguf is not None else None
+    else:
+        chunks = gemma.chunk_paths()
+        directory = gemma.cache_dir(chunks) if chunks else None
+    if directory is not None and not smollm._is_complete(directory):
+        from perm_core.cli import load_or_usage_error
+
+        load_or_usage_error(name)  # converts it into the cache
+    return directory
+
+
+def float_bytes(directory: Path, dtype: torch.dtype) -> int:
+    from perm_core.stream.shards import ShardReader
+
+    reader = ShardReader(directory)
+    return sum(e.numel * dtype.itemsize for e in reader.entries.values() if e.dtype.is_floating_point)
+
+
+def available_bytes() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def streams_by_itself(name: str, dtype: torch.dtype) -> bool:
+    """True, said on stderr, when a local checkpoint would not fit a whole-model check in available memory."""
+    directory = local_directory(name)
+    available = available_bytes()
+    if directory is None or available is None:
+        return False
+    try:
+        needed = WHOLE_CHECK_COPIES * float_bytes(directory, dtype)
+    except ValueError:
+        return False  # an unreadable checkpoint: the whole-model loader says why
+    if needed <= available:
+        return False
+    print(f"streaming the check: a whole-model check would hold about {needed / 2**30:.1f} GiB "
+          f"({WHOLE_CHECK_COPIES} x the weights in {str(dtype).removeprefix('torch.')}), and "
+          f"{available / 2**30:.1f} GiB are available", file=sys.stderr)
+    return True
+
+
+def _streamable(name: str) -> Path:
+    directory = checkpoint_directory(name)
+    if directory is None:
+        raise UsageError(f"--stream reads a checkpoint directory of safetensors shards; {name} is none "
+                         f"(a local directory, or one of {', '.join(ZOO_CHECKPOINTS)})")
+    return directory
+
+
+def streamed_model(name: str, dtype: torch.dtype):
+    from perm_core.stream.layout import StreamedModel
+    from perm_core.stream.shards import CheckpointError
+
+    directory = _streamable(name)
+    try:
+        return StreamedModel(directory, dtype)
+    except (CheckpointError, OSError) as error:
+        raise UsageError(str(error).splitlines()[0]) from None
+
+
+def loaded_stand_in(model, name: str):
+    """What building the check's input needs of a loaded model, for a streamed one: the meta-device model stands
+    in (only its config is read), with the directory's tokenizer if it has a usable one."""
+    from perm_core.models.hub import usable_tokenizer
+    from perm_core.models.record import LoadedModel, ModelInfo
+
+    directory = model.reader.directory
+    info = ModelInfo(name, model.family.name, "causal-lm", "local", None, True, "unknown", str(directory))
+    return LoadedModel(info, model.model, usable_tokenizer(directory))

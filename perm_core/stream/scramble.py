@@ -1,0 +1,69 @@
+"""The streamed scramble: a checkpoint's weights transformed one tensor at a time and written in the same shards,
+in the same order, under the same index; every other file of the directory (config, tokenizer) copied beside.
+
+Each parameter is transformed in float64 and rounded once to the written dtype, as cli.scramble.rounded_once does,
+so the written tensors equal the whole-model scramble's. Tensors the class does not own as parameters (buffers a
+checkpoint may carry) are written as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from perm_core.engine import symmetries
+from perm_core.engine.spec import transform_param
+from perm_core.stream.layout import StreamedModel
+from perm_core.stream.shards import INDEX, ShardReader, ShardWriter
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def stream_scramble(directory, key_by_symmetry: dict[str, int], out, dtype: torch.dtype | None = None,
+                    progress=None) -> StreamedModel:
+    """Write the scrambled checkpoint to `out`; floating tensors in `dtype` (default: as each is stored).
+    Returns the streamed model (its family and class name are the record's)."""
+    reader = ShardReader(directory)
+    model = StreamedModel(directory, torch.float64, reader)
+    scramble = symmetries.build_many(key_by_symmetry, model.geometry)
+    out = Path(out).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    total = 0
+    for number, file in enumerate(reader.files):
+        if progress:
+            progress(number / len(reader.files), f"writing {file}")
+        names = reader.order[file]
+
+        def written_dtype(name: str) -> torch.dtype:
+            stored = reader.entries[name].dtype
+            return dtype if dtype is not None and stored.is_floating_point else stored
+
+        layout = [(name, written_dtype(name), reader.entries[name].shape) for name in names]
+        total += sum(reader.entries[name].numel * written_dtype(name).itemsize for name in names)
+        writer = ShardWriter(out / file, layout, reader.metadata[file])
+        for name in names:
+            tensor = reader.read(name)
+            if name in model.claims and tensor.is_floating_point():
+                tensor = transform_param(tensor.to(torch.float64), model.claims[name], scramble)
+            writer.write(name, tensor.to(written_dtype(name)))
+            del tensor
+        writer.close()
+    if reader.index is not None:
+        index = dict(reader.index)
+        index["metadata"] = {**(index.get("metadata") or {}), "total_size": total}
+        (out / INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    for path in reader.directory.iterdir():
+        if path.is_file() and path.name not in (INDEX, "key.json") and not path.name.endswith(WEIGHT_SUFFIXES):
+            shutil.copyfile(path, out / path.name)
+    if dtype is not None:  # the config names the dtype its weights are stored in
+        config = json.loads((out / "config.json").read_text())
+        for field in ("dtype", "torch_dtype"):
+            if field in config:
+                config[field] = str(dtype).removeprefix("torch.")
+        (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    if progress:
+        progress(1.0, "done")
+    return model

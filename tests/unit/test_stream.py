@@ -1,0 +1,207 @@
+"""The layer-streamed check and scramble (perm_core.stream): the same verdicts and per-tensor errors as the
+whole-model check, a planted spec bug named at its block by both, controls that must break, scrambled shards equal
+to the whole-model scramble's, memory bounded by the largest block, and one clear line for a bad checkpoint."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+
+import pytest
+import torch
+
+from perm_core.engine.spec import Rule
+from perm_core.models.random_models import build_random_model, random_inputs
+from perm_core.stream.check import stream_check
+from perm_core.stream.layout import STREAMED_FAMILIES, StreamingUnsupportedError
+from perm_core.stream.shards import CheckpointError, ShardReader
+from perm_core.verify.check import check
+from tests.unit.test_cli import cli_here
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def saved(family: str, tmp_path, seed: int = 0, shard: str = "40KB", **config):
+    """A random model of the family (norms, biases and embeddings far from init), written as sharded float32
+    safetensors; returns (the model in float64, its inputs, the directory)."""
+    model, _ = build_random_model(family, seed=seed)
+    if config:  # another shape of the same family, randomized the same way
+        from perm_core.models.random_models import randomize_
+
+        for name, value in config.items():
+            setattr(model.config, name, value)
+        model = type(model)(model.config)
+        randomize_(model, seed)
+        from perm_core.run.numerics import use_exact_numerics
+
+        use_exact_numerics(model.eval())
+    directory = tmp_path / family
+    model.save_pretrained(directory, max_shard_size=shard)
+    model = model.to(torch.float64)
+    return model, random_inputs(family, model, seed), directory
+
+
+def by_name(result) -> dict:
+    return {t.name: t for t in result.tensors}
+
+
+@pytest.mark.parametrize("family", STREAMED_FAMILIES)
+def test_streamed_and_whole_model_checks_agree(family, tmp_path):
+    model, inputs, directory = saved(family, tmp_path)
+    assert len(ShardReader(directory).files) > 2  # really sharded
+    symmetries = None if family in ("llama", "gemma3") else ("tokens", "heads", "rotation")
+    kwargs = {} if symmetries is None else {"symmetry_names": symmetries}
+    whole = check(model, inputs, **kwargs)
+    streamed = stream_check(directory, inputs, **kwargs)
+    assert whole.passed and streamed.passed
+    assert [(c.symmetry, c.direction) for c in streamed.checks] == [(c.symmetry, c.direction) for c in whole.checks]
+    for mine, theirs in zip(streamed.checks, whole.checks, strict=True):
+        assert by_name(mine).keys() == by_name(theirs).keys()  # every traced tensor, parameter gradients included
+        assert mine.moved == pytest.approx(theirs.moved) and mine.moved_what == theirs.moved_what
+        for name, error in by_name(mine).items():  # both round-off of float64 (a few eps), never apart by more
+            assert error.passed and abs(error.max_rel_error - by_name(theirs)[name].max_rel_error) < 1e-13, name
+        assert 0 < mine.max_rel_error < 1e-13
+    assert [(c.symmetry, c.name, c.broken) for c in streamed.controls] == [
+        (c.symmetry, c.name, c.broken) for c in whole.controls]
+    assert all(c.broken and c.max_rel_error > 1e-3 for c in streamed.controls)
+    assert streamed.oracle.passed and streamed.oracle.max_rel_error == pytest.approx(whole.oracle.max_rel_error)
+    assert streamed.restricted == whole.restricted
+    document = json.loads(json.dumps(streamed.to_json(), allow_nan=False))
+    assert set(document) == set(whole.to_json()) | {"streamed"}
+    assert "each stage" in document["streamed"]["proof"] and document["streamed"]["memory"]["bound_bytes"] > 0
+
+
+def buggy_llama(monkeypatch, layer: int) -> None:
+    """A spec bug in one block: its MLP output projection's input axis claimed as untouched, so an MLP permutation
+    moves that block's hidden neurons but not the weight that reads them."""
+    import perm_core.families.llama as llama
+
+    def rules(g):
+        bug = Rule(rf"model\.layers\.(?P<layer>{layer})\.mlp\.down_proj\.weight", ("resid", None), "mlp.out")
+        return (bug, *llama.rules(g))
+
+    monkeypatch.setattr(llama, "FAMILY", dataclasses.replace(llama.FAMILY, rules=rules))
+
+
+def test_a_spec_bug_in_a_middle_block_is_found_and_named_by_both(monkeypatch, tmp_path):
+    model, inputs, directory = saved("llama", tmp_path, seed=3, num_hidden_layers=3)
+    clean = stream_check(directory, inputs, ["mlp"], key=4)
+    assert clean.passed and all(c.first_break == "" for c in clean.checks)  # the control: no bug, nothing named
+    buggy_llama(monkeypatch, layer=1)
+    whole = check(model, inputs, ["mlp"], key=4)
+    streamed = stream_check(directory, inputs, ["mlp"], key=4)
+    for report in (whole, streamed):
+        forward, backward = report.checks
+        assert not report.passed and not forward.passed and not backward.passed
+        assert forward.first_break == "blocks.1.hidden"
+        stage = {s.where: s.error_over_tolerance for s in forward.stages}
+        assert stage["embeddings"] <= 1 and stage["block 0"] <= 1 and stage["block 1"] > 1e6
+    # streamed, each block is checked on the original's own input, so the blocks after the bug are still exact
+    assert {s.where: s.error_over_tolerance for s in streamed.checks[0].stages}["block 2"] <= 1
+    assert streamed.checks[1].first_break == "grad.param.model.layers.1.mlp.down_proj.weight"
+
+
+def test_a_control_that_does_not_break_fails_the_streamed_report(monkeypatch, tmp_path):
+    from perm_core.engine import symmetries
+
+    _, inputs, directory = saved("llama", tmp_path)
+    real = symmetries.controls
+
+    def with_a_symmetry_posing_as_control(name, key, g, n_tokens=None):
+        found = real(name, key, g, n_tokens)
+        same = symmetries.Control(name, "the_symmetry_itself", "no near miss at all",
+                                  lambda: symmetries.build(name, key, g, n_tokens))
+        return [*found, same]
+
+    monkeypatch.setattr(symmetries, "controls", with_a_symmetry_posing_as_control)
+    report = stream_check(directory, inputs, ["channels"], key=2)
+    posing = next(c for c in report.controls if c.name == "the_symmetry_itself")
+    assert not posing.broken and posing.max_rel_error < 1e-13 and not report.passed
+    assert all(c.broken for c in report.controls if c is not posing) and all(c.passed for c in report.checks)
+
+
+def test_streamed_scramble_writes_the_same_shards_as_the_whole_model_scramble(tmp_path, capsys):
+    import transformers as hf
+
+    _, inputs, directory = saved("llama", tmp_path, shard="30KB")
+    common = ("scramble", str(directory), "--symmetry", "channels", "--symmetry", "rotation", "--key", "7")
+    assert cli_here(capsys, *common, "--stream", "--out", str(tmp_path / "streamed")).returncode == 0
+    assert cli_here(capsys, *common, "--out", str(tmp_path / "whole")).returncode == 0
+    source, streamed, whole = (ShardReader(tmp_path / d) for d in ("llama", "streamed", "whole"))
+    assert streamed.files == source.files and json.loads((tmp_path / "streamed" / "key.json").read_text())["key"] == 7
+    assert {n: e.file for n, e in streamed.entries.items()} == {n: e.file for n, e in source.entries.items()}
+    assert sorted(streamed.names()) == sorted(whole.names())
+    for name in streamed.names():
+        assert torch.equal(streamed.read(name), whole.read(name)), name
+    moved = [n for n in source.names() if not torch.equal(source.read(n), streamed.read(n))]
+    assert len(moved) > len(source.names()) // 2  # the control: the weights did change
+    original = hf.AutoModelForCausalLM.from_pretrained(tmp_path / "llama").double().eval()
+    scrambled = hf.AutoModelForCausalLM.from_pretrained(tmp_path / "streamed").double().eval()
+    with torch.no_grad():
+        a, b = original(**inputs).logits, scrambled(**inputs).logits
+    assert (a - b).abs().max() / a.abs().max() < 1e-6  # stock transformers, float32 RMSNorm inside
+
+
+def test_memory_is_bounded_by_the_largest_block(tmp_path):
+    from perm_core.stream.memory import FIRST_USE_BYTES
+    from tests.unit.test_cli import cli
+
+    _, _, directory = saved("llama", tmp_path, shard="8MB", hidden_size=512, intermediate_size=2048,
+                            num_attention_heads=8, num_key_value_heads=2, head_dim=64, num_hidden_layers=8)
+    result = cli("check", str(directory), "--stream", "--symmetry", "channels", "--json")  # a fresh process
+    assert result.returncode == 0, result.stderr
+    memory = json.loads(result.stdout)["streamed"]["memory"]
+    weights = sum(e.numel * 8 for e in ShardReader(directory).entries.values())  # the whole model in float64
+    assert memory["largest_block_bytes"] > 28 * 2**20 and memory["first_use_bytes"] == FIRST_USE_BYTES
+    assert memory["peak_since_start"] and memory["held_bytes"] <= memory["bound_bytes"] < weights
+    assert memory["held_bytes"] > memory["largest_block_bytes"]  # the measure is real: a block in float64 was held
+
+
+def test_bad_checkpoints_get_one_clear_line(tmp_path, capsys):
+    _, inputs, directory = saved("llama", tmp_path)
+    reader = ShardReader(directory)
+    (directory / reader.files[1]).unlink()
+    with pytest.raises(CheckpointError, match=rf"missing shard {re.escape(reader.files[1])}"):
+        stream_check(directory, inputs, ["channels"])
+    result = cli_here(capsys, "check", str(directory), "--stream")
+    assert result.returncode == 2 and result.stderr.startswith("error: missing shard") and not result.stdout
+
+    _, _, other = saved("qwen2", tmp_path)
+    from safetensors.torch import save_file
+
+    save_file({"model.layers.0.mlp.surprise.weight": torch.ones(2, 2)}, other / "extra.safetensors")
+    index = json.loads((other / "model.safetensors.index.json").read_text())
+    index["weight_map"]["model.layers.0.mlp.surprise.weight"] = "extra.safetensors"
+    (other / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match="holds model.layers.0.mlp.surprise.weight, which is no parameter"):
+        stream_check(other, inputs, ["channels"])
+
+    _, _, gpt2 = saved("gpt2", tmp_path)
+    with pytest.raises(StreamingUnsupportedError, match="llama, mistral, qwen2, qwen3, gemma3; this checkpoint is "
+                                                        "GPT2LMHeadModel"):
+        stream_check(gpt2, inputs, ["channels"])
+    result = cli_here(capsys, "check", "random:llama", "--stream")
+    assert result.returncode == 2 and "--stream reads a checkpoint directory" in result.stderr
+
+
+def test_check_cli_streams_when_told_and_by_itself(tmp_path, capsys, monkeypatch):
+    _, _, directory = saved("llama", tmp_path)
+    command = ("check", str(directory), "--symmetry", "heads", "--json")
+    streamed = cli_here(capsys, *command, "--stream")
+    assert streamed.returncode == 0, streamed.stderr
+    report = json.loads(streamed.stdout)
+    assert report["passed"] and report["streamed"]["memory"]["peak_rss_bytes"] > 0
+    assert report["stored_dtype"] == "float32"
+    import perm_core.cli._streamed as streaming
+
+    monkeypatch.setattr(streaming, "available_bytes", lambda: 2**20)
+    chosen = cli_here(capsys, *command)
+    assert chosen.returncode == 0 and "streaming the check" in chosen.stderr
+    assert "streamed" in json.loads(chosen.stdout)
+    monkeypatch.setattr(streaming, "available_bytes", lambda: 2**40)
+    whole = cli_here(capsys, *command)  # the control: with room to spare, the whole model is checked
+    assert whole.returncode == 0 and "streamed" not in json.loads(whole.stdout) and not whole.stderr
+    errors = {c["symmetry"] + c["direction"]: c["max_rel_error"] for c in report["checks"]}
+    assert all(math.isfinite(e) and e < 1e-13 for e in errors.values())
