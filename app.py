@@ -28,7 +28,9 @@ PAGES = (
 
 collect_garbage()  # cycles left by earlier runs (any session's), every few seconds; then their pages
 give_back_freed_memory()  # what earlier runs (any session's) freed: a classroom's runs end all the time
-st.set_page_config(page_title="Transformer Symmetry Explorer", page_icon=":material/shuffle:", layout="wide")
+# A link in projector mode opens with the menu folded away: the lecture hall sees the page, full width
+st.set_page_config(page_title="Transformer Symmetry Explorer", page_icon=":material/shuffle:", layout="wide",
+                   initial_sidebar_state="collapsed" if st.query_params.get("walk_projector") == "1" else "auto")
 st.html(f"<style>{(ROOT / 'assets' / 'app.css').read_text()}</style>")
 pages = [st.Page(path, title=title, icon=icon, default=path == "pages/home.py")
          for path, title, icon, _ in PAGES if (ROOT / path).exists()]

@@ -13,9 +13,11 @@ from ui.sidebar import ensure_view
 from ui.state import lecture_key, parse_bool, publish, seed
 
 MODEL = "digits-vit"  # shipped, tiny and trained: every step runs in well under a second
+# Large text, and the page starts near the top, so each step's first chart is whole on a 1024 x 768 projector
 PROJECTOR_CSS = """<style>
+[data-testid="stMainBlockContainer"] { padding-top: 3rem; }
 [data-testid="stMainBlockContainer"] [data-testid="stMarkdown"] p { font-size: 1.45rem; }
-[data-testid="stMainBlockContainer"] h1 { font-size: 2.6rem; }
+[data-testid="stMainBlockContainer"] h1 { font-size: 2.6rem; padding-top: 0; }
 </style>"""
 
 

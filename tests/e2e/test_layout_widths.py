@@ -17,10 +17,10 @@ PAGES = {
     "explore_text": "explore?model=random:gpt2",  # next-token outputs and their formula
     "check": "check?model=digits-vit",
     "backward": "backward",
-    "authorization": "authorization?au_model=digits-vit",
+    "authorization": "authorization?au_model=digits-vit&au_attack_steps=100",  # the attacker's sweep, short
     "split_learning": "split_learning?sl_epochs=2&sl_attack_epochs=3&sl_victims=40",
     "rotation": "rotation",
-    "fusion": "fusion",
+    "fusion": "fusion?fx_width=32&fx_epochs=1",  # the experiment's pairs tiny: the same charts in seconds
     "matrix": "matrix",
     "walk_tokens": "walk?walk_step=1",
     "walk_heads": "walk?walk_step=3&walk_projector=1",
@@ -38,6 +38,18 @@ CLIPPED = """() => {
     if (el.offsetParent !== null && el.scrollWidth > el.clientWidth + 3) {
       const what = el.getAttribute('data-testid') || el.className;
       clipped.push(el.tagName + ' ' + what + ': ' + el.textContent.slice(0, 80));
+    }
+  }
+  // A table cut at the right: st.table's own table wider than its box, or a data frame's grid scrolling sideways
+  for (const table of main.querySelectorAll('[data-testid="stTable"]')) {
+    if (table.offsetParent !== null && table.scrollWidth > table.clientWidth + 3) {
+      clipped.push('table: ' + table.textContent.slice(0, 80));
+    }
+  }
+  for (const frame of main.querySelectorAll('[data-testid="stDataFrame"]')) {
+    const scroller = frame.querySelector('.dvn-scroller');
+    if (frame.offsetParent !== null && scroller && scroller.scrollWidth > scroller.clientWidth + 3) {
+      clipped.push('data frame: ' + (frame.getAttribute('aria-label') || frame.textContent.slice(0, 80)));
     }
   }
   for (const plot of main.querySelectorAll('.js-plotly-plot')) {
@@ -119,3 +131,23 @@ def test_every_page_is_readable_at_every_width(app_url, page, name):
         if found:
             problems[width] = found
     assert problems == {}
+
+
+FIRST_CHART_TOP = """() => {
+  const chart = document.querySelector('[data-testid="stMain"] .js-plotly-plot');
+  return chart ? chart.getBoundingClientRect().top : null;
+}"""
+
+
+@pytest.mark.parametrize("step", range(1, 6))
+def test_projector_mode_shows_each_steps_chart_on_a_1024_by_768_screen(app_url, page, step):
+    """A lecture hall's projector is often 1024 x 768: with projector mode on (a link with walk_projector=1 folds
+    the menu away) each step's first chart starts in the top 60% of the screen, its plot in view."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.set_viewport_size({"width": 1024, "height": 768})
+    page.goto(f"{app_url}/walk?walk_step={step}&walk_projector=1")
+    wait_for_app(page, timeout_ms=300_000)
+    page.wait_for_function(DRAWN, timeout=120_000)
+    page.screenshot(path=str(SCREENSHOTS / f"walk_projector_{step}-1024x768.png"))
+    top = page.evaluate(FIRST_CHART_TOP)
+    assert top is not None and top <= 0.6 * 768, top

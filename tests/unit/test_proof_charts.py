@@ -131,3 +131,20 @@ def test_exact_zeros_have_their_own_colour_and_legend_entry():
     assert figures.EXACT_COLOR not in {colour for _, colour in scale.colorscale}
     painted = np.asarray(exact.z, dtype=float)
     assert np.isnan(painted[0, 1]) and (np.delete(painted.flatten(), 1) == 1.0).all()
+
+
+def test_every_axis_writes_powers_of_ten_not_si_suffixes():
+    """A log axis of 1e-15 .. 1e-6 read "1f" and "1µ" under plotly's default (SI suffixes); the charts' template
+    sets powers of ten on every x and y axis, subplots included."""
+    import plotly.graph_objects as go
+    import plotly.io as pio
+    from plotly.subplots import make_subplots
+
+    from ui.charts import figures
+
+    for fig in (go.Figure(layout=dict(template=figures.TEMPLATE)),
+                make_subplots(rows=1, cols=2).update_layout(template=figures.TEMPLATE)):
+        template = fig.to_plotly_json()["layout"]["template"]["layout"]
+        assert template["xaxis"]["exponentformat"] == template["yaxis"]["exponentformat"] == "e"
+    plain = pio.templates["plotly_white"].to_plotly_json()["layout"]["yaxis"]
+    assert plain.get("exponentformat", "B") == "B"  # the control: without it, plotly writes SI suffixes

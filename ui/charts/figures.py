@@ -31,8 +31,10 @@ def _white_template() -> go.layout.Template:
                    "plot_bgcolor", "coloraxis", "colorscale", "xaxis", "yaxis", "shapedefaults",
                    "annotationdefaults", "title")
     trace_types = ("bar", "heatmap", "histogram", "scatter", "scattergl")
-    return go.layout.Template(layout={k: v for k, v in white["layout"].items() if k in layout_keys},
-                              data={k: v for k, v in white["data"].items() if k in trace_types})
+    layout = {k: v for k, v in white["layout"].items() if k in layout_keys}
+    for axis in ("xaxis", "yaxis"):  # powers of ten as 1e-9 on every axis, never SI suffixes (1µ, 1f)
+        layout[axis] = {**layout.get(axis, {}), "exponentformat": "e"}
+    return go.layout.Template(layout=layout, data={k: v for k, v in white["data"].items() if k in trace_types})
 
 
 TEMPLATE = _white_template()
@@ -181,7 +183,8 @@ def _threshold_parts(value: float, label: str, color: str, row: int | None, posi
     line = dict(type="line", x0=0, x1=1, xref="x domain", y0=value, y1=value, yref=axis,
                 line=dict(color=color, dash=dash))
     text = dict(x=1 if position == "right" else 0, xref="x domain", xanchor=position, y=math.log10(value),
-                yref=axis, yanchor=yanchor, text=label, showarrow=False, font=dict(color=color, size=11))
+                yref=axis, yanchor=yanchor, text=label, showarrow=False, font=dict(color=color, size=11),
+                bgcolor="rgba(255,255,255,0.85)")  # readable where it crosses a bar or a line
     return line, text
 
 
@@ -484,8 +487,9 @@ def for_projector(fig: go.Figure, size: int = 18) -> go.Figure:
     """The same figure readable from the back of a lecture hall: every text of the chart (title, axis titles, ticks,
     legend, colour bar, bar labels) at `size` pixels or more, instead of plotly's 10-13."""
     title = fig.layout.title.text
-    if title:  # wrapped again for the larger letters, the top margin grown to hold its lines
-        lines = wrap_title(title.replace("<br>", " "), max(12, 26 * 13 // size))
+    if title:  # wrapped again for the larger letters (as wide as before), the top margin grown to hold its lines
+        longest = max(len(line) for line in title.split("<br>"))
+        lines = wrap_title(title.replace("<br>", " "), max(12, longest * 13 // size))
         height = (fig.layout.height or LAYOUT["height"]) - 18 * title.count("<br>")
         n_lines = lines.count("<br>") + 1
         fig.update_layout(title=dict(text=lines, font=dict(size=size), y=1.0, yref="container", yanchor="top",
