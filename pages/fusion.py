@@ -80,35 +80,37 @@ def shipped_pair(runs) -> None:
 
 
 def pair_results(result) -> None:
-    rows = [{"model": f"{who} = {name}", "test accuracy": f"{100 * acc:.1f}%", "test loss": f"{loss:.3f}"}
+    # st.table wraps its cells: a data frame of these columns scrolled sideways at 1024 px, its last columns cut
+    rows = [{"model": f"{who} = {name}", "test accuracy": f"{100 * acc:.1f}%", "test loss": f"{loss:.3f}",
+             "loss barrier": "", "||A - B|| before → after": "", "aligned B = B": ""}
             for who, name, acc, loss in (("A", result.model_a, result.accuracy_a, result.loss_a),
                                          ("B", result.model_b, result.accuracy_b, result.loss_b))]
     for m in result.methods:
         rows.append({"model": f"fused, {m.method}", "test accuracy": f"{100 * m.accuracy:.1f}%",
                      "test loss": f"{m.loss:.3f}", "loss barrier": f"{m.barrier:.3f}",
-                     "||A - B|| before": f"{m.distance_before:.3f}", "||A - B|| after": f"{m.distance_after:.3f}",
-                     "residual matched": "yes" if m.residual_matched else "no",
+                     "||A - B|| before → after": f"{m.distance_before:.2f} → {m.distance_after:.2f}"
+                     + (" (residual matched)" if m.residual_matched else ""),
                      "aligned B = B": "— (B itself: nothing aligned)" if m.proof is None else
                      ("proved" if m.proof.passed and m.proof.control_broken else "FAILED")
                      + f" (max rel err {m.proof.max_rel_error:.1e})"})
-    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+    st.table(pd.DataFrame(rows).set_index("model"))
     left, right = st.columns(2)
     chart(figs.barrier_curves(result, "loss"), key="fusion_loss", where=left)
     chart(figs.barrier_curves(result, "accuracy"), key="fusion_accuracy", where=right)
     chart(figs.fused_bars(result), key="fusion_fused")
     chart(figs.distance_bars(result), key="fusion_distance")
-    with st.expander("Proof: each aligned B is the same function as B"):
-        for m in result.methods:
-            p = m.proof
-            if p is None:
-                st.info(f"{m.method}: averages A and B as they are, with no alignment, so there is no aligned B to "
-                        "prove and no negative control.")
-                continue
-            (st.success if p.passed and p.control_broken else st.error)(
-                f"{m.method}: every traced tensor of aligned B (hidden states, attention maps, logits; "
-                f"{p.n_images} held-out digits) matches B after un-scrambling, worst relative error "
-                f"{p.max_rel_error:.1e} (tolerance {p.tolerance:g}). Negative control, {p.control}: "
-                f"{p.control_rel_error:.2f} ({'broken, as it must be' if p.control_broken else 'NOT broken'}).")
+    st.subheader("Proof: each aligned B is the same function as B")
+    for m in result.methods:
+        p = m.proof
+        if p is None:
+            st.info(f"{m.method}: averages A and B as they are, with no alignment, so there is no aligned B to "
+                    "prove and no negative control.")
+            continue
+        (st.success if p.passed and p.control_broken else st.error)(
+            f"{m.method}: every traced tensor of aligned B (hidden states, attention maps, logits; "
+            f"{p.n_images} held-out digits) matches B after un-scrambling, worst relative error "
+            f"{p.max_rel_error:.1e} (tolerance {p.tolerance:g}). Negative control, {p.control}: "
+            f"{p.control_rel_error:.2f} ({'broken, as it must be' if p.control_broken else 'NOT broken'}).")
     by_method = {m.method: m for m in result.methods}
     if {"average", "permutation+rotation"} <= by_method.keys():
         avg, best = by_method["average"], by_method["permutation+rotation"]
@@ -169,7 +171,7 @@ def experiment_table(result) -> None:
                      "distance cut, %": interval(s.distance_cut, 1.0),
                      "aligned B = B": "— (nothing aligned)" if all(p is None for p in proofs) else
                      f"proved {sum(p is True for p in proofs)}/{len(proofs)}"})
-    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+    st.table(pd.DataFrame(rows).set_index("method"))  # wraps its cells (see pair_results)
     e = result.endpoints
     st.caption(f"A and B themselves: {100 * e.mean:.1f}% ({100 * e.low:.1f} to {100 * e.high:.1f}) over "
                f"{e.n} models.")

@@ -42,6 +42,12 @@ def charts(at) -> list[dict]:
     return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
 
 
+def table(at, index: int):
+    """The page's st.table as a data frame with its first column (model or method) as a column again."""
+    frame = at.table[index].value
+    return frame if frame.index.name is None else frame.reset_index()
+
+
 def title(chart: dict) -> str:
     return chart["layout"].get("title", {}).get("text", "")
 
@@ -52,13 +58,13 @@ def test_fusion_page_default_run():
     proofs = [s.value for s in at.success]
     assert len(proofs) == 3 and all("broken, as it must be" in p for p in proofs)  # the three alignments
     assert any(i.value.startswith("average: averages A and B as they are") for i in at.info)  # nothing to prove
-    table = at.dataframe[0].value
-    average = table[table["model"] == "fused, average"].iloc[0]
+    pair = table(at, 0)
+    average = pair[pair["model"] == "fused, average"].iloc[0]
     assert average["aligned B = B"].startswith("— (B itself")
     loss_chart = next(c for c in charts(at) if "test loss" in title(c))
     assert [t["name"] for t in loss_chart["data"]] == ["average", "permutation", "rotation", "permutation+rotation"]
-    assert len(table) == 6  # A, B and four fused models
-    fused = {row["model"]: row["test accuracy"] for _, row in table.iterrows()}
+    assert len(pair) == 6  # A, B and four fused models
+    fused = {row["model"]: row["test accuracy"] for _, row in pair.iterrows()}
     one_pair = next(m.value for m in at.markdown if m.value.startswith("On this one pair"))
     assert (f"from {fused['fused, average']} (plain averaging) to {fused['fused, permutation+rotation']}"
             in one_pair)
@@ -73,13 +79,13 @@ def test_the_experiment_says_from_its_intervals_whether_rotation_adds():
     at = fusion_page()
     markdown = " ".join(m.value for m in at.markdown)
     assert "Paper" in markdown and "651.57 to 613.63" in markdown
-    table = at.dataframe[1].value
-    assert list(table["method"]) == list(EXPERIMENT_METHODS)
-    assert list(table["aligned B = B"]) == ["— (nothing aligned)"] + ["proved 5/5"] * 4
+    summary = table(at, 1)
+    assert list(summary["method"]) == list(EXPERIMENT_METHODS)
+    assert list(summary["aligned B = B"]) == ["— (nothing aligned)"] + ["proved 5/5"] * 4
     accuracy = next(c for c in charts(at) if title(c).startswith("Test accuracy of (A + aligned"))
     bars, points = accuracy["data"][0], accuracy["data"][1]
     means = dict(zip(bars["y"], decode(bars["x"]), strict=True))
-    for _, row in table.iterrows():  # the table's means are the chart's bars
+    for _, row in summary.iterrows():  # the table's means are the chart's bars
         assert row["merged accuracy, % (95 % interval)"].startswith(f"{means[row['method']]:.1f} (")
     # the sentence: the paired interval of (permutation+rotation) - (permutation), from each pair's chart points
     each = {}

@@ -9,11 +9,14 @@ from ui.charts.figures import LAYOUT, titled, wrap_title
 
 COLORS = {"average": "#7f7f7f", "weights: permutation": "#aec7e8", "weights: permutation+rotation": "#1f77b4",
           "activations: permutation": "#98df8a", "activations: permutation+rotation": "#2ca02c"}
-LEGEND_BELOW = dict(orientation="h", yanchor="top", y=-0.2, x=0)
+# The legend sits at the figure's bottom edge, in a bottom margin that holds it and the x axis' title apart (placed
+# under the plot area instead, at a fraction of the plot's height, it ran onto the axis title at 1024 px)
+LEGEND_BELOW = dict(orientation="h", yref="container", yanchor="bottom", y=0.0, x=0)
+BOTTOM_MARGIN = 120
 
 
 def _height(n_rows: int) -> int:
-    return 120 + 48 * n_rows
+    return 140 + BOTTOM_MARGIN + 44 * n_rows
 
 
 def _interval_bar(summaries, figure: str, scale: float, name: str, colors=None) -> go.Bar:
@@ -39,7 +42,7 @@ def _finish(fig: go.Figure, title: str, x_title: str, n_rows: int) -> go.Figure:
     fig.update_layout(**LAYOUT, legend=LEGEND_BELOW, barmode="group")
     fig.update_yaxes(autorange="reversed", automargin=True)
     fig.update_xaxes(title=x_title)
-    return titled(fig, wrap_title(title, 80), _height(n_rows))
+    return titled(fig, wrap_title(title, 80), _height(n_rows)).update_layout(margin_b=BOTTOM_MARGIN)
 
 
 def merged_accuracy(result) -> go.Figure:
@@ -84,4 +87,5 @@ def mean_paths(result) -> go.Figure:
     fig.update_layout(**LAYOUT, legend=LEGEND_BELOW)
     fig.update_xaxes(title="alpha: (1 - alpha) A + alpha aligned B")
     fig.update_yaxes(title="test loss, mean over pairs")
-    return titled(fig, "Test loss along the path from A (0) to aligned B (1)", 400)
+    return titled(fig, "Test loss along the path from A (0) to aligned B (1)", 380 + BOTTOM_MARGIN).update_layout(
+        margin_b=BOTTOM_MARGIN)
