@@ -100,7 +100,7 @@ def stream_check(directory, inputs: dict, symmetry_names=symmetries.SYMMETRIES, 
 
     run, control_runs = forward_pass(model, inputs, [c for found in controls.values() for c in found],
                                      head_chunks=chunks, progress=progress)
-    report.oracle = _oracle(model, inputs, run)
+    report.oracle = _oracle(model, inputs, run, chunks)
     elements = {}
     for name in steps:
         keys = {n: key_of[n] for n in names} if name == "all" else {name: key_of[name]}
@@ -171,7 +171,7 @@ def _movement(model: StreamedModel, scramble: Scramble, movable_tokens: int) -> 
     return most_moved(moved)
 
 
-def _oracle(model: StreamedModel, inputs: dict, run: OriginalRun) -> OracleResult:
+def _oracle(model: StreamedModel, inputs: dict, run: OriginalRun, chunks: list[tuple[int, int]]) -> OracleResult:
     """verify.oracle.consult, streamed: the stock forward's logits against the traced ones, and where the stock
     code's own arithmetic needs it, the allowance of the logits' measured float32 round-off."""
     error = relative_error(run.stock_logits, run.records["output.logits"])
@@ -179,7 +179,8 @@ def _oracle(model: StreamedModel, inputs: dict, run: OriginalRun) -> OracleResul
     tolerance = base
     if not error <= base and error != float("inf"):
         other = torch.float32 if model.dtype == torch.float64 else torch.float64
-        rerun, _ = forward_pass(StreamedModel(model.reader.directory, other, model.reader), inputs, stock=False)
+        rerun, _ = forward_pass(StreamedModel(model.reader.directory, other, model.reader), inputs, stock=False,
+                                head_chunks=chunks)
         exact, rounded = run.records["output.logits"], rerun.records["output.logits"]
         if other == torch.float64:
             exact, rounded = rounded, exact
