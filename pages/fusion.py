@@ -59,7 +59,8 @@ def shipped_pair(runs) -> None:
         st.error("Pick at least one method.")
         return
     try:
-        shared_model(name_a), shared_model(name_b)
+        for name in (name_a, name_b):  # a bare call, not a tuple: Streamlit's magic would draw a tuple on the page
+            shared_model(name)
     except (ModelLoadError, OSError, ValueError) as error:
         show_failure(error, "Cannot load the models")
         return

@@ -55,6 +55,7 @@ def title(chart: dict) -> str:
 def test_fusion_page_default_run():
     at = fusion_page()
     assert not at.error, [e.value for e in at.error]
+    assert not at.get("doc_string") and not at.get("json")  # nothing drawn by Streamlit's magic
     proofs = [s.value for s in at.success]
     assert len(proofs) == 3 and all("broken, as it must be" in p for p in proofs)  # the three alignments
     assert any(i.value.startswith("average: averages A and B as they are") for i in at.info)  # nothing to prove
