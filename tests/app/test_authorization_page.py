@@ -106,3 +106,21 @@ def test_the_attacker_recovers_the_key_and_the_sweep_chart_says_what_the_sentenc
     assert (f"recovers {share['y'][-1]:.1f}% of the key and unlocks {attacker[-1]:.1f}%, against the owner's "
             f"{owner[-1]:.1f}%") in sentence
     assert traces["chance 10%"]["y"] == [10.0, 10.0]
+
+
+def test_a_faster_fine_tuning_hides_part_of_the_key_and_the_sentence_says_what_it_cost():
+    at = AppTest.from_file(PAGE, default_timeout=300)
+    at.query_params["au_attack_steps"] = "100"
+    at.query_params["au_attack_lr"] = "0.01"
+    at.run()
+    assert not at.exception and not at.error
+    traces = {t["name"]: t["y"] for t in json.loads(at.get("plotly_chart")[1].proto.spec)["data"]}
+    share = traces["key recovered (share of its channel positions)"]
+    attacker = traces["attacker's unlocked accuracy"]
+    owner = traces["owner's accuracy (the fine-tuned model, with the key)"]
+    sentence = next(m.value for m in at.markdown if m.value.startswith("After 100 steps at learning rate 0.01"))
+    assert f"recovers {share[-1]:.1f}% of the key and unlocks {attacker[-1]:.1f}%" in sentence
+    if attacker[-1] < owner[-1] - 2:  # the page's reading: the attacker more than 2 points behind the owner
+        assert f"hides part of the key, at a cost of {owner[0] - owner[-1]:.1f}% of the owner's accuracy" in sentence
+    else:
+        assert sentence.endswith("fine-tuning does not protect the key.")
