@@ -14,7 +14,7 @@
 | TSE_WEIGHTS_HASH_FILE      | unset   | each shared model hashed at load and exit (ui.runtime.weights_audit)  |
 
 (TRANSFORMER_SYMMETRY_CACHE, the on-disk cache of converted zoo models, is a path read where it is used:
-perm_core.models.smollm.cache_root.)
+perm_core.models.conversion_cache.cache_root.)
 
 A value that does not parse is kept as it was written and raises, naming its variable, only where it is read:
 a bad cache size breaks the pages that use that cache, and the others go on serving.

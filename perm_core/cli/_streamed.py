@@ -24,7 +24,7 @@ def checkpoint_directory(name: str) -> Path | None:
     directory = local_directory(name)
     if directory is not None or name not in ZOO_CHECKPOINTS:
         return directory
-    from perm_core.models import gemma, smollm
+    from perm_core.models import conversion_cache, gemma, smollm
 
     if name == "smollm2-135m":
         gguf = smollm.gguf_path()
@@ -32,7 +32,7 @@ def checkpoint_directory(name: str) -> Path | None:
     else:
         chunks = gemma.chunk_paths()
         directory = gemma.cache_dir(chunks) if chunks else None
-    if directory is not None and not smollm._is_complete(directory):
+    if directory is not None and not conversion_cache.is_complete(directory):
         from perm_core.cli import load_or_usage_error
 
         load_or_usage_error(name)  # converts it into the cache

