@@ -97,14 +97,14 @@ def main(shared_runs) -> None:
 
     labels = [f"{inversion.PROTECTION_LABELS[r.protection]} — {r.attacker}" for r in attack.rows]
     table = [{"protection": inversion.PROTECTION_LABELS[r.protection], "attacker": r.attacker,
-              "SSIM": round(r.ssim, 3), "PSNR (dB)": round(r.psnr, 2),
+              "SSIM": f"{r.ssim:.3f}", "PSNR (dB)": f"{r.psnr:.2f}",
               "channels recovered": "" if r.channels_recovered is None else f"{r.channels_recovered}/64",
               "token orders recovered": "" if r.token_orders_recovered is None else f"{r.token_orders_recovered:.0%}"}
              for r in attack.rows]
-    table += [{"protection": f"baseline: {b['name']}", "attacker": "—", "SSIM": round(b["ssim"], 3),
-               "PSNR (dB)": round(b["psnr"], 2), "channels recovered": "", "token orders recovered": ""}
+    table += [{"protection": f"baseline: {b['name']}", "attacker": "—", "SSIM": f"{b['ssim']:.3f}",
+               "PSNR (dB)": f"{b['psnr']:.2f}", "channels recovered": "", "token orders recovered": ""}
               for b in attack.baselines]
-    st.dataframe(table, hide_index=True, width="stretch")
+    st.table(table, hide_index=True)  # wraps its cells: every column stays in view in a 1024-pixel window
     chart(fs.ssim_bars(labels, [r.ssim for r in attack.rows], attack.baselines), width="stretch")
 
     mean_baseline = max(b["ssim"] for b in attack.baselines)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from ui.charts import figures
 from ui.charts.export import ExportError, figure_csv, figure_image, file_stem
 
 
@@ -21,7 +22,7 @@ def chart(fig, where=None, **options) -> None:
     """st.plotly_chart(fig, **options) in `where` (a column or the page), with its export menu under it."""
     where = where or st
     options.setdefault("width", "stretch")
-    where.plotly_chart(fig, **options)
+    where.plotly_chart(figures.powers_of_ten(fig), **options)
     stem = file_stem(fig)
     with where.popover("Export", icon=":material/download:"):
         st.download_button("PNG image", _image_or_message(fig, "png"), file_name=f"{stem}.png", mime="image/png",

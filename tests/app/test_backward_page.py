@@ -35,7 +35,8 @@ def test_default_run_shows_exact_gradients_and_sgd_lockstep():
     n_params = len(list(load_model("digits-vit").model.parameters()))
     assert at.success[0].value.startswith(f"All {n_params + 1} gradients (the input's and every parameter's)")
     specs = [json.loads(chart.proto.spec) for chart in at.get("plotly_chart")]
-    errors_chart = next(s for s in specs if s["layout"]["title"]["text"].startswith("Gradient error after un-scrambling"))
+    errors_chart = next(s for s in specs
+                        if s["layout"]["title"]["text"].startswith("Gradient error after un-scrambling"))
     assert len(errors_chart["data"][0]["x"]) == n_params + 1
     sgd = next(s for s in specs if "per SGD step" in s["layout"]["title"]["text"])
     assert [t["name"] for t in sgd["data"]] == ["correct scramble"]

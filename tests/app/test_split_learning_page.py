@@ -28,7 +28,8 @@ def test_split_learning_page_renders_measurements():
     charts = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
     assert len(charts) == 3  # training curves, SSIM bars, reconstructions
     assert len(charts[0]["data"]) == 4  # plain/scrambled x accuracy/loss
-    table = at.dataframe[0].value
+    table = at.table[0].value  # a static table: its cells wrap, every column in view at 1024 px
+    table["SSIM"] = table["SSIM"].astype(float)
     assert len(table) == 9  # 4 decoder rows + 3 adaptive rows + 2 baselines
     assert set(table["attacker"]) == {"decoder", "adaptive", "—"}
     metrics = {m.label: m.value for m in at.metric}

@@ -148,3 +148,19 @@ def test_every_axis_writes_powers_of_ten_not_si_suffixes():
         assert template["xaxis"]["exponentformat"] == template["yaxis"]["exponentformat"] == "e"
     plain = pio.templates["plotly_white"].to_plotly_json()["layout"]["yaxis"]
     assert plain.get("exponentformat", "B") == "B"  # the control: without it, plotly writes SI suffixes
+
+
+def test_a_figure_built_without_the_template_gets_powers_of_ten_too():
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from ui.charts import figures
+
+    fig = make_subplots(rows=1, cols=2)
+    fig.add_trace(go.Bar(x=["a"], y=[1e-6]), row=1, col=1)
+    fig.update_yaxes(type="log")
+    fig.update_xaxes(exponentformat="power", row=1, col=2)  # an axis that chose its own format keeps it
+    fig = figures.powers_of_ten(fig)
+    assert [fig.layout.yaxis.exponentformat, fig.layout.yaxis2.exponentformat] == ["e", "e"]
+    assert [fig.layout.xaxis.exponentformat, fig.layout.xaxis2.exponentformat] == ["e", "power"]
+    assert go.Figure(go.Bar(x=["a"], y=[1e-6])).layout.yaxis.exponentformat is None  # the control: plotly's own

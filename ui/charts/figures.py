@@ -483,6 +483,16 @@ def difference_map(original, restored, title: str, x_title: str = "channel", y_t
                    xaxis=_axis(x_title), legend=dict(orientation="h", yanchor="top", y=-0.3, x=0))
 
 
+def powers_of_ten(fig):
+    """Every axis of a figure built without the charts' template (an application's own go.Figure) writes powers of
+    ten (1e-9) unless it says otherwise, never plotly's SI suffixes (1µ, 1f). A plain-dict figure carries the
+    template, which already says so."""
+    if isinstance(fig, go.Figure):
+        for axes in (fig.for_each_xaxis, fig.for_each_yaxis):
+            axes(lambda axis: axis.update(exponentformat="e") if axis.exponentformat is None else None)
+    return fig
+
+
 def for_projector(fig: go.Figure, size: int = 18) -> go.Figure:
     """The same figure readable from the back of a lecture hall: every text of the chart (title, axis titles, ticks,
     legend, colour bar, bar labels) at `size` pixels or more, instead of plotly's 10-13."""
