@@ -16,7 +16,8 @@ Then sessions take digits-vit, dinov2-s and minilm in turn; each opens Explore, 
 key until the time is up (each change waits for the previous result: a student reads it), then runs Check
 (forward; --check-backward too) and opens Rotation. --pace saturation (the default): a student changes a key 2-4 s
 after the previous result; --pace classroom (issue 32): one key change per student every 20 s on average, start to
-start (10-30 s at random). A latency is from the action to the end of the script run it started (ws: from sending
+start (10-30 s at random), each for --seconds from its own opening of Explore (saturation: all stop --seconds
+after they started). A latency is from the action to the end of the script run it started (ws: from sending
 the rerun, or opening the websocket, to script_finished; browser: URL updated, status widget gone).
 
 Throughput: key changes per second, per model, and per CPU-second of the server(s) in the key changes' window.
@@ -106,6 +107,8 @@ async def student(driver, index: int, deadline: float, args, records: list) -> d
         await timed(records, model, "open Explore", lambda: visitor.goto("explore", query, "un-scrambled"))
         out["errors"] += (await visitor.snapshot())["errors"]
         last_change = time.perf_counter()
+        if args.pace == "classroom":  # each student's own minutes of reading and changing, however long it waited
+            deadline = time.time() + args.seconds
         for change_number in itertools.count():
             if change_number and time.time() >= deadline:  # every session changes a key at least once
                 break
