@@ -171,7 +171,7 @@ def sweep_sentence(sweep) -> str:
                "fine-tuning hides part of the key")
     return (f"After {k} steps at learning rate {sweep.learning_rate:g} the attacker still recovers {share:.1%} of "
             f"the key and unlocks {attacker:.1%}, against the owner's {owner:.1%} (the owner started from "
-            f"{start:.1%}): {verdict}" + (f", at a cost of {start - owner:.1%} of the owner's accuracy."
+            f"{start:.1%}): {verdict}" + (f", at a cost of {100 * (start - owner):.1f} points of the owner's accuracy."
                                           if verdict != "fine-tuning does not protect the key" else "."))
 
 

@@ -121,6 +121,7 @@ def test_a_faster_fine_tuning_hides_part_of_the_key_and_the_sentence_says_what_i
     sentence = next(m.value for m in at.markdown if m.value.startswith("After 100 steps at learning rate 0.01"))
     assert f"recovers {share[-1]:.1f}% of the key and unlocks {attacker[-1]:.1f}%" in sentence
     if attacker[-1] < owner[-1] - 2:  # the page's reading: the attacker more than 2 points behind the owner
-        assert f"hides part of the key, at a cost of {owner[0] - owner[-1]:.1f}% of the owner's accuracy" in sentence
+        cost = owner[0] - owner[-1]
+        assert f"hides part of the key, at a cost of {cost:.1f} points of the owner's accuracy" in sentence
     else:
         assert sentence.endswith("fine-tuning does not protect the key.")
