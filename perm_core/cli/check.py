@@ -160,7 +160,8 @@ def format_report(report) -> str:
         lines[-1:-1] = ["", f"streamed: {report.proof}",
                         f"memory: held at most {held} above the {(memory.baseline or 0) / 2**20:.1f} MiB it started "
                         f"at (peak resident {peak}); bound {memory.bound / 2**20:.1f} MiB = 3 x the largest block "
-                        f"{memory.largest_block / 2**20:.1f} MiB + activations {memory.activations / 2**20:.1f} MiB "
+                        f"{memory.largest_block / 2**20:.1f} MiB + 2 x its largest tensor "
+                        f"{memory.largest_tensor / 2**20:.1f} MiB + activations {memory.activations / 2**20:.1f} MiB "
                         f"+ embedding rows {memory.embedding_rows / 2**20:.2f} MiB + {memory.first_use / 2**20:.0f} "
                         f"MiB torch loads on first use; head in {report.head_chunks} chunk(s)", *report.notes]
     return "\n".join(lines)

@@ -10,7 +10,8 @@ gradients, with the same engine (engine.spec), the stock modules of transformers
 (verify.tolerances, verify.check), into the same Report.
 
 Memory: at most three copies of the largest block's weights in the checked dtype (the output head is run in
-vocabulary chunks no larger than half a block), one block's activations and the embedding rows the input looks up.
+vocabulary chunks no larger than half a block) and two of its largest tensor (a transformed weight's gradient and
+its un-scrambled copy, compared and dropped), one block's activations and the embedding rows the input looks up.
 """
 
 from __future__ import annotations
@@ -197,4 +198,6 @@ def _memory(model: StreamedModel, run: OriginalRun, count: int, largest: int, ba
     per_block = count * (12 * g.d_model + 4 * g.d_mlp + 4 * g.n_heads * count) * 4
     activations = itemsize * (per_block + count * g.d_model * 2 * model.n_layers + count * vocab * 4)
     rows = len(run.looked_up) * g.d_model * itemsize * 3
-    return MemoryBound(largest, activations, rows, baseline=baseline, peak=peak_bytes(), peak_since_start=peak_reset)
+    tensor = max(model.bytes_of([name]) for layer in range(model.n_layers) for name in model.block_names(layer))
+    return MemoryBound(largest, tensor, activations, rows, baseline=baseline, peak=peak_bytes(),
+                       peak_since_start=peak_reset)

@@ -49,6 +49,7 @@ class MemoryBound:
     """What a streamed check may hold at once, in bytes, and what it held."""
 
     largest_block: int  # the largest block's weights in the checked dtype (a head chunk is never larger)
+    largest_tensor: int  # its largest weight: a gradient and its un-scrambled copy, compared then dropped
     activations: int  # one block's activations, gradients included, and the run's per-token records
     embedding_rows: int  # the looked-up rows of the embedding table
     first_use: int = FIRST_USE_BYTES
@@ -58,7 +59,8 @@ class MemoryBound:
 
     @property
     def bound(self) -> int:
-        return 3 * self.largest_block + self.activations + self.embedding_rows + self.first_use
+        return (3 * self.largest_block + 2 * self.largest_tensor + self.activations + self.embedding_rows
+                + self.first_use)
 
     @property
     def held(self) -> int | None:
@@ -69,6 +71,7 @@ class MemoryBound:
 
     def to_json(self) -> dict:
         return {"bound_bytes": self.bound, "largest_block_bytes": self.largest_block,
+                "largest_tensor_bytes": self.largest_tensor,
                 "activation_bytes": self.activations, "embedding_rows_bytes": self.embedding_rows,
                 "first_use_bytes": self.first_use,
                 "baseline_rss_bytes": self.baseline, "peak_rss_bytes": self.peak, "held_bytes": self.held,
