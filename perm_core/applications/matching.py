@@ -11,6 +11,8 @@ What is matched, and by what (weight matching unless said otherwise; see DESIGN 
          inside the head: the best channel assignment (permutation) or the best rotation (nuclear norm).
   head channels (permutation only): Q/K channels and V/O channels inside each head by LSA.
   rotation  per head, Q/K by R and V/O by S from the closed-form orthogonal Procrustes solution (SVD).
+align_by_weights (the fusion experiment's weight matching) finds the residual permutation from the weights too,
+alternating with the other spaces; activation_matching matches every space from activations instead.
 Each step maximizes <A, aligned B> over its own group with the others fixed, and the identity is
 always a candidate, so no step can increase ||A - B|| (steps also check this and fall back to identity).
 """
