@@ -1,5 +1,6 @@
 """Model authorization: a model locked with a key works only for whoever holds the key; and its attacker."""
 
+import pandas as pd
 import streamlit as st
 
 from perm_core.applications import attack as atk
@@ -154,11 +155,12 @@ def attack_section(computed, model_name, key, label, fmt, chance) -> None:
     st.subheader("The defender's move: fine-tune after locking")
     chart(fa.fine_tune_attack(sweep, chance), width="stretch")
     st.markdown(sweep_sentence(sweep))
-    with st.expander("Every fine-tuning step count"):
-        st.dataframe([{"steps": k, "key recovered": f"{s:.1%}", "attacker": f"{a:.1%}", "owner": f"{o:.1%}",
-                       "attacker's check (relative residual)": f"{r:.1e}"}
-                      for k, s, a, o, r in zip(sweep.steps, sweep.share_recovered, sweep.attacker, sweep.owner,
-                                               sweep.weights_residual, strict=True)], hide_index=True)
+    with st.expander("Every fine-tuning step count"):  # st.table wraps its cells: nothing scrolls out at 1024 px
+        rows = [{"steps": k, "key recovered": f"{s:.1%}", "attacker": f"{a:.1%}", "owner": f"{o:.1%}",
+                 "attacker's check (relative residual)": f"{r:.1e}"}
+                for k, s, a, o, r in zip(sweep.steps, sweep.share_recovered, sweep.attacker, sweep.owner,
+                                         sweep.weights_residual, strict=True)]
+        st.table(pd.DataFrame(rows).set_index("steps"))
 
 
 def sweep_sentence(sweep) -> str:

@@ -106,6 +106,9 @@ def test_the_attacker_recovers_the_key_and_the_sweep_chart_says_what_the_sentenc
     assert (f"recovers {share['y'][-1]:.1f}% of the key and unlocks {attacker[-1]:.1f}%, against the owner's "
             f"{owner[-1]:.1f}%") in sentence
     assert traces["chance 10%"]["y"] == [10.0, 10.0]
+    steps = at.table[0].value  # the expander's table: the chart's points, step by step
+    assert list(steps.index.astype(str)) == share["x"]
+    assert list(steps["attacker"]) == [f"{a:.1f}%" for a in attacker]
 
 
 def test_a_faster_fine_tuning_hides_part_of_the_key_and_the_sentence_says_what_it_cost():
