@@ -15,7 +15,7 @@ from ui.export import chart
 from ui.long_run import long_run
 from ui.runtime import PageRequest, page_run_bytes, page_runs, shared_model
 from ui.sidebar import ensure_view
-from ui.state import seed_choice, seed_subset
+from ui.state import parse_bool, seed, seed_choice, seed_subset
 
 DIGITS_MODELS = ("digits-vit", "digits-vit-b")
 WIDTHS = (32, 64, 128)
@@ -148,7 +148,15 @@ def experiment(runs) -> None:
         "permutation (the residual stream's too) from the weights, alternating as Git Re-Basin does; activation "
         "matching: by the correlation of the units' activations on the held-out images (LSA), rotations by "
         "Procrustes on the heads' activations. Every aligned B is proved to be B's function in float64.")
-    result = computed(runs, "fusion/experiment", (settings.pairs, width, epochs), "the experiment",
+    key = (settings.pairs, width, epochs)
+    seed("fx_run", False, parse_bool)  # a link with fx_run=1 opens with the experiment run
+    if not st.session_state["fx_run"] and runs.finished(PageRequest("fusion/experiment", key)) is None:
+        st.button(f"Run the experiment: train {2 * settings.pairs} ViTs", type="primary", key="fx_start",
+                  on_click=lambda: st.session_state.update(fx_run=True))
+        st.info("Nothing is trained until you press the button. The result is kept for everyone on this server: "
+                "whoever opens these settings next sees it at once.")
+        return
+    result = computed(runs, "fusion/experiment", key, "the experiment",
                       lambda p: fx.run_experiment(settings, progress=p))
     st.markdown(f"**{result.verdict}**")
     experiment_table(result)

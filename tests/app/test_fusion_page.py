@@ -13,7 +13,8 @@ from perm_core.applications.fusion_experiment import METHODS as EXPERIMENT_METHO
 from perm_core.applications.intervals import paired_difference
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
-TINY_EXPERIMENT = {"fx_width": "32", "fx_epochs": "1"}  # five pairs of 32-wide ViTs, one epoch each: seconds
+# five pairs of 32-wide ViTs, one epoch each (seconds), run at once as a link with fx_run=1 asks
+TINY_EXPERIMENT = {"fx_width": "32", "fx_epochs": "1", "fx_run": "1"}
 
 
 @pytest.fixture(autouse=True)
@@ -108,3 +109,27 @@ def test_the_same_model_twice_is_a_message_not_red_boxes():
     assert not at.error and not at.success
     assert any("same model (digits-vit)" in w.value and "two different models" in w.value for w in at.warning)
     assert not any("test loss (cross-entropy)" in title(c) for c in charts(at))
+
+
+def test_the_experiment_trains_nothing_until_asked_then_runs_and_is_kept_for_the_next_visitor(monkeypatch):
+    from perm_core.applications import fusion_experiment
+
+    calls = []
+    real = fusion_experiment.run_experiment
+    monkeypatch.setattr(fusion_experiment, "run_experiment", lambda *a, **k: calls.append(1) or real(*a, **k))
+    at = AppTest.from_file(APP, default_timeout=300)
+    at.query_params.update({"fx_width": "32", "fx_epochs": "2"})  # settings no other test computed
+    at.run()
+    at.switch_page("pages/fusion.py")
+    at.run()
+    assert not at.exception and calls == [] and not any(m.value.startswith("**Over 5 seed pairs") for m in at.markdown)
+    assert at.button(key="fx_start").label == "Run the experiment: train 10 ViTs"
+    at.button(key="fx_start").click().run()
+    assert calls == [1] and any(m.value.startswith("**Over 5 seed pairs") for m in at.markdown)
+    assert at.query_params["fx_run"] in ("true", ["true"], "1", ["1"])  # the link now opens with it run
+    again = AppTest.from_file(APP, default_timeout=300)  # the next visitor, without fx_run: shown at once
+    again.query_params.update({"fx_width": "32", "fx_epochs": "2"})
+    again.run()
+    again.switch_page("pages/fusion.py")
+    again.run()
+    assert calls == [1] and any(m.value.startswith("**Over 5 seed pairs") for m in again.markdown)

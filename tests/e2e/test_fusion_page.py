@@ -6,7 +6,7 @@ from tests.e2e.conftest import wait_for_app
 
 
 def test_fusion_page_in_chromium(app_url, page, shot):
-    page.goto(f"{app_url}/fusion?fx_width=32&fx_epochs=1")
+    page.goto(f"{app_url}/fusion?fx_width=32&fx_epochs=1&fx_run=1")
     wait_for_app(page, timeout_ms=300_000)
     page.get_by_text("Over 5 seed pairs, adding per-head rotations").wait_for(timeout=240_000)
     page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= 8",

@@ -20,7 +20,7 @@ PAGES = {
     "authorization": "authorization?au_model=digits-vit&au_attack_steps=100",  # the attacker's sweep, short
     "split_learning": "split_learning?sl_epochs=2&sl_attack_epochs=3&sl_victims=40",
     "rotation": "rotation",
-    "fusion": "fusion?fx_width=32&fx_epochs=1",  # the experiment's pairs tiny: the same charts in seconds
+    "fusion": "fusion?fx_width=32&fx_epochs=1&fx_run=1",  # the experiment's pairs tiny: the same charts in seconds
     "matrix": "matrix",
     "walk_tokens": "walk?walk_step=1",
     "walk_heads": "walk?walk_step=3&walk_projector=1",

@@ -64,6 +64,16 @@ class PageRuns:
         self._budget = run_budget
         self.held = 0
 
+    def finished(self, request: PageRequest):
+        """The shared result if some session has computed it already (its bytes held as result's are), else
+        None: a page can offer a long run on a button and still show at once what is there."""
+        value = _page_cache().get((request.page, request.settings))
+        if value is not None:
+            nbytes = param_cache.tensor_bytes(value)
+            budget.take(self._budget, nbytes)
+            self.held += nbytes
+        return value
+
     def result(self, request: PageRequest, compute):
         """The shared result, computed in a page slot holding request.nbytes of the run budget, outside any lock
         (compute can draw progress)."""
