@@ -10,7 +10,7 @@ gradients, with the same engine (engine.spec), the stock modules of transformers
 (verify.tolerances, verify.check), into the same Report.
 
 Memory: at most three copies of the largest block's weights in the checked dtype (the output head is run in
-vocabulary chunks no larger than half a block) and two of its largest tensor (a transformed weight's gradient and
+vocabulary chunks no larger than a quarter block) and two of its largest tensor (a transformed weight's gradient and
 its un-scrambled copy, compared and dropped), one block's activations and the embedding rows the input looks up.
 """
 
@@ -96,7 +96,7 @@ def stream_check(directory, inputs: dict, symmetry_names=symmetries.SYMMETRIES, 
         if not found:
             raise VacuousCheckError(f"the {name} symmetry has no negative control on {model.family.name}")
     largest = max(model.bytes_of(model.block_names(layer)) for layer in range(model.n_layers))
-    chunks = model.head_chunks(largest // 2)
+    chunks = model.head_chunks(largest // 4)  # the head stage holds five chunk-sized tensors at once
     report.head_chunks = len(chunks)
 
     run, control_runs = forward_pass(model, inputs, [c for found in controls.values() for c in found],

@@ -39,6 +39,8 @@ def family_for(config: dict) -> tuple[Family, type]:
     name = architectures[0] if architectures and isinstance(architectures[0], str) else ""
     family = next((family_by_name(f) for f in STREAMED_FAMILIES if model_type in family_by_name(f).model_types),
                   None)
+    if not name and family is not None:  # a config written without architectures (the zoo's converted caches)
+        name = next(c for c in family.classes if c.endswith("ForCausalLM"))
     cls = getattr(transformers, name, None) if name.isidentifier() else None
     if family is None or not name.endswith("ForCausalLM") or name not in family.classes or cls is None:
         raise StreamingUnsupportedError(
