@@ -13,6 +13,7 @@ def test_split_learning_page_in_chromium(app_url, page, shot):
     page.wait_for_timeout(800)
     assert page.locator('[data-testid="stException"]').count() == 0
     table = page.locator('[data-testid="stTable"]')  # the results: every column in view, cells wrapped
+    table.first.wait_for(timeout=60_000)
     assert table.count() == 1 and "channels recovered" in table.inner_text()
     labels = page.locator('[data-testid="stMetricLabel"]').all_inner_texts()
     assert any("Scrambled: held-out" in label for label in labels)
