@@ -158,7 +158,7 @@ def serve(args) -> int:
                                          "stats_socket": str(run_dir / "haproxy.sock")})
         (run_dir / "state.tmp").write_text(json.dumps(state, indent=2))
         (run_dir / "state.tmp").rename(run_dir / "state.json")
-        where = state.get("url", "no proxy")
+        where = state.get("url", "replicas only, no proxy")
         print(f"serving {where}: {len(replicas)} replicas ({', '.join(r['url'] for r in replicas)})"
               f"{' + ' + ', '.join(args.upstream) if args.upstream else ''}; logs in {run_dir}; Ctrl-C stops",
               flush=True)
