@@ -92,7 +92,7 @@ def main(shared_runs) -> None:
         st.dataframe(table, hide_index=True, width="stretch")
 
     st.subheader("Why the residual stream cannot be rotated")
-    residual = shared_runs.result(PageRequest("rotation/residual", (model_name, key), page_run_bytes(model_name)),
+    residual = shared_runs.result(PageRequest("rotation/residual", (model_name, key), in_slot=False),
                                   lambda: residual_rotation(loaded.model, inputs, key))
     progress.progress(0.8, text="RoPE models")
     st.markdown(
@@ -114,7 +114,7 @@ def main(shared_runs) -> None:
     except (ModelLoadError, OSError, ValueError) as error:
         show_failure(error, f"Could not load {rope_name}")
         st.stop()
-    rope = shared_runs.result(PageRequest("rotation/rope", (rope_name, key), page_run_bytes(rope_name)),
+    rope = shared_runs.result(PageRequest("rotation/rope", (rope_name, key), in_slot=False),
                               lambda: rope_rotations(rope_loaded.model, default_inputs(rope_loaded), key))
     progress.progress(1.0, text="done")
     progress.empty()

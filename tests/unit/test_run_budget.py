@@ -248,3 +248,26 @@ def test_a_page_run_stopped_as_its_slot_notice_is_cleared_gives_the_slot_back(st
     thread.join(WAIT_S)
     assert errors == ["stopped"]
     assert slots.acquire(blocking=False)  # the stopped run gave its slot back
+
+
+def test_a_short_page_run_does_not_wait_for_a_page_slot(monkeypatch):
+    """Rotation's residual and RoPE comparisons are a few forwards: they run at once, as Explore's do, while the
+    long runs (a Check, training) queue for the page slots."""
+    import threading
+
+    slots = threading.BoundedSemaphore(1)
+    monkeypatch.setattr(run_budgets, "_page_slots", slots)
+    cache = runs.TensorCache(1 << 20)
+    monkeypatch.setattr(runs, "_page_cache", lambda: cache)
+    slots.acquire()  # another visitor's long run holds the only slot
+    try:
+        with runs.page_runs(RunBudget(1 << 20)) as page:
+            short = runs.PageRequest("rotation/residual", ("digits-vit", 7), in_slot=False)
+            assert page.result(short, lambda: torch.ones(3)).sum().item() == 3.0
+        waited = []
+        long_run = threading.Thread(target=lambda: waited.append(run_budgets._page_slots.acquire(timeout=0.3)))
+        long_run.start()
+        long_run.join()
+        assert waited == [False]  # the control: a run that needs the slot would still be waiting
+    finally:
+        slots.release()

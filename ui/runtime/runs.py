@@ -48,11 +48,13 @@ def _page_cache() -> TensorCache:
 class PageRequest:
     """A run of a page other than Explore (a gradient comparison, an authorization, a fusion ...): the page and
     its settings name the result, shared by every session; nbytes is what it holds of the run budget while it
-    computes (page_run_bytes)."""
+    computes (page_run_bytes). in_slot: a long run (training, a check, gradients) waits for one of the page run
+    slots (TSE_PAGE_RUNS); a short one (a few forwards of one model) runs at once, as Explore's do."""
 
     page: str
     settings: tuple
     nbytes: int = 0
+    in_slot: bool = True
 
 
 class PageRuns:
@@ -78,7 +80,7 @@ class PageRuns:
         """The shared result, computed in a page slot holding request.nbytes of the run budget, outside any lock
         (compute can draw progress)."""
         value = _computed_once(_page_cache(), (request.page, request.settings), compute,
-                               lambda: budget.page_slot(request.nbytes))
+                               (lambda: budget.page_slot(request.nbytes)) if request.in_slot else nullcontext)
         nbytes = param_cache.tensor_bytes(value)
         budget.take(self._budget, nbytes)
         self.held += nbytes
