@@ -158,12 +158,12 @@ def explore(request: ExploreRequest, explorer: Exploration, loaded, inputs: dict
         with computing():
             result = _computed_once(_caches()["results"], request.key,
                                     lambda: explorer.run(dict(request.keys), request.control, request.layer))
+            run_budget.give(compute_bytes)  # the weights' share ends with the run; what the page shows is small
+            held = explorer.trace_bytes
             layer = request.layer if request.layer is not None else explorer.geometry.n_layers - 1
             data = page_data(explorer, result, PageChoice(layer, request.head, request.weight),
                              _mlp_result(request, layer, explorer, result), inputs, loaded.labels,
                              loaded.tokenizer, dict(request.keys), request.control)
-        run_budget.give(compute_bytes)
-        held = explorer.trace_bytes
         yield data
     finally:
         run_budget.give(held)
