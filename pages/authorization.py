@@ -10,7 +10,7 @@ from ui.charts import figures_authorization as fa
 from ui.charts import figures_backward as fb
 from ui.errors import show_failure
 from ui.export import chart
-from ui.long_run import long_run
+from ui.long_run import shared_result
 from ui.runtime import PageRequest, page_run_bytes, page_runs, shared_model
 from ui.sidebar import ensure_view
 from ui.state import lecture_key, publish, seed, seed_choice
@@ -60,11 +60,7 @@ def main(runs) -> None:
         st.stop()
 
     def computed(page, settings, what, compute):
-        def run():
-            with long_run(page, settings, what) as progress:
-                return compute(progress)
-
-        return runs.result(PageRequest(page, settings, page_run_bytes(model_name)), run)
+        return shared_result(runs, PageRequest(page, settings, page_run_bytes(model_name)), what, compute)
 
     result = computed("authorization", (model_name, key, n_wrong), "locking the model and trying keys",
                       lambda p: auth.authorize(shared_model(model_name, "float32"), key, n_wrong, model_name,

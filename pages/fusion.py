@@ -12,7 +12,7 @@ from ui.charts import figures_fusion as figs
 from ui.charts import figures_fusion_experiment as fxfigs
 from ui.errors import show_failure
 from ui.export import chart
-from ui.long_run import long_run
+from ui.long_run import shared_result
 from ui.runtime import PageRequest, page_run_bytes, page_runs, shared_model
 from ui.sidebar import ensure_view
 from ui.state import parse_bool, seed, seed_choice, seed_subset
@@ -23,11 +23,7 @@ PAPER = "Zhang, Zheng, Chen, Li, ICML 2025"
 
 
 def computed(runs, page: str, settings: tuple, what: str, compute, nbytes: int = 0):
-    def run():
-        with long_run(page, settings, what) as progress:
-            return compute(progress)
-
-    return runs.result(PageRequest(page, settings, nbytes), run)
+    return shared_result(runs, PageRequest(page, settings, nbytes), what, compute)
 
 
 def main(runs) -> None:

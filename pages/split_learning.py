@@ -8,7 +8,7 @@ from perm_core.models.registry import DTYPES
 from ui import state
 from ui.charts import figures_split as fs
 from ui.export import chart
-from ui.long_run import long_run
+from ui.long_run import shared_result
 from ui.runtime import PageRequest, page_runs
 from ui.sidebar import ensure_view
 from ui.state import key_or_stop
@@ -34,11 +34,7 @@ def main(shared_runs) -> None:
         f"of 16! ≈ 2^{token_bits:.1f}.")
 
     def cached(kind, settings, compute):
-        def run():
-            with long_run("split_learning", (kind, settings), kind.lower()) as progress:
-                return compute(progress)
-
-        return shared_runs.result(PageRequest("split_learning", (kind, settings)), run)
+        return shared_result(shared_runs, PageRequest("split_learning", (kind, settings)), kind.lower(), compute)
 
     cols = st.columns(4)
     state.seed_choice("sl_seed", range(10_001), split_learning.DEFAULT_SEED, int)

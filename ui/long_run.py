@@ -52,3 +52,13 @@ def long_run(page: str, settings, what: str):
     yield progress
     for element in drawn.values():
         element.empty()
+
+
+def shared_result(runs, request, what: str, compute):
+    """A page's shared result (ui.runtime's runs.result) for a long run: compute(progress) under a progress bar
+    with the time left and a Stop button, named by the request's page and settings."""
+    def run():
+        with long_run(request.page, request.settings, what) as progress:
+            return compute(progress)
+
+    return runs.result(request, run)
