@@ -56,3 +56,23 @@ def pytest_report_header(config):
     if free < NEEDED_FREE_BYTES:
         line += f" -- the model tests need about {NEEDED_FREE_BYTES / 2**30:.0f} GiB and may fail with ENOSPC"
     return line
+
+
+# The order files start in (make test runs pytest-xdist with --dist loadfile --no-loadscope-reorder, so each worker
+# takes the next file in this order as it finishes one). The files whose fixtures convert the large zoo models go
+# first, so that the e2e servers load those conversions instead of making their own; then the browser tests, the
+# longest files, while both workers are free; the many short unit files last, to even out the end of the run.
+_CONVERTS_FIRST = ("tests/unit/test_gemma3.py", "tests/unit/test_zoo.py")
+_DIRECTORY_ORDER = ("tests/e2e/", "tests/app/", "tests/unit/")
+
+
+def _run_order(item) -> tuple[int, int]:
+    path = item.nodeid.split("::", 1)[0]
+    if path in _CONVERTS_FIRST:
+        return (0, _CONVERTS_FIRST.index(path))
+    rank = next((i for i, prefix in enumerate(_DIRECTORY_ORDER) if path.startswith(prefix)), len(_DIRECTORY_ORDER))
+    return (1 + rank, 0)
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=_run_order)  # stable: a file's tests keep their order, files within a directory theirs

@@ -1,8 +1,9 @@
 """The classroom load test, small. With the websocket driver (the default): 3 sessions open the same dinov2-s
 link at once (two sessions on one model corrupted it before perm_core.run.stateless), then Explore (digits-vit,
-dinov2-s, minilm) for 20 s of key changes, then Check and Rotation. With the browser driver: one session the
-same way. No errors anywhere, every shared model's weights hash as before, and each session's verdicts and
-numbers equal a run of the same settings alone on a fresh server. Timings are not asserted.
+dinov2-s, minilm) for 20 s of key changes, then Check and Rotation (the benchmark's --driver browser walks the
+same steps in Chromium; it is not run here). No errors anywhere, every shared model's weights hash as before, and
+each session's verdicts and numbers equal a run of the same settings alone on a fresh server. Timings are not
+asserted.
 
 And the websocket client itself: widget states kept across reruns as the browser keeps them, a button fired
 once, and a page's errors (an exception, an error alert) read as the page's message, not a crash of the driver.
@@ -76,15 +77,6 @@ def test_three_students_at_once(tmp_path):
     assert peak["caches"]["results"] > 0 and peak["caches"]["params"] > 0  # Explore's runs were kept
     assert peak["heap_in_use"] + peak["own_mappings"] >= sum(peak["caches"].values())
     assert peak["file_backed"] < peak["resident"] <= figures["memory"]["server_peak_rss_bytes"]
-
-
-def test_one_student_in_a_browser(tmp_path):
-    figures = run_classroom(tmp_path, "--driver", "browser", "--sessions", "1", "--seconds", "1", "--samples", "1")
-    assert figures["driver"] == "browser" and figures["finished_sessions"] == 1
-    done = {(row["model"], row["interaction"]) for row in figures["latency"]}
-    assert {("dinov2-s", "shared link"), ("digits-vit", "key change"), ("digits-vit", "run Check"),
-            ("digits-vit", "Rotation")} <= done
-    assert [v["model"] for v in figures["same_as_alone"]] == ["digits-vit"]
 
 
 TINY_APP = """

@@ -1,8 +1,9 @@
 """Real Chromium: Explore opens on dinov2-s and a sample photo, draws the class token's attention over the
-photo in three columns, stays a success after a key change, and lays out at 1440 and 1024 pixels wide.
+photo in three columns, stays a success after a key change, and fits a 1024-pixel projector (every page at
+1024 and 1440: tests/e2e/test_layout_widths.py).
 
 Full-page screenshots go to pytest's temporary directory (outside the repository), one per width, for a
-person to look at: run with --basetemp=/tmp/SOMEWHERE to find them.
+person to look at: run with --basetemp=/tmp/SOMEWHERE to find it.
 """
 
 import pytest
@@ -40,8 +41,7 @@ def fit_height(page) -> int:
     return int(height)
 
 
-@pytest.mark.parametrize("width", [1440, 1024])
-def test_explore_opens_on_a_photo_with_attention_overlays(app_url, page, shot, width):
+def test_explore_opens_on_a_photo_with_attention_overlays(app_url, page, shot, width=1024):
     page.set_viewport_size({"width": width, "height": 6000})
     page.goto(f"{app_url}/explore")
     assert VERDICT in success_text(page)
