@@ -12,7 +12,7 @@ from perm_core.verify.check import check
 from ui.charts import figures
 from ui.export import chart
 from ui.long_run import long_run, stop_if_stopped
-from ui.runtime import model_on, page_run_bytes, page_slot
+from ui.runtime import CHECK_WEIGHT_COPIES, model_on, page_run_bytes, page_slot
 from ui.sidebar import SYMMETRY_LABELS, ensure_view
 from ui.state import parse_bool, publish, seed
 
@@ -50,7 +50,8 @@ def main() -> None:
     if st.session_state.pop("check_requested", False):
         model = model_on(view.model_name, view.dtype_name, view.device, view.loaded.model)
         inputs = {k: v.to(view.device) if isinstance(v, torch.Tensor) else v for k, v in view.inputs.items()}
-        held = page_run_bytes(view.model_name, dtype_name=view.dtype_name)  # of the run budget, while it computes
+        held = page_run_bytes(view.model_name, dtype_name=view.dtype_name,  # of the run budget, while it computes
+                              copies=CHECK_WEIGHT_COPIES[backward])
         with page_slot(held), long_run("check", settings, "the check") as progress:
             report = check(model, inputs, list(view.keys), dict(view.keys), model_name=view.model_name,
                            backward=backward, progress=progress)

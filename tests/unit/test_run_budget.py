@@ -271,3 +271,102 @@ def test_a_short_page_run_does_not_wait_for_a_page_slot(monkeypatch):
         assert waited == [False]  # the control: a run that needs the slot would still be waiting
     finally:
         slots.release()
+
+
+def test_a_key_change_does_not_queue_behind_a_page_run_waiting_for_memory():
+    """A page run (a Check) waiting for the page runs' share holds up page runs only: an Explore run that came later
+    goes in beside the one computing. Control: with a single line, the Explore run waits behind it."""
+    budget, done = RunBudget(100), []
+    budget.take(50, page=True)  # the page runs' whole share (100 // PAGE_SHARE)
+    check = taking(budget, 40, done, "check", page=True)
+    waiting(budget, 1)
+    key_change = taking(budget, 40, done, "key change")
+    key_change.join(WAIT_S)
+    assert done == ["key change"] and budget.used == 90 and budget.page_used == 50
+    budget.give(40)
+    time.sleep(0.1)
+    assert done == ["key change"]  # 50 + 40 is over the page runs' share: the check waits for the first
+    budget.give(50, page=True)
+    check.join(WAIT_S)
+    assert done == ["key change", "check"] and budget.used == budget.page_used == 40
+
+    single_line, done = RunBudget(100), []
+    single_line.take(50)
+    second = taking(single_line, 60, done, "second")
+    waiting(single_line, 1)
+    third = taking(single_line, 40, done, "third")  # fits beside the 50, but the second came first
+    waiting(single_line, 2)
+    time.sleep(0.1)
+    assert done == []
+    single_line.give(50)
+    second.join(WAIT_S)
+    third.join(WAIT_S)
+    assert done == ["second", "third"]
+
+
+def test_page_runs_together_hold_at_most_their_share_and_one_larger_runs_alone_among_them():
+    budget, done = RunBudget(100), []
+    budget.take(30, page=True)
+    second = taking(budget, 30, done, "second", page=True)  # 60 is within the budget, over the share of 50
+    waiting(budget, 1)
+    time.sleep(0.1)
+    assert done == [] and budget.page_used == 30
+    budget.take(30)  # an Explore run's 30 beside it: 60 of 100
+    budget.give(30, page=True)
+    second.join(WAIT_S)
+    assert done == ["second"] and budget.page_used == 30 and budget.used == 60
+    budget.give(30, page=True)
+    budget.give(30)
+    budget.take(70, page=True)  # over the share, nothing else held by page runs: it goes in
+    assert budget.page_used == 70
+    budget.give(70, page=True)
+    assert budget.used == budget.page_used == 0
+
+
+def test_a_page_run_kept_waiting_by_key_changes_stops_new_ones_until_it_is_in(monkeypatch):
+    monkeypatch.setattr(run_budgets, "PAGE_PATIENCE_S", 0.2)
+    budget, done = RunBudget(100), []
+    budget.take(80)  # key changes computing
+    check = taking(budget, 40, done, "check", page=True)
+    waiting(budget, 1)
+    budget.take(10)  # early in its wait, a key change still goes in: 90 of 100
+    time.sleep(0.3)
+    late = taking(budget, 10, done, "late key change")  # would fit (100), but the check has waited long enough
+    waiting(budget, 2)
+    time.sleep(0.1)
+    assert done == []
+    budget.give(90)
+    check.join(WAIT_S)
+    late.join(WAIT_S)
+    assert done == ["check", "late key change"] and budget.used == 50
+
+
+def test_a_page_run_waiting_for_a_slot_holds_no_memory(monkeypatch):
+    budget = RunBudget(1000)
+    monkeypatch.setattr(run_budgets, "RUN_BUDGET", budget)
+    monkeypatch.setattr(run_budgets, "_page_slots", threading.BoundedSemaphore(1))
+    entered = threading.Event()
+
+    def second_run():
+        with run_budgets.page_slot(300):
+            entered.set()
+
+    with run_budgets.page_slot(300):
+        thread = threading.Thread(target=second_run, daemon=True)
+        thread.start()
+        time.sleep(0.7)  # it waits for the slot
+        assert not entered.is_set() and budget.used == budget.page_used == 300
+    thread.join(WAIT_S)
+    assert entered.is_set() and budget.used == budget.page_used == 0
+
+
+def test_a_check_counts_its_measured_copies_by_direction(monkeypatch):
+    from ui.runtime import models as shared_models
+
+    monkeypatch.setattr(shared_models, "_loaded_bytes", {("a", "float32"): 100})
+    forward, backward = (run_budgets.page_run_bytes("a", copies=run_budgets.CHECK_WEIGHT_COPIES[b]) for b in (0, 1))
+    assert (forward, backward) == (200, 350)
+    # a dinov2-s-sized forward Check fits the page runs' share of the default budget, beside which a key change's
+    # two copies of the same weights still fit: key changes do not wait for it
+    budget, weights = RunBudget(384 << 20), 88 << 20
+    assert 2 * weights <= budget.page_cap and 2 * weights + 2 * weights + (30 << 20) <= budget.max_bytes

@@ -21,11 +21,11 @@ exit. Another page's runs come in through `with page_runs() as shared_runs: main
 `shared_runs.result(PageRequest(...), compute)`, the same way.
 """
 
-from ui.runtime.budget import page_run_bytes, page_slot
+from ui.runtime.budget import CHECK_WEIGHT_COPIES, page_run_bytes, page_slot
 from ui.runtime.housekeeping import collect_garbage, give_back_freed_memory
 from ui.runtime.models import long_lived_objects_frozen, shared_model
 from ui.runtime.runs import ExploreRequest, PageRequest, exploration, explore, model_on, page_runs
 
-__all__ = ["ExploreRequest", "PageRequest", "collect_garbage", "exploration", "explore",
+__all__ = ["CHECK_WEIGHT_COPIES", "ExploreRequest", "PageRequest", "collect_garbage", "exploration", "explore",
            "give_back_freed_memory", "long_lived_objects_frozen", "model_on", "page_runs",
            "page_run_bytes", "page_slot", "shared_model"]

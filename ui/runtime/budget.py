@@ -15,36 +15,68 @@ from ui.runtime.models import loaded_weight_bytes
 
 # The bytes of runs' data alive at once, process-wide (TSE_RUN_BUDGET_MB, default 384). An Explore run holds its
 # result's until its page is drawn, and its weights' twice more while it computes (a transformed set and the
-# graph's packed copy); another page's run holds three copies of its models' weights while it computes
+# graph's packed copy); another page's run holds its measured copies of its models' weights while it computes
 # (page_run_bytes). A page draws for as long as the server's Python is shared with every other session's: thirty
 # students opening one dinov2-s link held thirty 23 MB results while their charts were drawn in turn. Runs past
 # the budget wait their turn (first come, first served); a run larger than the whole budget runs alone, and one
 # of at most 1/SMALL_SHARE of it (a digits-vit run) goes in whenever it fits.
 SMALL_SHARE = 64
+# Page runs (a Check, gradients, training) hold their bytes for tens of seconds to minutes, an Explore run for
+# seconds: together page runs hold at most 1/PAGE_SHARE of the budget (one larger than that runs alone among
+# them), so key changes always find the rest. Each kind waits in its own line, so a key change never queues
+# behind a Check that waits for memory; a page run that has waited PAGE_PATIENCE_S at the head of its line stops
+# new Explore runs (small ones aside) until it is in, so a stream of key changes cannot starve it.
+PAGE_SHARE = 2
+PAGE_PATIENCE_S = 2.0
 
 
 class RunBudget:
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
         self.used = 0
+        self.page_used = 0  # of `used`, what page runs hold
         self._turns = threading.Condition()
-        self._queue: list[object] = []  # waiting runs, first come first
+        self._queue: list[tuple[object, bool, float]] = []  # waiting runs (ticket, page run, since), first come first
+        self._sizes: dict[object, int] = {}  # each waiting run's bytes
 
-    def _fits(self, nbytes: int, ticket) -> bool:
-        """At the head of the queue, or small enough never to hold up the one there (a digits-vit run beside
-        dinov2-s ones); and within the budget beside what is held, or alone."""
-        in_turn = self._queue[0] is ticket or nbytes <= self.max_bytes // SMALL_SHARE
-        return in_turn and (self.used == 0 or self.used + nbytes <= self.max_bytes)
+    @property
+    def page_cap(self) -> int:
+        return self.max_bytes // PAGE_SHARE
 
-    def take(self, nbytes: int, while_waiting=None, every_s: float = 0.5) -> None:
-        """Take nbytes once they fit and every run that came earlier has gone in. while_waiting(seconds) is called
-        every `every_s` seconds of a wait; if it raises (Streamlit stopping the run), nothing is taken and the
-        run leaves the queue."""
+    def _fits(self, nbytes: int, ticket, page: bool) -> bool:
+        """At the head of its kind's line, or small enough never to hold up the one there (a digits-vit run beside
+        dinov2-s ones); within the budget beside what is held, or alone; a page run also within the page runs'
+        share, or alone among them. An Explore run also waits while a page run has waited too long."""
+        small = nbytes <= self.max_bytes // SMALL_SHARE
+        head = next(entry for entry in self._queue if entry[1] == page)
+        if not page and not small and self._page_run_starving():
+            return False
+        within = self.used == 0 or self.used + nbytes <= self.max_bytes
+        if page:
+            within = within and self._within_page_share(nbytes)
+        return (head[0] is ticket or small) and within
+
+    def _within_page_share(self, nbytes: int) -> bool:
+        return self.page_used == 0 or self.page_used + nbytes <= self.page_cap
+
+    def _page_run_starving(self) -> bool:
+        """The first waiting page run has waited PAGE_PATIENCE_S for the budget itself (not for the other page runs'
+        share: that wait is theirs to end, and key changes need not stop for it)."""
+        first = next((entry for entry in self._queue if entry[1]), None)
+        return (first is not None and time.monotonic() - first[2] >= PAGE_PATIENCE_S
+                and self._within_page_share(self._sizes[first[0]]))
+
+    def take(self, nbytes: int, while_waiting=None, every_s: float = 0.5, page: bool = False) -> None:
+        """Take nbytes once they fit and every run of its kind that came earlier has gone in. while_waiting(seconds)
+        is called every `every_s` seconds of a wait; if it raises (Streamlit stopping the run), nothing is taken
+        and the run leaves the queue. page: a page run's bytes (the page runs' share)."""
         ticket, start = object(), time.monotonic()
+        entry = (ticket, page, start)
         with self._turns:
-            self._queue.append(ticket)
+            self._queue.append(entry)
+            self._sizes[ticket] = nbytes
             try:
-                while not self._turns.wait_for(lambda: self._fits(nbytes, ticket), every_s):
+                while not self._turns.wait_for(lambda: self._fits(nbytes, ticket, page), every_s):
                     if while_waiting is not None:
                         self._turns.release()  # drawing a notice must not hold up the others
                         try:
@@ -52,16 +84,20 @@ class RunBudget:
                         finally:
                             self._turns.acquire()
             except BaseException:
-                self._queue.remove(ticket)
+                self._queue.remove(entry)
+                del self._sizes[ticket]
                 self._turns.notify_all()  # the one behind may fit now
                 raise
-            self._queue.remove(ticket)  # not always the head: a small run goes in beside a waiting large one
+            self._queue.remove(entry)  # not always the head: a small run goes in beside a waiting large one
+            del self._sizes[ticket]
             self.used += nbytes
+            self.page_used += nbytes if page else 0
             self._turns.notify_all()
 
-    def give(self, nbytes: int) -> None:
+    def give(self, nbytes: int, page: bool = False) -> None:
         with self._turns:
             self.used -= nbytes
+            self.page_used -= nbytes if page else 0
             self._turns.notify_all()
 
 
@@ -84,16 +120,16 @@ class _WaitNotice:
             self._box.empty()
 
 
-def take(budget: RunBudget, nbytes: int) -> None:
-    """Take nbytes of the budget; a visitor who has to wait is told why, every half second."""
+def take(budget: RunBudget, nbytes: int, page: bool = False) -> None:
+    """Take nbytes of the budget (page: a page run's); a visitor who has to wait is told why, every half second."""
     notice = _WaitNotice()
     budget.take(nbytes, lambda seconds: notice.show(
         f"Waiting for memory: this server keeps at most {budget.max_bytes / 2**20:.0f} MB of runs at once, for all "
-        f"its visitors ({seconds:.0f} s so far)."))
+        f"its visitors ({seconds:.0f} s so far)."), page=page)
     try:
         notice.clear()
     except BaseException:  # Streamlit stopping the run here: it never holds what it took
-        budget.give(nbytes)
+        budget.give(nbytes, page=page)
         raise
 
 
@@ -104,35 +140,38 @@ _PAGE_RUNS = limits.current().page_runs
 _page_slots = threading.BoundedSemaphore(_PAGE_RUNS)
 
 
-# A page run's share of the run budget while it computes, in copies of its models' weights: a Check of dinov2-s
-# peaked at 1.7 copies over its base, a Rotation of minilm at 2.3 (transformed sets, gradients, traces).
+# A page run's share of the run budget while it computes, in copies of its models' weights: a Rotation of minilm
+# peaked at 2.3 copies over its base (transformed sets, gradients, traces). A Check's own, measured in a server's
+# malloc settings (peak resident above the loaded model, float32): forward only 1.5 (minilm) and 2.0 (dinov2-s)
+# copies, with gradients 3.3 (dinov2-s) and 3.4 (minilm).
 PAGE_RUN_WEIGHT_COPIES = 3
+CHECK_WEIGHT_COPIES = {False: 2, True: 3.5}  # backward too?
 
 
-def page_run_bytes(*models: str, dtype_name: str = "float32") -> int:
+def page_run_bytes(*models: str, dtype_name: str = "float32", copies: float = PAGE_RUN_WEIGHT_COPIES) -> int:
     """What a page run on these models (each loaded in this process) holds while it computes, for the budget."""
-    return PAGE_RUN_WEIGHT_COPIES * sum(loaded_weight_bytes(name, dtype_name) for name in models)
+    return int(copies * sum(loaded_weight_bytes(name, dtype_name) for name in models))
 
 
 @contextmanager
 def page_slot(nbytes: int = 0):
-    """Hold nbytes of the run budget (page_run_bytes), then one of the page run slots. A visitor who has to wait
-    is told why, and the notice is redrawn every half second, which is where Streamlit can stop this run if the
-    visitor leaves."""
+    """One of the page run slots, then nbytes of the run budget (page_run_bytes) from the page runs' share: a run
+    waiting for a slot holds no memory. A visitor who has to wait is told why, and the notice is redrawn every half
+    second, which is where Streamlit can stop this run if the visitor leaves."""
     budget = RUN_BUDGET
-    take(budget, nbytes)
+    notice, start = _WaitNotice(), time.monotonic()
+    while not _page_slots.acquire(timeout=0.5):
+        notice.show(f"Waiting for a free run slot: this server runs {_PAGE_RUNS} of these at once, for all its "
+                    f"visitors ({time.monotonic() - start:.0f} s so far).")
     try:
-        notice, start = _WaitNotice(), time.monotonic()
-        while not _page_slots.acquire(timeout=0.5):
-            notice.show(f"Waiting for a free run slot: this server runs {_PAGE_RUNS} of these at once, for all its "
-                        f"visitors ({time.monotonic() - start:.0f} s so far).")
+        notice.clear()  # where Streamlit may stop the run: the slot is given back below
+        take(budget, nbytes, page=True)
         try:
-            notice.clear()  # where Streamlit may stop the run: the slot is given back below
             yield
         finally:
-            _page_slots.release()
+            budget.give(nbytes, page=True)
     finally:
-        budget.give(nbytes)
+        _page_slots.release()
 
 
 # Explore's runs of one model at once (TSE_CONCURRENT_RUNS, default 2: the cores). The server's Python runs one
