@@ -341,23 +341,58 @@ def test_a_page_run_kept_waiting_by_key_changes_stops_new_ones_until_it_is_in(mo
     assert done == ["check", "late key change"] and budget.used == 50
 
 
-def test_a_page_run_waiting_for_a_slot_holds_no_memory(monkeypatch):
+def test_a_small_page_run_is_not_held_up_by_a_large_one_waiting_for_memory(monkeypatch):
+    """Memory before the slot: a large Check waiting for the page runs' share holds no slot, so a digits-vit Check
+    takes the free one. Control: the large one holding the last slot keeps the small one out."""
     budget = RunBudget(1000)
     monkeypatch.setattr(run_budgets, "RUN_BUDGET", budget)
-    monkeypatch.setattr(run_budgets, "_page_slots", threading.BoundedSemaphore(1))
-    entered = threading.Event()
+    monkeypatch.setattr(run_budgets, "_page_slots", threading.BoundedSemaphore(2))
+    entered = []
 
-    def second_run():
-        with run_budgets.page_slot(300):
-            entered.set()
+    def page_run(nbytes, name, leave):
+        with run_budgets.page_slot(nbytes):
+            entered.append(name)
+            leave.wait(WAIT_S)
 
-    with run_budgets.page_slot(300):
-        thread = threading.Thread(target=second_run, daemon=True)
-        thread.start()
-        time.sleep(0.7)  # it waits for the slot
-        assert not entered.is_set() and budget.used == budget.page_used == 300
-    thread.join(WAIT_S)
-    assert entered.is_set() and budget.used == budget.page_used == 0
+    first_leaves, second_leaves, small_leaves = threading.Event(), threading.Event(), threading.Event()
+    threads = [threading.Thread(target=page_run, args=(400, "first", first_leaves), daemon=True)]
+    threads[0].start()
+    while entered != ["first"]:
+        time.sleep(0.01)
+    threads.append(threading.Thread(target=page_run, args=(400, "second", second_leaves), daemon=True))
+    threads[1].start()  # 800 is over the share of 500: it waits for memory, not holding the second slot
+    waiting(budget, 1)
+    threads.append(threading.Thread(target=page_run, args=(10, "small", small_leaves), daemon=True))
+    threads[2].start()
+    deadline = time.monotonic() + WAIT_S
+    while "small" not in entered and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert entered == ["first", "small"]
+    small_leaves.set()
+    first_leaves.set()
+    threads[1].join(0.1)
+    while "second" not in entered and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert entered == ["first", "small", "second"]
+    second_leaves.set()
+    for thread in threads:
+        thread.join(WAIT_S)
+    assert budget.used == budget.page_used == 0
+
+    monkeypatch.setattr(run_budgets, "_page_slots", threading.BoundedSemaphore(1))  # control: no free slot
+    entered.clear()
+    first_leaves.clear()
+    holder = threading.Thread(target=page_run, args=(400, "first", first_leaves), daemon=True)
+    holder.start()
+    while entered != ["first"]:
+        time.sleep(0.01)
+    small = threading.Thread(target=page_run, args=(10, "small", threading.Event()), daemon=True)
+    small.start()
+    time.sleep(0.7)
+    assert entered == ["first"]
+    first_leaves.set()
+    small.join(WAIT_S)
+    assert entered == ["first", "small"]
 
 
 def test_a_check_counts_its_measured_copies_by_direction(monkeypatch):

@@ -155,23 +155,24 @@ def page_run_bytes(*models: str, dtype_name: str = "float32", copies: float = PA
 
 @contextmanager
 def page_slot(nbytes: int = 0):
-    """One of the page run slots, then nbytes of the run budget (page_run_bytes) from the page runs' share: a run
-    waiting for a slot holds no memory. A visitor who has to wait is told why, and the notice is redrawn every half
-    second, which is where Streamlit can stop this run if the visitor leaves."""
+    """nbytes of the run budget (page_run_bytes) from the page runs' share, then one of the page run slots. Memory
+    first: a large run waiting for the page runs' share holds no slot, so a small one (digits-vit) is not held up
+    by it. A visitor who has to wait is told why, and the notice is redrawn every half second, which is where
+    Streamlit can stop this run if the visitor leaves."""
     budget = RUN_BUDGET
-    notice, start = _WaitNotice(), time.monotonic()
-    while not _page_slots.acquire(timeout=0.5):
-        notice.show(f"Waiting for a free run slot: this server runs {_PAGE_RUNS} of these at once, for all its "
-                    f"visitors ({time.monotonic() - start:.0f} s so far).")
+    take(budget, nbytes, page=True)
     try:
-        notice.clear()  # where Streamlit may stop the run: the slot is given back below
-        take(budget, nbytes, page=True)
+        notice, start = _WaitNotice(), time.monotonic()
+        while not _page_slots.acquire(timeout=0.5):
+            notice.show(f"Waiting for a free run slot: this server runs {_PAGE_RUNS} of these at once, for all its "
+                        f"visitors ({time.monotonic() - start:.0f} s so far).")
         try:
+            notice.clear()  # where Streamlit may stop the run: the slot is given back below
             yield
         finally:
-            budget.give(nbytes, page=True)
+            _page_slots.release()
     finally:
-        _page_slots.release()
+        budget.give(nbytes, page=True)
 
 
 # Explore's runs of one model at once (TSE_CONCURRENT_RUNS, default 2: the cores). The server's Python runs one
