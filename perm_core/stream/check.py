@@ -25,10 +25,11 @@ import torch
 from perm_core.engine import symmetries
 from perm_core.engine.spec import Scramble, transform_param
 from perm_core.engine.tokens import model_inputs, n_tokens
+from perm_core.fast.param_cache import tensor_bytes
 from perm_core.run.malloc import give_freed_memory_back
 from perm_core.stream.forward import ControlRun, OriginalRun, forward_pass
 from perm_core.stream.layout import StreamedModel, StreamingUnsupportedError
-from perm_core.stream.memory import MemoryBound, peak_bytes, reset_peak, resident_bytes
+from perm_core.stream.memory import MemoryBound, StagePeaks, reset_peak, resident_bytes
 from perm_core.stream.reverse import Element, block_stage, embedding_stage, head_stage
 from perm_core.verify.check import (
     KEY_BIAS_REASON,
@@ -99,21 +100,29 @@ def stream_check(directory, inputs: dict, symmetry_names=symmetries.SYMMETRIES, 
     chunks = model.head_chunks(largest // 4)  # the head stage holds five chunk-sized tensors at once
     report.head_chunks = len(chunks)
 
+    stages = StagePeaks(baseline, peak_reset)
     run, control_runs = forward_pass(model, inputs, [c for found in controls.values() for c in found],
                                      head_chunks=chunks, progress=progress)
+    stages.end("original run and controls")
     report.oracle = _oracle(model, inputs, run, chunks)
+    stages.end("oracle")
     elements = {}
     for name in steps:
         keys = {n: key_of[n] for n in names} if name == "all" else {name: key_of[name]}
         elements[name] = Element(model, inputs, symmetries.build_many(keys, g, count))
+    transforms = tensor_bytes([(e.scramble, e.inverse, e.layer_kwargs) for e in elements.values()], set()) + \
+        tensor_bytes(control_runs, set())
     grad, stash = head_stage(model, run, elements, backward, chunks)
+    stages.end("head")
     original_inputs = model_inputs(inputs, g, Scramble(), dtype)
     original_kwargs = model.layer_kwargs(original_inputs)
     for layer in reversed(range(model.n_layers)):
         if progress:
             progress(1.0 - (layer + 1) / (model.n_layers + 1), f"checking block {layer}")
         grad = block_stage(model, layer, run, elements, backward, grad, original_kwargs[layer])
+        stages.end(f"block {layer}")
     embedding_stage(model, run, elements, backward, grad, stash, original_inputs["input_ids"])
+    stages.end("embedding")
 
     floor_reasons = {f"grad.param.{n}": KEY_BIAS_REASON for n, c in model.claims.items()
                      if c.rule.tag == "attn.k" and len(model.reader.entries[n].shape) == 1 and not g.rope}
@@ -129,7 +138,7 @@ def stream_check(directory, inputs: dict, symmetry_names=symmetries.SYMMETRIES, 
     if any(e.finite and not e.passed for c in report.checks for e in c.tensors):
         report.notes.append("round-off allowances are not measured here: a tensor over its dtype's base tolerance "
                             "fails; the whole-model check would measure its round-off (tolerances.py) before failing")
-    report.memory = _memory(model, run, count, largest, baseline, peak_reset)
+    report.memory = _memory(model, run, count, largest, baseline, peak_reset, stages, transforms)
     if progress:
         progress(1.0, "done")
     return report
@@ -190,7 +199,8 @@ def _oracle(model: StreamedModel, inputs: dict, run: OriginalRun, chunks: list[t
     return OracleResult("output.logits", error, tolerance, model.stock_attention)
 
 
-def _memory(model: StreamedModel, run: OriginalRun, count: int, largest: int, baseline, peak_reset) -> MemoryBound:
+def _memory(model: StreamedModel, run: OriginalRun, count: int, largest: int, baseline, peak_reset,
+            stages: StagePeaks, transforms: int) -> MemoryBound:
     g, itemsize = model.geometry, model.dtype.itemsize
     vocab = model.reader.entries[model.head_name].shape[0]
     # one block's activations with their gradients (x4: original and transformed, forward and backward), every
@@ -199,5 +209,6 @@ def _memory(model: StreamedModel, run: OriginalRun, count: int, largest: int, ba
     activations = itemsize * (per_block + count * g.d_model * 2 * model.n_layers + count * vocab * 4)
     rows = len(run.looked_up) * g.d_model * itemsize * 3
     tensor = max(model.bytes_of([name]) for layer in range(model.n_layers) for name in model.block_names(layer))
-    return MemoryBound(largest, tensor, activations, rows, baseline=baseline, peak=peak_bytes(),
-                       peak_since_start=peak_reset)
+    stages.end("comparisons")
+    return MemoryBound(largest, tensor, activations, rows, transforms, baseline=baseline, peak=stages.peak,
+                       peak_since_start=peak_reset, stages=stages.stages, stages_after=stages.after)

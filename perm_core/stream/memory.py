@@ -7,7 +7,7 @@ reported, and says so.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 _STATUS = Path("/proc/self/status")
@@ -53,15 +53,19 @@ class MemoryBound:
     largest_tensor: int  # its largest weight: a gradient and its un-scrambled copy, compared then dropped
     activations: int  # one block's activations, gradients included, and the run's per-token records
     embedding_rows: int  # the looked-up rows of the embedding table
+    transforms: int = 0  # every element's and control's drawn transform and its inverse (per-head rotations for
+    # every layer among them), held from start to end
     first_use: int = FIRST_USE_BYTES
     baseline: int | None = None  # resident before the check (the interpreter, torch, transformers)
     peak: int | None = None  # resident high-water mark during the check
     peak_since_start: bool = True  # False: the high-water mark could not be reset, so it may predate the check
+    stages: dict[str, int] = field(default_factory=dict)  # each stage's own high-water mark above the baseline
+    stages_after: dict[str, int] = field(default_factory=dict)  # resident above the baseline as each stage ends
 
     @property
     def bound(self) -> int:
         return (3 * self.largest_block + 2 * self.largest_tensor + self.activations + self.embedding_rows
-                + self.first_use)
+                + self.transforms + self.first_use)
 
     @property
     def held(self) -> int | None:
@@ -74,6 +78,33 @@ class MemoryBound:
         return {"bound_bytes": self.bound, "largest_block_bytes": self.largest_block,
                 "largest_tensor_bytes": self.largest_tensor,
                 "activation_bytes": self.activations, "embedding_rows_bytes": self.embedding_rows,
+                "transforms_bytes": self.transforms,
                 "first_use_bytes": self.first_use,
                 "baseline_rss_bytes": self.baseline, "peak_rss_bytes": self.peak, "held_bytes": self.held,
-                "peak_since_start": self.peak_since_start}
+                "peak_since_start": self.peak_since_start, "stage_held_bytes": self.stages,
+                "stage_resident_after_bytes": self.stages_after}
+
+    @property
+    def largest_stage(self) -> str | None:
+        return max(self.stages, key=self.stages.get) if self.stages else None
+
+
+class StagePeaks:
+    """Each stage's own high-water mark above the baseline (the mark read, then reset, as each stage ends): which
+    stage sets the check's peak. Without a reset (a kernel that refuses it) no stage is told apart."""
+
+    def __init__(self, baseline: int | None, can_reset: bool):
+        self.baseline, self.can_reset = baseline, can_reset
+        self.stages: dict[str, int] = {}
+        self.after: dict[str, int] = {}
+        self.peak: int | None = None
+
+    def end(self, stage: str) -> None:
+        peak = peak_bytes()
+        if peak is None:
+            return
+        self.peak = max(self.peak or 0, peak)
+        if self.can_reset and self.baseline is not None:
+            self.stages[stage] = max(peak - self.baseline, 0)
+            self.after[stage] = max((resident_bytes() or self.baseline) - self.baseline, 0)
+            reset_peak()

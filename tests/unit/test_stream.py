@@ -158,6 +158,14 @@ def test_memory_is_bounded_by_the_largest_block(tmp_path):
     assert memory["peak_since_start"] and memory["held_bytes"] <= memory["bound_bytes"]
     assert memory["held_bytes"] < weights and memory["bound_bytes"] - memory["first_use_bytes"] < weights / 2
     assert memory["held_bytes"] > memory["largest_block_bytes"]  # the measure is real: a block in float64 was held
+    parts = (3 * memory["largest_block_bytes"] + 2 * memory["largest_tensor_bytes"] + memory["activation_bytes"]
+             + memory["embedding_rows_bytes"] + memory["transforms_bytes"] + memory["first_use_bytes"])
+    assert memory["transforms_bytes"] > 0 and memory["bound_bytes"] == parts  # the keys' permutations are held too
+    stages = memory["stage_held_bytes"]  # each stage's own mark: the check's peak is the largest of them
+    assert {"original run and controls", "head", "block 0", "block 7", "embedding"} <= set(stages)
+    assert max(stages.values()) == memory["held_bytes"]
+    # a block's stage holds its gradients and a transformed copy of its weights at once; the embedding's, rows only
+    assert stages["block 3"] > 2 * memory["largest_block_bytes"] and stages["embedding"] < stages["block 3"]
 
 
 def test_bad_checkpoints_get_one_clear_line(tmp_path, capsys):
