@@ -386,13 +386,19 @@ def test_a_small_page_run_is_not_held_up_by_a_large_one_waiting_for_memory(monke
     holder.start()
     while entered != ["first"]:
         time.sleep(0.01)
-    small = threading.Thread(target=page_run, args=(10, "small", threading.Event()), daemon=True)
+    small_leaves.clear()
+    small = threading.Thread(target=page_run, args=(10, "small", small_leaves), daemon=True)
     small.start()
     time.sleep(0.7)
     assert entered == ["first"]
     first_leaves.set()
-    small.join(WAIT_S)
+    while "small" not in entered and time.monotonic() < deadline + WAIT_S:
+        time.sleep(0.01)
     assert entered == ["first", "small"]
+    small_leaves.set()  # every run leaves before the test puts the process's slots back
+    small.join(WAIT_S)
+    holder.join(WAIT_S)
+    assert not small.is_alive() and not holder.is_alive()
 
 
 def test_a_check_counts_its_measured_copies_by_direction(monkeypatch):
