@@ -110,8 +110,7 @@ def stream_check(directory, inputs: dict, symmetry_names=symmetries.SYMMETRIES, 
     for name in steps:
         keys = {n: key_of[n] for n in names} if name == "all" else {name: key_of[name]}
         elements[name] = Element(model, inputs, symmetries.build_many(keys, g, count))
-    transforms = tensor_bytes([(e.scramble, e.inverse, e.layer_kwargs) for e in elements.values()], set()) + \
-        tensor_bytes(control_runs, set())
+    transforms = tensor_bytes([[(e.scramble, e.inverse, e.layer_kwargs) for e in elements.values()], control_runs])
     grad, stash = head_stage(model, run, elements, backward, chunks)
     stages.end("head")
     original_inputs = model_inputs(inputs, g, Scramble(), dtype)
@@ -138,6 +137,7 @@ def stream_check(directory, inputs: dict, symmetry_names=symmetries.SYMMETRIES, 
     if any(e.finite and not e.passed for c in report.checks for e in c.tensors):
         report.notes.append("round-off allowances are not measured here: a tensor over its dtype's base tolerance "
                             "fails; the whole-model check would measure its round-off (tolerances.py) before failing")
+    stages.end("comparisons")
     report.memory = _memory(model, run, count, largest, baseline, peak_reset, stages, transforms)
     if progress:
         progress(1.0, "done")
@@ -209,6 +209,5 @@ def _memory(model: StreamedModel, run: OriginalRun, count: int, largest: int, ba
     activations = itemsize * (per_block + count * g.d_model * 2 * model.n_layers + count * vocab * 4)
     rows = len(run.looked_up) * g.d_model * itemsize * 3
     tensor = max(model.bytes_of([name]) for layer in range(model.n_layers) for name in model.block_names(layer))
-    stages.end("comparisons")
     return MemoryBound(largest, tensor, activations, rows, transforms, baseline=baseline, peak=stages.peak,
                        peak_since_start=peak_reset, stages=stages.stages, stages_after=stages.after)

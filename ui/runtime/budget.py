@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import streamlit as st
 
@@ -24,10 +25,17 @@ SMALL_SHARE = 64
 # Page runs (a Check, gradients, training) hold their bytes for tens of seconds to minutes, an Explore run for
 # seconds: together page runs hold at most 1/PAGE_SHARE of the budget (one larger than that runs alone among
 # them), so key changes always find the rest. Each kind waits in its own line, so a key change never queues
-# behind a Check that waits for memory; a page run that has waited PAGE_PATIENCE_S at the head of its line stops
-# new Explore runs (small ones aside) until it is in, so a stream of key changes cannot starve it.
+# behind a Check that waits for memory; the first waiting page run, once it has waited PAGE_PATIENCE_S for the
+# budget itself, stops new Explore runs (small ones aside) until it is in, so key changes cannot starve it.
 PAGE_SHARE = 2
 PAGE_PATIENCE_S = 2.0
+
+
+@dataclass(eq=False)  # each waiting run is its own ticket: found and removed by identity
+class _Waiting:
+    nbytes: int
+    page: bool
+    since: float = field(default_factory=time.monotonic)
 
 
 class RunBudget:
@@ -36,25 +44,24 @@ class RunBudget:
         self.used = 0
         self.page_used = 0  # of `used`, what page runs hold
         self._turns = threading.Condition()
-        self._queue: list[tuple[object, bool, float]] = []  # waiting runs (ticket, page run, since), first come first
-        self._sizes: dict[object, int] = {}  # each waiting run's bytes
+        self._queue: list[_Waiting] = []  # first come first
 
     @property
     def page_cap(self) -> int:
         return self.max_bytes // PAGE_SHARE
 
-    def _fits(self, nbytes: int, ticket, page: bool) -> bool:
+    def _fits(self, run: _Waiting) -> bool:
         """At the head of its kind's line, or small enough never to hold up the one there (a digits-vit run beside
         dinov2-s ones); within the budget beside what is held, or alone; a page run also within the page runs'
         share, or alone among them. An Explore run also waits while a page run has waited too long."""
-        small = nbytes <= self.max_bytes // SMALL_SHARE
-        head = next(entry for entry in self._queue if entry[1] == page)
-        if not page and not small and self._page_run_starving():
+        small = run.nbytes <= self.max_bytes // SMALL_SHARE
+        head = next(waiting for waiting in self._queue if waiting.page == run.page)
+        if not run.page and not small and self._page_run_starving():
             return False
-        within = self.used == 0 or self.used + nbytes <= self.max_bytes
-        if page:
-            within = within and self._within_page_share(nbytes)
-        return (head[0] is ticket or small) and within
+        within = self.used == 0 or self.used + run.nbytes <= self.max_bytes
+        if run.page:
+            within = within and self._within_page_share(run.nbytes)
+        return (head is run or small) and within
 
     def _within_page_share(self, nbytes: int) -> bool:
         return self.page_used == 0 or self.page_used + nbytes <= self.page_cap
@@ -62,34 +69,30 @@ class RunBudget:
     def _page_run_starving(self) -> bool:
         """The first waiting page run has waited PAGE_PATIENCE_S for the budget itself (not for the other page runs'
         share: that wait is theirs to end, and key changes need not stop for it)."""
-        first = next((entry for entry in self._queue if entry[1]), None)
-        return (first is not None and time.monotonic() - first[2] >= PAGE_PATIENCE_S
-                and self._within_page_share(self._sizes[first[0]]))
+        first = next((waiting for waiting in self._queue if waiting.page), None)
+        return (first is not None and time.monotonic() - first.since >= PAGE_PATIENCE_S
+                and self._within_page_share(first.nbytes))
 
     def take(self, nbytes: int, while_waiting=None, every_s: float = 0.5, page: bool = False) -> None:
         """Take nbytes once they fit and every run of its kind that came earlier has gone in. while_waiting(seconds)
         is called every `every_s` seconds of a wait; if it raises (Streamlit stopping the run), nothing is taken
         and the run leaves the queue. page: a page run's bytes (the page runs' share)."""
-        ticket, start = object(), time.monotonic()
-        entry = (ticket, page, start)
+        run = _Waiting(nbytes, page)
         with self._turns:
-            self._queue.append(entry)
-            self._sizes[ticket] = nbytes
+            self._queue.append(run)
             try:
-                while not self._turns.wait_for(lambda: self._fits(nbytes, ticket, page), every_s):
+                while not self._turns.wait_for(lambda: self._fits(run), every_s):
                     if while_waiting is not None:
                         self._turns.release()  # drawing a notice must not hold up the others
                         try:
-                            while_waiting(time.monotonic() - start)
+                            while_waiting(time.monotonic() - run.since)
                         finally:
                             self._turns.acquire()
             except BaseException:
-                self._queue.remove(entry)
-                del self._sizes[ticket]
+                self._queue.remove(run)
                 self._turns.notify_all()  # the one behind may fit now
                 raise
-            self._queue.remove(entry)  # not always the head: a small run goes in beside a waiting large one
-            del self._sizes[ticket]
+            self._queue.remove(run)  # not always the head: a small run goes in beside a waiting large one
             self.used += nbytes
             self.page_used += nbytes if page else 0
             self._turns.notify_all()
