@@ -120,7 +120,7 @@ def stream_check(directory, inputs: dict, symmetry_names=symmetries.SYMMETRIES, 
             progress(1.0 - (layer + 1) / (model.n_layers + 1), f"checking block {layer}")
         grad = block_stage(model, layer, run, elements, backward, grad, original_kwargs[layer])
         stages.end(f"block {layer}")
-    embedding_stage(model, run, elements, backward, grad, stash, original_inputs["input_ids"])
+    embedding_stage(model, run, elements, backward, grad, stash, original_inputs)
     stages.end("embedding")
 
     floor_reasons = {f"grad.param.{n}": KEY_BIAS_REASON for n, c in model.claims.items()
@@ -207,7 +207,7 @@ def _memory(model: StreamedModel, run: OriginalRun, count: int, largest: int, ba
     # block's input kept, and the logits with their gradient
     per_block = count * (12 * g.d_model + 4 * g.d_mlp + 4 * g.n_heads * count) * 4
     activations = itemsize * (per_block + count * g.d_model * 2 * model.n_layers + count * vocab * 4)
-    rows = len(run.looked_up) * g.d_model * itemsize * 3
+    rows = model.embedding_bytes(run.looked_up) * 3  # the token rows looked up, other embedding tables whole
     tensor = max(model.bytes_of([name]) for layer in range(model.n_layers) for name in model.block_names(layer))
     return MemoryBound(largest, tensor, activations, rows, transforms, baseline=baseline, peak=stages.peak,
                        peak_since_start=peak_reset, stages=stages.stages, stages_after=stages.after)

@@ -44,7 +44,7 @@ class ControlRun:
     control: Control
     inverse: Scramble
     layer_kwargs: list[dict]
-    ids: torch.Tensor
+    kwargs: dict  # its model inputs
     tally: Tally = field(default_factory=Tally)
     broken_at: str = ""
     worst: float = 0.0
@@ -68,25 +68,25 @@ def forward_pass(model: StreamedModel, inputs: dict, controls: list[Control] = (
     run = OriginalRun()
     ids = kwargs["input_ids"]
     run.looked_up = sorted(set(ids.flatten().tolist()))
-    rows = model.reader.rows(model.embed_name, run.looked_up, dtype)
-    hidden = model.embed(rows, run.looked_up, ids)
+    embedding = model.embedding_weights(run.looked_up)
+    hidden = model.embed(embedding, run.looked_up, kwargs)
     _keep(run, "embed", hidden)
     if stock:
         stock_kwargs = oracle.stock_kwargs(inputs, g, dtype)
         stock_layers = model.layer_kwargs(stock_kwargs, stock=True)
-        stock_hidden = model.embed(rows, run.looked_up, stock_kwargs["input_ids"], stock=True)
+        stock_hidden = model.embed(embedding, run.looked_up, stock_kwargs, stock=True)
     runs = []
     for control in controls:
         scramble = control.scramble
         control_kwargs = model_inputs(inputs, g, scramble, dtype)
-        runs.append(ControlRun(control, scramble.inverse(), model.layer_kwargs(control_kwargs),
-                               control_kwargs["input_ids"]))
+        runs.append(ControlRun(control, scramble.inverse(), model.layer_kwargs(control_kwargs), control_kwargs))
     for c in runs:
-        moved_rows = transform_param(rows, model.claims[model.embed_name], c.control.scramble)
-        restored = apply_axes(model.embed(moved_rows, run.looked_up, c.ids), TOKEN_RESID, c.inverse)
+        moved = transform_params(embedding, model.spec, c.control.scramble, model.claims)
+        restored = apply_axes(model.embed(moved, run.looked_up, c.kwargs), TOKEN_RESID, c.inverse)
         c.tally.add("embed", hidden, restored)
         c.judge(["embed"], run.scales, "the embeddings")
-    del rows
+        del moved
+    del embedding
     for layer in range(model.n_layers):
         if progress:
             progress(layer / (model.n_layers + 1), f"original run: block {layer}")

@@ -1,18 +1,24 @@
-"""A checkpoint's model as stages that run one at a time: the embedding, each decoder block, the output head.
+"""A checkpoint's model as stages that run one at a time: the embedding, each block, the output head.
 
+Each streamed family declares where its class keeps these stages (StageLayout: the base model, its token
+embedding, its list of blocks, its final norm, the head); everything else is the stock modules of transformers.
 The architecture is instantiated once on the meta device (no memory), with the same exact numerics a loaded model
 gets (perm_core.run.numerics); a stage runs its stock module through functional_call with weights read for it
-alone. What a block takes besides its hidden state (rotary position embeddings, the attention mask of its layer
-type) is found by a dry run of the stock base model's own forward, whose blocks only record what they are given:
-the masks and positions are then built by transformers itself from the same inputs the whole-model check passes.
-The last block ends with the final norm, as the whole-model trace records it ("blocks.{L-1}.hidden" is normed).
+alone. The embedding stage is the base model's own forward up to its first block (token rows looked up, position
+embeddings added, as the stock code does), stopped there. What a block takes besides its hidden state (rotary
+position embeddings, the attention mask of its layer type) is found by a dry run of the stock base model's own
+forward, whose blocks only record what they are given: the masks and positions are then built by transformers
+itself from the same inputs the whole-model check passes. The last block ends with the final norm, as the
+whole-model trace records it ("blocks.{L-1}.hidden" is normed).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import json
+from dataclasses import dataclass
 
 import torch
 
@@ -22,44 +28,88 @@ from perm_core.run.numerics import use_exact_numerics
 from perm_core.run.stateless import functional_call
 from perm_core.stream.shards import CheckpointError, ShardReader
 
-# Families whose causal LM is embed_tokens -> layers -> norm -> lm_head, each block taking (hidden, **kwargs).
-STREAMED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
+
+@dataclass(frozen=True)
+class StageLayout:
+    """Where a family's streamed class keeps its stages: attribute names of the stock transformers modules."""
+
+    head_class: str  # the class streamed: its name, or how its name ends
+    base: str = "model"  # the base model in the class: its parameters are named "{base}.*"
+    blocks: str = "layers"  # the base's list of blocks, each taking (hidden, **what the base gives it)
+    attention: str = "self_attn"  # a block's attention module: the second item of its output is the probabilities
+    token_embedding: str = "embed_tokens"  # the base's token table, read at the looked-up rows only; the base's
+    # other parameters outside its blocks and final norm (position embeddings) are the embedding's, read whole
+    final_norm: str = "norm"  # the base's final norm, run at the end of the last block's stage
+    head: str = "lm_head"  # the output head, run in vocabulary chunks (tied to the token table, or its own)
+
+
+_CAUSAL_LM = StageLayout("ForCausalLM")  # embed_tokens -> layers -> norm -> lm_head
+LAYOUTS: dict[str, StageLayout] = {
+    "llama": _CAUSAL_LM, "mistral": _CAUSAL_LM, "qwen2": _CAUSAL_LM, "qwen3": _CAUSAL_LM, "gemma3": _CAUSAL_LM,
+    # wte + wpe -> h -> ln_f -> lm_head (tied to wte)
+    "gpt2": StageLayout("GPT2LMHeadModel", base="transformer", blocks="h", attention="attn", token_embedding="wte",
+                        final_norm="ln_f"),
+}
+STREAMED_FAMILIES = tuple(LAYOUTS)
 
 
 class StreamingUnsupportedError(CheckpointError):
     """A checkpoint of an architecture the streamed check does not run."""
 
 
-def family_for(config: dict) -> tuple[Family, type]:
-    """The family and the transformers class of a checkpoint's config (a *ForCausalLM of a streamed family)."""
+def supported_summary() -> str:
+    causal = [f for f, layout in LAYOUTS.items() if layout.head_class == "ForCausalLM"]
+    others = [f"{layout.head_class} ({f})" for f, layout in LAYOUTS.items() if layout.head_class != "ForCausalLM"]
+    return f"the causal language models of {', '.join(causal)}" + "".join(f"; {o}" for o in others)
+
+
+def family_for(config: dict) -> tuple[Family, type, StageLayout]:
+    """The family, the transformers class and the stage layout of a checkpoint's config (a streamed family's
+    streamed class)."""
     import transformers
 
     model_type = config.get("model_type")
     architectures = config.get("architectures") or []
     name = architectures[0] if architectures and isinstance(architectures[0], str) else ""
-    family = next((family_by_name(f) for f in STREAMED_FAMILIES if model_type in family_by_name(f).model_types),
-                  None)
+    found = next((f for f in STREAMED_FAMILIES if model_type in family_by_name(f).model_types), None)
+    family = family_by_name(found) if found is not None else None
+    layout = LAYOUTS[found] if found is not None else None
     if not name and family is not None:  # a config written without architectures (the zoo's converted caches)
-        name = next(c for c in family.classes if c.endswith("ForCausalLM"))
+        name = next(c for c in family.classes if c.endswith(layout.head_class))
     cls = getattr(transformers, name, None) if name.isidentifier() else None
-    if family is None or not name.endswith("ForCausalLM") or name not in family.classes or cls is None:
+    if family is None or not name.endswith(layout.head_class) or name not in family.classes or cls is None:
         raise StreamingUnsupportedError(
-            f"streaming supports the causal language models of {', '.join(STREAMED_FAMILIES)}; this checkpoint "
-            f"is {name or 'an unnamed class'} (model_type {model_type!r})")
-    return family.for_class(name), cls
+            f"streaming supports {supported_summary()}; this checkpoint is {name or 'an unnamed class'} "
+            f"(model_type {model_type!r})")
+    return family.for_class(name), cls, layout
+
+
+class _Stop(Exception):
+    """Ends a dry run or an embedding stage at the block it has what it needs of."""
 
 
 class _Recorder(torch.nn.Module):
-    """Stands in for a decoder block in a dry run: keeps the keyword arguments it is called with."""
+    """Stands in for a block in a dry run: keeps what it is given besides its hidden state (positional arguments
+    named as the block's own forward names them), and the hidden state itself; stops the run where told."""
 
-    def __init__(self, sink: list, index: int, attention_type: str | None):
+    def __init__(self, sink: list, index: int, block: torch.nn.Module, stop: bool = False):
         super().__init__()
-        self.sink, self.index = sink, index
-        if attention_type is not None:
-            self.attention_type = attention_type
+        self.sink, self.index, self.stop = sink, index, stop
+        self.signature = inspect.signature(type(block).forward)
+        if getattr(block, "attention_type", None) is not None:
+            self.attention_type = block.attention_type
 
     def forward(self, hidden_states, *args, **kwargs):
-        self.sink[self.index] = {**kwargs, "past_key_values": None, "use_cache": False}
+        bound = self.signature.bind(None, hidden_states, *args, **kwargs).arguments
+        names = list(self.signature.parameters)
+        given = {k: v for k, v in bound.items() if k not in names[:2]
+                 and self.signature.parameters[k].kind != inspect.Parameter.VAR_KEYWORD}
+        extra = next((bound[k] for k, p in self.signature.parameters.items()
+                      if p.kind == inspect.Parameter.VAR_KEYWORD and k in bound), {})
+        self.sink[self.index] = {**given, **extra, "past_key_values": None, "use_cache": False}
+        self.hidden = hidden_states
+        if self.stop:
+            raise _Stop
         return hidden_states
 
 
@@ -74,7 +124,7 @@ class StreamedModel:
             raw = json.loads((self.reader.directory / "config.json").read_text())
         except (OSError, ValueError) as error:
             raise CheckpointError(f"{self.reader.directory}/config.json is not readable JSON ({error})") from None
-        self.family, cls = family_for(raw)
+        self.family, cls, self.layout = family_for(raw)
         self.config = AutoConfig.from_pretrained(self.reader.directory, local_files_only=True)
         if getattr(self.config, "final_logit_softcapping", None) is not None:
             raise StreamingUnsupportedError("streaming does not run heads with logit soft-capping")
@@ -92,8 +142,10 @@ class StreamedModel:
             self.stock.set_attn_implementation("eager")
             self.stock_attention = "eager"
         for meta in (self.model, self.stock):  # buffers computed at construction (rotary frequencies) must be real
-            meta.model.rotary_emb = type(meta.model.rotary_emb)(config=meta.config)
-        self.prefix = "model."
+            base = getattr(meta, self.layout.base)
+            if hasattr(base, "rotary_emb"):
+                base.rotary_emb = type(base.rotary_emb)(config=meta.config)
+        self.prefix = f"{self.layout.base}."
         self.names = [name for name, _ in self.model.named_parameters()]
         self._check_names()
         try:
@@ -101,10 +153,21 @@ class StreamedModel:
         except UnclaimedParameterError as error:
             raise CheckpointError(str(error)) from None
         self.n_layers = self.geometry.n_layers
-        self.embed_name = f"{self.prefix}embed_tokens.weight"
-        self.norm_name = f"{self.prefix}norm.weight"
-        self.head_name = "lm_head.weight" if "lm_head.weight" in self.names else self.embed_name
+        self.embed_name = f"{self.prefix}{self.layout.token_embedding}.weight"
+        self.norm_names = [n for n in self.names if n.startswith(f"{self.prefix}{self.layout.final_norm}.")]
+        blocks = f"{self.prefix}{self.layout.blocks}."
+        # the embedding stage's parameters: the base's own outside its blocks and final norm, the token table first
+        self.embedding_names = [self.embed_name] + [
+            n for n in self.names if n.startswith(self.prefix) and not n.startswith(blocks)
+            and n not in self.norm_names and n != self.embed_name]
+        head = f"{self.layout.head}.weight"
+        self.head_name = head if head in self.names else self.embed_name
         self.tied = self.head_name == self.embed_name
+        staged = set(self.embedding_names) | set(self.norm_names) | {self.head_name}
+        unstaged = [n for n in self.names if n not in staged and not n.startswith(blocks)]
+        if unstaged or self.embed_name not in self.names or not self.norm_names:
+            raise StreamingUnsupportedError(f"{self.cls_name} has {', '.join(unstaged) or 'a layout'} that no "
+                                            "stage of a streamed check runs")
 
     def _check_names(self) -> None:
         """Every parameter of the class in the checkpoint, and nothing else but the class's buffers."""
@@ -119,13 +182,25 @@ class StreamedModel:
             raise CheckpointError(f"{self.reader.directory} holds {unknown[0]}, which is no parameter of "
                                   f"{self.cls_name}" + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""))
 
+    def _base(self, stock: bool = False) -> torch.nn.Module:
+        return getattr(self.stock if stock else self.model, self.layout.base)
+
     def block_names(self, layer: int) -> list[str]:
-        own = [n for n in self.names if n.startswith(f"{self.prefix}layers.{layer}.")]
-        return own + ([self.norm_name] if layer == self.n_layers - 1 else [])
+        own = [n for n in self.names if n.startswith(f"{self.prefix}{self.layout.blocks}.{layer}.")]
+        return own + (self.norm_names if layer == self.n_layers - 1 else [])
 
     def read(self, names) -> dict[str, torch.Tensor]:
         """The named tensors in the checked dtype."""
         return {name: self.reader.read(name, self.dtype) for name in names}
+
+    def embedding_weights(self, looked_up: list[int]) -> dict[str, torch.Tensor]:
+        """The embedding stage's weights: the token table's looked-up rows, its other parameters whole."""
+        return {name: self.reader.rows(name, looked_up, self.dtype) if name == self.embed_name
+                else self.reader.read(name, self.dtype) for name in self.embedding_names}
+
+    def embedding_bytes(self, looked_up: list[int]) -> int:
+        rows = len(looked_up) * self.geometry.d_model * self.dtype.itemsize
+        return rows + self.bytes_of(self.embedding_names[1:])
 
     def bytes_of(self, names, dtype: torch.dtype | None = None) -> int:
         itemsize = (dtype or self.dtype).itemsize
@@ -135,54 +210,73 @@ class StreamedModel:
 
     def layer_kwargs(self, kwargs: dict, stock: bool = False) -> list[dict]:
         """Each block's keyword arguments when the base model's forward runs on `kwargs` (the whole-model check's
-        model inputs, or the raw ones for the stock model): a dry run in which every block only records."""
-        meta = self.stock if stock else self.model
-        base = meta.model
+        model inputs, or the raw ones for the stock model): a dry run in which every block only records, and the
+        last one stops the run (the embedding's other parameters are zeros here: the blocks' arguments never read
+        them)."""
+        base = self._base(stock)
         ids = kwargs["input_ids"]
         sink: list = [None] * self.n_layers
-        recorders = torch.nn.ModuleList(_Recorder(sink, i, getattr(layer, "attention_type", None))
-                                        for i, layer in enumerate(base.layers))
+        blocks = getattr(base, self.layout.blocks)
+        recorders = torch.nn.ModuleList(_Recorder(sink, i, layer, stop=i == self.n_layers - 1)
+                                        for i, layer in enumerate(blocks))
         embeds = torch.zeros((*ids.shape, self.geometry.d_model), dtype=self.dtype)
         rest = {k: v for k, v in kwargs.items() if k != "input_ids"}
-        with self._swapped(base, recorders):
-            functional_call(base, {"norm.weight": torch.ones(self.geometry.d_model, dtype=self.dtype)}, args=(),
-                            kwargs={**rest, "inputs_embeds": embeds, "use_cache": False}, strict=False)
+        zeros = {self._local(n): torch.zeros(self.reader.entries[n].shape, dtype=self.dtype)
+                 for n in self.embedding_names[1:]}
+        with self._swapped(base, {self.layout.blocks: recorders}), contextlib.suppress(_Stop):
+            functional_call(base, zeros, args=(), kwargs={**rest, "inputs_embeds": embeds, "use_cache": False},
+                            strict=False)
         return sink
+
+    def _local(self, name: str) -> str:
+        return name[len(self.prefix):]
 
     @staticmethod
     @contextlib.contextmanager
-    def _swapped(base, recorders):
-        layers = base.layers
-        base.layers = recorders
+    def _swapped(base, modules: dict):
+        kept = {name: getattr(base, name) for name in modules}
+        for name, module in modules.items():
+            setattr(base, name, module)
         try:
             yield
         finally:
-            base.layers = layers
+            for name, module in kept.items():
+                setattr(base, name, module)
 
     # --- running the stages ---
 
-    def embed(self, rows: torch.Tensor, looked_up: list[int], ids: torch.Tensor, stock: bool = False):
-        """The embedding module on the looked-up rows of its table only: ids are renumbered into `rows`."""
-        module = copy.deepcopy((self.stock if stock else self.model).model.embed_tokens)  # meta: costs nothing
+    def embed(self, weights: dict[str, torch.Tensor], looked_up: list[int], kwargs: dict, stock: bool = False):
+        """The embedding stage: the base model's own forward on `kwargs` (model inputs) up to its first block, with
+        the token table's looked-up rows only (ids renumbered into `weights`' rows) and its other embedding
+        parameters whole. Returns the first block's input."""
+        base = self._base(stock)
+        table = copy.deepcopy(getattr(base, self.layout.token_embedding))  # meta: costs nothing
         position = {token: i for i, token in enumerate(looked_up)}
-        module.num_embeddings = len(looked_up)
-        pad = module.padding_idx
-        module.padding_idx = position.get(pad) if pad is not None else None
+        table.num_embeddings = len(looked_up)
+        pad = getattr(table, "padding_idx", None)
+        table.padding_idx = position.get(pad) if pad is not None else None
+        ids = kwargs["input_ids"]
         local = ids.clone().apply_(position.__getitem__)
-        given = {"weight": rows}
-        if hasattr(module, "scalar_embed_scale"):  # Gemma 3 scales its embeddings by a buffer
-            given["embed_scale"] = torch.tensor(module.scalar_embed_scale)
-        return functional_call(module, given, args=(local,), strict=False)
+        given = {self._local(n): w for n, w in weights.items()}
+        if hasattr(table, "scalar_embed_scale"):  # Gemma 3 scales its embeddings by a buffer
+            given[f"{self.layout.token_embedding}.embed_scale"] = torch.tensor(table.scalar_embed_scale)
+        sink: list = [None]
+        first = _Recorder(sink, 0, getattr(base, self.layout.blocks)[0], stop=True)
+        swapped = {self.layout.blocks: torch.nn.ModuleList([first]), self.layout.token_embedding: table}
+        with self._swapped(base, swapped), contextlib.suppress(_Stop):
+            functional_call(base, given, args=(), kwargs={**kwargs, "input_ids": local, "use_cache": False},
+                            strict=False)
+        return first.hidden
 
     def block(self, layer: int, weights: dict[str, torch.Tensor], hidden: torch.Tensor, kwargs: dict,
               stock: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(the block's output, normed when it is the last; its attention probabilities, None for the stock)."""
-        base = (self.stock if stock else self.model).model
-        module = base.layers[layer]
-        prefix = f"{self.prefix}layers.{layer}."
+        base = self._base(stock)
+        module = getattr(base, self.layout.blocks)[layer]
+        prefix = f"{self.prefix}{self.layout.blocks}.{layer}."
         local = {n[len(prefix):]: w for n, w in weights.items() if n.startswith(prefix)}
         box: dict = {}
-        attention = module.self_attn
+        attention = getattr(module, self.layout.attention)
         handle = attention.register_forward_hook(lambda m, a, out: box.__setitem__("attn", out[1]))
         try:
             out = functional_call(module, local, args=(hidden,), kwargs=kwargs, strict=False)
@@ -190,13 +284,16 @@ class StreamedModel:
             handle.remove()
         out = out[0] if isinstance(out, tuple) else out
         if layer == self.n_layers - 1:
-            out = functional_call(base.norm, {"weight": weights[self.norm_name]}, args=(out,), strict=False)
+            norm = f"{self.prefix}{self.layout.final_norm}."
+            out = functional_call(getattr(base, self.layout.final_norm),
+                                  {n[len(norm):]: weights[n] for n in self.norm_names}, args=(out,), strict=False)
         return out, box.get("attn")
 
     def head(self, weight_rows: torch.Tensor, normed: torch.Tensor, stock: bool = False) -> torch.Tensor:
         """Logits of the vocabulary rows given (a chunk of the output head)."""
         meta = self.stock if stock else self.model
-        return functional_call(meta.lm_head, {"weight": weight_rows}, args=(normed,), strict=False)
+        return functional_call(getattr(meta, self.layout.head), {"weight": weight_rows}, args=(normed,),
+                               strict=False)
 
     def head_chunks(self, largest_block_bytes: int) -> list[tuple[int, int]]:
         """Vocabulary row ranges of the head, each no larger than the largest block: the head never sets the

@@ -28,7 +28,7 @@ class Element:
     def __init__(self, model: StreamedModel, inputs: dict, scramble: Scramble):
         kwargs = model_inputs(inputs, model.geometry, scramble, model.dtype)
         self.scramble, self.inverse = scramble, scramble.inverse()
-        self.layer_kwargs, self.ids = model.layer_kwargs(kwargs), kwargs["input_ids"]
+        self.layer_kwargs, self.kwargs = model.layer_kwargs(kwargs), kwargs
         self.tally = Tally()
 
     def moved(self, tensor: torch.Tensor, axes, layer: int | None = None) -> torch.Tensor:
@@ -148,25 +148,35 @@ def _compare_grad(element: Element, name: str, claim, grads: dict):
 
 
 def embedding_stage(model: StreamedModel, run: OriginalRun, elements: dict[str, Element], backward: bool,
-                    grad_out: torch.Tensor | None, stash: dict, ids: torch.Tensor) -> None:
-    """Compare the embedding output and the gradient of its looked-up rows (a tied head's rows completed)."""
-    claim = model.claims[model.embed_name]
-    grad_name = f"grad.param.{model.embed_name}"
-    rows = model.reader.rows(model.embed_name, run.looked_up, model.dtype)
+                    grad_out: torch.Tensor | None, stash: dict, kwargs: dict) -> None:
+    """Compare the embedding output and the gradients of its weights: the token table's looked-up rows (a tied
+    head's rows completed) and its other parameters (position embeddings) whole. `kwargs`: the original's model
+    inputs."""
+    weights = model.embedding_weights(run.looked_up)
+    originals: dict[str, torch.Tensor] = {}
     if backward:
-        weight = _leaf(rows, True)
-        torch.autograd.backward(model.embed(weight, run.looked_up, ids), grad_out, inputs=[weight])
-        original = _completed(weight.grad, stash.get("original"), run.looked_up)
-        run.scales.add(grad_name, original)
+        leaves = {n: _leaf(w, True) for n, w in weights.items()}
+        torch.autograd.backward(model.embed(leaves, run.looked_up, kwargs), grad_out, inputs=list(leaves.values()))
+        for name, leaf in leaves.items():
+            grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+            originals[name] = _completed(grad, stash.get("original"), run.looked_up) if name == model.embed_name \
+                else grad
+            run.scales.add(f"grad.param.{name}", originals[name])
+        del leaves
     for label, element in elements.items():
-        weight = _leaf(transform_param(rows, claim, element.scramble), backward)
-        out = model.embed(weight, run.looked_up, element.ids)
+        leaves = {n: _leaf(transform_param(w, model.claims[n], element.scramble), backward) for n, w in weights.items()}
+        out = model.embed(leaves, run.looked_up, element.kwargs)
         element.tally.add("embed", run.records["embed"], element.restored(out, TOKEN_RESID))
         if backward:
-            torch.autograd.backward(out, element.moved(grad_out, TOKEN_RESID), inputs=[weight])
-            restored = _completed(element.restored(weight.grad, claim.rule.axes, claim.layer), stash.get(label),
-                                  run.looked_up)
-            element.tally.add(grad_name, original, restored)
+            torch.autograd.backward(out, element.moved(grad_out, TOKEN_RESID), inputs=list(leaves.values()))
+            for name, leaf in leaves.items():
+                claim = model.claims[name]
+                grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+                restored = element.restored(grad, claim.rule.axes, claim.layer)
+                if name == model.embed_name:
+                    restored = _completed(restored, stash.get(label), run.looked_up)
+                element.tally.add(f"grad.param.{name}", originals[name], restored)
+        del leaves, out
 
 
 def _completed(grad_rows: torch.Tensor, head_rows: dict | None, looked_up: list[int]) -> torch.Tensor:

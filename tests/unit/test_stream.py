@@ -51,7 +51,7 @@ def by_name(result) -> dict:
 def test_streamed_and_whole_model_checks_agree(family, tmp_path):
     model, inputs, directory = saved(family, tmp_path)
     assert len(ShardReader(directory).files) > 2  # really sharded
-    symmetries = None if family in ("llama", "gemma3") else ("tokens", "heads", "rotation")
+    symmetries = None if family in ("llama", "gemma3", "gpt2") else ("tokens", "heads", "rotation")
     kwargs = {} if symmetries is None else {"symmetry_names": symmetries}
     whole = check(model, inputs, **kwargs)
     streamed = stream_check(directory, inputs, **kwargs)
@@ -73,40 +73,96 @@ def test_streamed_and_whole_model_checks_agree(family, tmp_path):
     assert "each stage" in document["streamed"]["proof"] and document["streamed"]["memory"]["bound_bytes"] > 0
 
 
-def buggy_llama(monkeypatch, layer: int) -> None:
-    """A spec bug in one block: its MLP output projection's input axis claimed as untouched, so an MLP permutation
-    moves that block's hidden neurons but not the weight that reads them."""
-    import perm_core.families.llama as llama
+@pytest.mark.parametrize("family", STREAMED_FAMILIES)
+def test_the_streamed_original_run_is_transformers_own_forward(family, tmp_path, monkeypatch):
+    """The stages, run one after the other, are the stock model: its embedding output (position embeddings added),
+    every block's output, the normed last hidden state and the logits, as transformers' whole forward gives them."""
+    from perm_core.stream.forward import forward_pass
+    from perm_core.stream.layout import StreamedModel
 
-    def rules(g):
-        bug = Rule(rf"model\.layers\.(?P<layer>{layer})\.mlp\.down_proj\.weight", ("resid", None), "mlp.out")
-        return (bug, *llama.rules(g))
+    model, inputs, directory = saved(family, tmp_path)
+    with torch.no_grad():
+        out = model(**inputs, output_hidden_states=True)
+    streamed = StreamedModel(directory, torch.float64)
+    run, _ = forward_pass(streamed, inputs)
+    records = run.records
+    found = [records["embed"]] + [records[f"blocks.{i}.hidden"] for i in range(streamed.n_layers)]
+    assert len(out.hidden_states) == len(found)
+    for mine, theirs in zip(found, out.hidden_states, strict=True):
+        assert (mine - theirs).abs().max() <= 1e-12 * theirs.abs().max()
+    logits = out.logits
+    assert (records["output.logits"] - logits).abs().max() <= 1e-12 * logits.abs().max()
+    # the stock modules' run too, with their own arithmetic (Llama's RMSNorm in float32: float32 round-off)
+    assert (run.stock_logits - logits).abs().max() <= 1e-5 * logits.abs().max()
+    # the control: an embedding stage that leaves out a parameter (GPT-2's position table) or a final norm without
+    # its bias is no longer transformers' forward, and the comparison sees it
+    if family == "gpt2":
+        real = StreamedModel.embedding_weights
+        monkeypatch.setattr(StreamedModel, "embedding_weights", lambda self, looked_up: {
+            n: w if n == self.embed_name else torch.zeros_like(w) for n, w in real(self, looked_up).items()})
+        wrong, _ = forward_pass(streamed, inputs, stock=False)
+        assert (wrong.records["embed"] - out.hidden_states[0]).abs().max() > 0.1
+        assert (wrong.records["output.logits"] - logits).abs().max() > 1e-3 * logits.abs().max()
+        monkeypatch.undo()
+        read = StreamedModel.read
+        monkeypatch.setattr(StreamedModel, "read", lambda self, names: {
+            n: torch.zeros_like(w) if n == "transformer.ln_f.bias" else w for n, w in read(self, names).items()})
+        wrong, _ = forward_pass(streamed, inputs, stock=False)
+        assert (wrong.records["blocks.0.hidden"] - out.hidden_states[1]).abs().max() <= 1e-12 * logits.abs().max()
+        assert (wrong.records["blocks.1.hidden"] - out.hidden_states[2]).abs().max() > 0.1  # the last, normed
 
-    monkeypatch.setattr(llama, "FAMILY", dataclasses.replace(llama.FAMILY, rules=rules))
+
+def plant(monkeypatch, family: str, bug: Rule) -> None:
+    """A spec bug: `bug` claims its parameters before the family's own rules do."""
+    import importlib
+
+    module = importlib.import_module(f"perm_core.families.{family}")
+    rules = module.FAMILY.rules
+    monkeypatch.setattr(module, "FAMILY", dataclasses.replace(module.FAMILY, rules=lambda g: (bug, *rules(g))))
 
 
-def test_a_spec_bug_in_a_middle_block_is_found_and_named_by_both(monkeypatch, tmp_path):
-    model, inputs, directory = saved("llama", tmp_path, seed=3, num_hidden_layers=3)
-    clean = stream_check(directory, inputs, ["mlp"], key=4)
+# (family, symmetry, the planted rule, the block it breaks, the parameter whose gradient the streamed check names)
+BUGS = {
+    # Llama block 1's MLP output projection's input axis claimed as untouched: an MLP permutation moves that
+    # block's hidden neurons but not the weight that reads them
+    "llama mlp.down_proj": ("llama", "mlp", Rule(r"model\.layers\.(?P<layer>1)\.mlp\.down_proj\.weight",
+                                                 ("resid", None), "mlp.out"), 1, "model.layers.1.mlp.down_proj.weight"),
+    # GPT-2 block 1's MLP output bias forgotten: the residual stream moves, that bias stays
+    "gpt2 mlp.c_proj.bias": ("gpt2", "channels", Rule(r"(?:transformer\.)?h\.(?P<layer>1)\.mlp\.c_proj\.bias",
+                                                      (None,), "mlp.out"), 1, "transformer.h.1.mlp.c_proj.bias"),
+    # GPT-2's final norm's bias left unpermuted: the last block's stage ends with that norm
+    "gpt2 ln_f.bias": ("gpt2", "channels", Rule(r"(?:transformer\.)?ln_f\.bias", (None,), "norm"), 2,
+                       "transformer.ln_f.bias"),
+}
+
+
+@pytest.mark.parametrize("bug", BUGS)
+def test_a_spec_bug_in_a_middle_block_is_found_and_named_by_both(bug, monkeypatch, tmp_path):
+    family, symmetry, rule, layer, parameter = BUGS[bug]
+    model, inputs, directory = saved(family, tmp_path, seed=3, num_hidden_layers=3)
+    clean = stream_check(directory, inputs, [symmetry], key=4)
     assert clean.passed and all(c.first_break == "" for c in clean.checks)  # the control: no bug, nothing named
-    buggy_llama(monkeypatch, layer=1)
-    whole = check(model, inputs, ["mlp"], key=4)
-    streamed = stream_check(directory, inputs, ["mlp"], key=4)
+    plant(monkeypatch, family, rule)
+    whole = check(model, inputs, [symmetry], key=4)
+    streamed = stream_check(directory, inputs, [symmetry], key=4)
     for report in (whole, streamed):
         forward, backward = report.checks
         assert not report.passed and not forward.passed and not backward.passed
-        assert forward.first_break == "blocks.1.hidden"
+        assert forward.first_break == f"blocks.{layer}.hidden"
         stage = {s.where: s.error_over_tolerance for s in forward.stages}
-        assert stage["embeddings"] <= 1 and stage["block 0"] <= 1 and stage["block 1"] > 1e6
+        assert stage["embeddings"] <= 1 and stage[f"block {layer - 1}"] <= 1 and stage[f"block {layer}"] > 1e6
+        assert f"grad.param.{parameter}" in {t.name for t in backward.tensors if not t.passed}
     # streamed, each block is checked on the original's own input, so the blocks after the bug are still exact
-    assert {s.where: s.error_over_tolerance for s in streamed.checks[0].stages}["block 2"] <= 1
-    assert streamed.checks[1].first_break == "grad.param.model.layers.1.mlp.down_proj.weight"
+    assert all(s.error_over_tolerance <= 1 for s in streamed.checks[0].stages if s.where.startswith("block ")
+               and int(s.where.split()[1]) > layer)
+    assert streamed.checks[1].first_break == f"grad.param.{parameter}"
 
 
-def test_a_control_that_does_not_break_fails_the_streamed_report(monkeypatch, tmp_path):
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_a_control_that_does_not_break_fails_the_streamed_report(family, monkeypatch, tmp_path):
     from perm_core.engine import symmetries
 
-    _, inputs, directory = saved("llama", tmp_path)
+    _, inputs, directory = saved(family, tmp_path)
     real = symmetries.controls
 
     def with_a_symmetry_posing_as_control(name, key, g, n_tokens=None):
@@ -122,14 +178,15 @@ def test_a_control_that_does_not_break_fails_the_streamed_report(monkeypatch, tm
     assert all(c.broken for c in report.controls if c is not posing) and all(c.passed for c in report.checks)
 
 
-def test_streamed_scramble_writes_the_same_shards_as_the_whole_model_scramble(tmp_path, capsys):
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_streamed_scramble_writes_the_same_shards_as_the_whole_model_scramble(family, tmp_path, capsys):
     import transformers as hf
 
-    _, inputs, directory = saved("llama", tmp_path, shard="30KB")
+    _, inputs, directory = saved(family, tmp_path, shard="30KB")
     common = ("scramble", str(directory), "--symmetry", "channels", "--symmetry", "rotation", "--key", "7")
     assert cli_here(capsys, *common, "--stream", "--out", str(tmp_path / "streamed")).returncode == 0
     assert cli_here(capsys, *common, "--out", str(tmp_path / "whole")).returncode == 0
-    source, streamed, whole = (ShardReader(tmp_path / d) for d in ("llama", "streamed", "whole"))
+    source, streamed, whole = (ShardReader(tmp_path / d) for d in (family, "streamed", "whole"))
     assert streamed.files == source.files and json.loads((tmp_path / "streamed" / "key.json").read_text())["key"] == 7
     assert {n: e.file for n, e in streamed.entries.items()} == {n: e.file for n, e in source.entries.items()}
     assert sorted(streamed.names()) == sorted(whole.names())
@@ -137,19 +194,24 @@ def test_streamed_scramble_writes_the_same_shards_as_the_whole_model_scramble(tm
         assert torch.equal(streamed.read(name), whole.read(name)), name
     moved = [n for n in source.names() if not torch.equal(source.read(n), streamed.read(n))]
     assert len(moved) > len(source.names()) // 2  # the control: the weights did change
-    original = hf.AutoModelForCausalLM.from_pretrained(tmp_path / "llama").double().eval()
+    original = hf.AutoModelForCausalLM.from_pretrained(tmp_path / family).double().eval()
     scrambled = hf.AutoModelForCausalLM.from_pretrained(tmp_path / "streamed").double().eval()
     with torch.no_grad():
         a, b = original(**inputs).logits, scrambled(**inputs).logits
     assert (a - b).abs().max() / a.abs().max() < 1e-6  # stock transformers, float32 RMSNorm inside
 
 
-def test_memory_is_bounded_by_the_largest_block(tmp_path):
+SHAPES = {"llama": {"hidden_size": 512, "intermediate_size": 2048, "num_attention_heads": 8, "num_key_value_heads": 2,
+                   "head_dim": 64, "num_hidden_layers": 8},
+          "gpt2": {"n_embd": 512, "n_inner": 3072, "n_head": 8, "n_layer": 10}}  # blocks of about 30 MiB in float64
+
+
+@pytest.mark.parametrize("family", SHAPES)
+def test_memory_is_bounded_by_the_largest_block(family, tmp_path):
     from perm_core.stream.memory import FIRST_USE_BYTES
     from tests.unit.test_cli import cli
 
-    _, _, directory = saved("llama", tmp_path, shard="8MB", hidden_size=512, intermediate_size=2048,
-                            num_attention_heads=8, num_key_value_heads=2, head_dim=64, num_hidden_layers=8)
+    _, _, directory = saved(family, tmp_path, shard="8MB", **SHAPES[family])
     result = cli("check", str(directory), "--stream", "--symmetry", "channels", "--json")  # a fresh process
     assert result.returncode == 0, result.stderr
     memory = json.loads(result.stdout)["streamed"]["memory"]
@@ -187,10 +249,10 @@ def test_bad_checkpoints_get_one_clear_line(tmp_path, capsys):
     with pytest.raises(CheckpointError, match="holds model.layers.0.mlp.surprise.weight, which is no parameter"):
         stream_check(other, inputs, ["channels"])
 
-    _, _, gpt2 = saved("gpt2", tmp_path)
-    with pytest.raises(StreamingUnsupportedError, match="llama, mistral, qwen2, qwen3, gemma3; this checkpoint is "
-                                                        "GPT2LMHeadModel"):
-        stream_check(gpt2, inputs, ["channels"])
+    _, _, bert = saved("bert", tmp_path)
+    with pytest.raises(StreamingUnsupportedError, match=r"llama, mistral, qwen2, qwen3, gemma3; GPT2LMHeadModel "
+                                                        r"\(gpt2\); this checkpoint is BertForMaskedLM"):
+        stream_check(bert, inputs, ["channels"])
     result = cli_here(capsys, "check", "random:llama", "--stream")
     assert result.returncode == 2 and "--stream reads a checkpoint directory" in result.stderr
 
