@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from perm_core.engine.spec import Scramble, apply_axes, transform_param, transform_params
+from perm_core.engine.spec import Scramble, apply_axes, transform_params
 from perm_core.engine.symmetries import Control
 from perm_core.engine.tokens import model_inputs
 from perm_core.run.trace import TOKEN_RESID
@@ -113,20 +113,22 @@ def forward_pass(model: StreamedModel, inputs: dict, controls: list[Control] = (
     if progress:
         progress(model.n_layers / (model.n_layers + 1), "original run: the head")
     pieces, stock_pieces = [], []
-    head_claim = model.claims[model.head_name]
+    whole = model.read(model.head_whole)  # the head's parameters besides its vocabulary rows (BERT's transform)
+    moved_whole = [transform_params(whole, model.spec, c.control.scramble, model.claims) for c in runs]
     for start, stop in head_chunks or [(0, model.reader.entries[model.head_name].shape[0])]:
-        rows = model.reader.row_range(model.head_name, start, stop, dtype)
-        logits = model.head(rows, hidden)
+        chunk = model.head_chunk(start, stop)
+        logits = model.head(chunk, whole, hidden)
         pieces.append(logits)
         if stock:
-            stock_pieces.append(model.head(rows, stock_hidden, stock=True))
-        for c in runs:
+            stock_pieces.append(model.head(chunk, whole, stock_hidden, stock=True))
+        for c, c_whole in zip(runs, moved_whole, strict=True):
             if not c.broken_at:
-                moved = transform_param(rows, head_claim, c.control.scramble)
-                restored = apply_axes(model.head(moved, apply_axes(hidden, TOKEN_RESID, c.control.scramble)),
+                moved = transform_params(chunk, model.spec, c.control.scramble, model.claims)
+                restored = apply_axes(model.head(moved, c_whole, apply_axes(hidden, TOKEN_RESID, c.control.scramble)),
                                       LOGITS_AXES, c.inverse)
                 c.tally.add("output.logits", logits, restored)
-        del rows
+        del chunk
+    del whole, moved_whole
     _keep(run, "output.logits", torch.cat(pieces, dim=-1))
     for c in runs:
         if not c.broken_at:

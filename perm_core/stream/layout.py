@@ -35,20 +35,29 @@ class StageLayout:
 
     head_class: str  # the class streamed: its name, or how its name ends
     base: str = "model"  # the base model in the class: its parameters are named "{base}.*"
-    blocks: str = "layers"  # the base's list of blocks, each taking (hidden, **what the base gives it)
+    blocks: str = "layers"  # the base's list of blocks (a dotted path), each taking (hidden, **what the base gives)
     attention: str = "self_attn"  # a block's attention module: the second item of its output is the probabilities
     token_embedding: str = "embed_tokens"  # the base's token table, read at the looked-up rows only; the base's
-    # other parameters outside its blocks and final norm (position embeddings) are the embedding's, read whole
-    final_norm: str = "norm"  # the base's final norm, run at the end of the last block's stage
-    head: str = "lm_head"  # the output head, run in vocabulary chunks (tied to the token table, or its own)
+    # other parameters outside its blocks and final norm (position embeddings, a norm) are the embedding's, whole
+    final_norm: str | None = "norm"  # the base's final norm, run at the end of the last block's stage (or none)
+    head: str = "lm_head"  # the output head in the class, run in vocabulary chunks
+    head_output: str = ""  # the head's module (relative to `head`) whose weight has a row per vocabulary entry
+    # (tied to the token table, or its own), read in chunks with its bias; the head's other parameters whole
+    built: tuple[str, ...] = ()  # the base's modules whose buffers are computed at construction (rotary
+    # frequencies, BERT's position ids): built from the config on the CPU (a one-entry vocabulary), buffers kept
 
 
-_CAUSAL_LM = StageLayout("ForCausalLM")  # embed_tokens -> layers -> norm -> lm_head
+_CAUSAL_LM = StageLayout("ForCausalLM", built=("rotary_emb",))  # embed_tokens -> layers -> norm -> lm_head
 LAYOUTS: dict[str, StageLayout] = {
     "llama": _CAUSAL_LM, "mistral": _CAUSAL_LM, "qwen2": _CAUSAL_LM, "qwen3": _CAUSAL_LM, "gemma3": _CAUSAL_LM,
     # wte + wpe -> h -> ln_f -> lm_head (tied to wte)
     "gpt2": StageLayout("GPT2LMHeadModel", base="transformer", blocks="h", attention="attn", token_embedding="wte",
                         final_norm="ln_f"),
+    # embeddings (word rows, position and token-type tables, a norm) -> encoder.layer -> the MLM head's transform
+    # and its decoder (tied to the word embeddings) with its own bias
+    "bert": StageLayout("BertForMaskedLM", base="bert", blocks="encoder.layer", attention="attention.self",
+                        token_embedding="embeddings.word_embeddings", final_norm=None, head="cls.predictions",
+                        head_output="decoder", built=("embeddings",)),
 }
 STREAMED_FAMILIES = tuple(LAYOUTS)
 
@@ -84,6 +93,12 @@ def family_for(config: dict) -> tuple[Family, type, StageLayout]:
     return family.for_class(name), cls, layout
 
 
+def _attr(module, path: str):
+    for part in path.split("."):
+        module = getattr(module, part)
+    return module
+
+
 class _Stop(Exception):
     """Ends a dry run or an embedding stage at the block it has what it needs of."""
 
@@ -106,7 +121,11 @@ class _Recorder(torch.nn.Module):
                  and self.signature.parameters[k].kind != inspect.Parameter.VAR_KEYWORD}
         extra = next((bound[k] for k, p in self.signature.parameters.items()
                       if p.kind == inspect.Parameter.VAR_KEYWORD and k in bound), {})
-        self.sink[self.index] = {**given, **extra, "past_key_values": None, "use_cache": False}
+        recorded = {**given, **extra}
+        for name, value in (("past_key_values", None), ("use_cache", False)):
+            if name in recorded or name in self.signature.parameters:
+                recorded[name] = value
+        self.sink[self.index] = recorded
         self.hidden = hidden_states
         if self.stop:
             raise _Stop
@@ -141,10 +160,16 @@ class StreamedModel:
         except (ValueError, ImportError):
             self.stock.set_attn_implementation("eager")
             self.stock_attention = "eager"
-        for meta in (self.model, self.stock):  # buffers computed at construction (rotary frequencies) must be real
-            base = getattr(meta, self.layout.base)
-            if hasattr(base, "rotary_emb"):
-                base.rotary_emb = type(base.rotary_emb)(config=meta.config)
+        for meta in (self.model, self.stock):  # buffers computed at construction must be real
+            for path in self.layout.built:
+                module = _attr(getattr(meta, self.layout.base), path)
+                config = copy.deepcopy(meta.config)
+                if hasattr(config, "vocab_size"):
+                    config.vocab_size = 1  # its parameters are the checkpoint's: only the buffers are wanted
+                real = type(module)(config)
+                for name, buffer in real.named_buffers():
+                    owner, _, leaf = name.rpartition(".")
+                    setattr(_attr(module, owner) if owner else module, leaf, buffer)
         self.prefix = f"{self.layout.base}."
         self.names = [name for name, _ in self.model.named_parameters()]
         self._check_names()
@@ -154,18 +179,29 @@ class StreamedModel:
             raise CheckpointError(str(error)) from None
         self.n_layers = self.geometry.n_layers
         self.embed_name = f"{self.prefix}{self.layout.token_embedding}.weight"
-        self.norm_names = [n for n in self.names if n.startswith(f"{self.prefix}{self.layout.final_norm}.")]
+        norm = self.layout.final_norm
+        self.norm_names = [n for n in self.names if norm is not None and n.startswith(f"{self.prefix}{norm}.")]
         blocks = f"{self.prefix}{self.layout.blocks}."
         # the embedding stage's parameters: the base's own outside its blocks and final norm, the token table first
         self.embedding_names = [self.embed_name] + [
             n for n in self.names if n.startswith(self.prefix) and not n.startswith(blocks)
             and n not in self.norm_names and n != self.embed_name]
-        head = f"{self.layout.head}.weight"
-        self.head_name = head if head in self.names else self.embed_name
+        # the head's parameters by their names in the head module (a tied one under its stored name)
+        stored = {id(p): name for name, p in self.model.named_parameters()}
+        head = _attr(self.model, self.layout.head)
+        self.head_locals = {local: stored[id(p)] for local, p in head.named_parameters(remove_duplicate=False)}
+        output = f"{self.layout.head_output}." if self.layout.head_output else ""
+        self.head_chunked = list(dict.fromkeys(n for local, n in self.head_locals.items()
+                                               if local.startswith(output) and local.count(".") == output.count(".")))
+        self.head_name = self.head_locals[f"{output}weight"]  # the rows per vocabulary entry
+        self.head_chunked.sort(key=lambda n: n != self.head_name)
+        self.head_whole = [n for n in dict.fromkeys(self.head_locals.values()) if n not in self.head_chunked]
         self.tied = self.head_name == self.embed_name
-        staged = set(self.embedding_names) | set(self.norm_names) | {self.head_name}
+        staged = set(self.embedding_names) | set(self.norm_names) | set(self.head_locals.values())
         unstaged = [n for n in self.names if n not in staged and not n.startswith(blocks)]
-        if unstaged or self.embed_name not in self.names or not self.norm_names:
+        vocab = self.reader.entries[self.head_name].shape[0]
+        if (unstaged or self.embed_name not in self.names or (norm is not None and not self.norm_names)
+                or any(self.reader.entries[n].shape[0] != vocab for n in self.head_chunked)):
             raise StreamingUnsupportedError(f"{self.cls_name} has {', '.join(unstaged) or 'a layout'} that no "
                                             "stage of a streamed check runs")
 
@@ -184,6 +220,9 @@ class StreamedModel:
 
     def _base(self, stock: bool = False) -> torch.nn.Module:
         return getattr(self.stock if stock else self.model, self.layout.base)
+
+    def _blocks(self, stock: bool = False) -> torch.nn.ModuleList:
+        return _attr(self._base(stock), self.layout.blocks)
 
     def block_names(self, layer: int) -> list[str]:
         own = [n for n in self.names if n.startswith(f"{self.prefix}{self.layout.blocks}.{layer}.")]
@@ -216,7 +255,7 @@ class StreamedModel:
         base = self._base(stock)
         ids = kwargs["input_ids"]
         sink: list = [None] * self.n_layers
-        blocks = getattr(base, self.layout.blocks)
+        blocks = self._blocks(stock)
         recorders = torch.nn.ModuleList(_Recorder(sink, i, layer, stop=i == self.n_layers - 1)
                                         for i, layer in enumerate(blocks))
         embeds = torch.zeros((*ids.shape, self.geometry.d_model), dtype=self.dtype)
@@ -234,14 +273,17 @@ class StreamedModel:
     @staticmethod
     @contextlib.contextmanager
     def _swapped(base, modules: dict):
-        kept = {name: getattr(base, name) for name in modules}
-        for name, module in modules.items():
-            setattr(base, name, module)
+        """Each dotted path's module replaced for the duration."""
+        places = {path: (_attr(base, path.rpartition(".")[0]) if "." in path else base, path.rpartition(".")[2])
+                  for path in modules}
+        kept = {path: getattr(parent, name) for path, (parent, name) in places.items()}
+        for path, (parent, name) in places.items():
+            setattr(parent, name, modules[path])
         try:
             yield
         finally:
-            for name, module in kept.items():
-                setattr(base, name, module)
+            for path, (parent, name) in places.items():
+                setattr(parent, name, kept[path])
 
     # --- running the stages ---
 
@@ -250,7 +292,7 @@ class StreamedModel:
         the token table's looked-up rows only (ids renumbered into `weights`' rows) and its other embedding
         parameters whole. Returns the first block's input."""
         base = self._base(stock)
-        table = copy.deepcopy(getattr(base, self.layout.token_embedding))  # meta: costs nothing
+        table = copy.deepcopy(_attr(base, self.layout.token_embedding))  # meta: costs nothing
         position = {token: i for i, token in enumerate(looked_up)}
         table.num_embeddings = len(looked_up)
         pad = getattr(table, "padding_idx", None)
@@ -261,7 +303,7 @@ class StreamedModel:
         if hasattr(table, "scalar_embed_scale"):  # Gemma 3 scales its embeddings by a buffer
             given[f"{self.layout.token_embedding}.embed_scale"] = torch.tensor(table.scalar_embed_scale)
         sink: list = [None]
-        first = _Recorder(sink, 0, getattr(base, self.layout.blocks)[0], stop=True)
+        first = _Recorder(sink, 0, self._blocks(stock)[0], stop=True)
         swapped = {self.layout.blocks: torch.nn.ModuleList([first]), self.layout.token_embedding: table}
         with self._swapped(base, swapped), contextlib.suppress(_Stop):
             functional_call(base, given, args=(), kwargs={**kwargs, "input_ids": local, "use_cache": False},
@@ -272,28 +314,33 @@ class StreamedModel:
               stock: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(the block's output, normed when it is the last; its attention probabilities, None for the stock)."""
         base = self._base(stock)
-        module = getattr(base, self.layout.blocks)[layer]
+        module = self._blocks(stock)[layer]
         prefix = f"{self.prefix}{self.layout.blocks}.{layer}."
         local = {n[len(prefix):]: w for n, w in weights.items() if n.startswith(prefix)}
         box: dict = {}
-        attention = getattr(module, self.layout.attention)
+        attention = _attr(module, self.layout.attention)
         handle = attention.register_forward_hook(lambda m, a, out: box.__setitem__("attn", out[1]))
         try:
             out = functional_call(module, local, args=(hidden,), kwargs=kwargs, strict=False)
         finally:
             handle.remove()
         out = out[0] if isinstance(out, tuple) else out
-        if layer == self.n_layers - 1:
+        if layer == self.n_layers - 1 and self.norm_names:
             norm = f"{self.prefix}{self.layout.final_norm}."
-            out = functional_call(getattr(base, self.layout.final_norm),
+            out = functional_call(_attr(base, self.layout.final_norm),
                                   {n[len(norm):]: weights[n] for n in self.norm_names}, args=(out,), strict=False)
         return out, box.get("attn")
 
-    def head(self, weight_rows: torch.Tensor, normed: torch.Tensor, stock: bool = False) -> torch.Tensor:
-        """Logits of the vocabulary rows given (a chunk of the output head)."""
-        meta = self.stock if stock else self.model
-        return functional_call(getattr(meta, self.layout.head), {"weight": weight_rows}, args=(normed,),
-                               strict=False)
+    def head_chunk(self, start: int, stop: int) -> dict[str, torch.Tensor]:
+        """Vocabulary rows start..stop-1 of the head's output weight and of its bias."""
+        return {n: self.reader.row_range(n, start, stop, self.dtype) for n in self.head_chunked}
+
+    def head(self, chunk: dict[str, torch.Tensor], whole: dict[str, torch.Tensor], normed: torch.Tensor,
+             stock: bool = False) -> torch.Tensor:
+        """Logits of the vocabulary rows of `chunk` (a head_chunk), the head's other parameters `whole`."""
+        given = {local: chunk[n] if n in chunk else whole[n] for local, n in self.head_locals.items()}
+        module = _attr(self.stock if stock else self.model, self.layout.head)
+        return functional_call(module, given, args=(normed,), strict=False)
 
     def head_chunks(self, largest_block_bytes: int) -> list[tuple[int, int]]:
         """Vocabulary row ranges of the head, each no larger than the largest block: the head never sets the

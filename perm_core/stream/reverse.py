@@ -44,47 +44,64 @@ def _leaf(tensor: torch.Tensor, grad: bool) -> torch.Tensor:
 
 def head_stage(model: StreamedModel, run: OriginalRun, elements: dict[str, Element], backward: bool,
                chunks: list[tuple[int, int]]) -> tuple[torch.Tensor | None, dict]:
-    """Compare the logits and the head's gradients chunk by chunk. Returns the original's gradient at the head's
-    input and, for a head tied to the embedding, its gradient rows at the looked-up tokens (original, and each
-    element's un-scrambled), which the embedding stage adds its own to."""
+    """Compare the logits and the head's gradients chunk by chunk (the head's parameters besides its vocabulary rows,
+    BERT's transform, whole: their gradients summed over the chunks, compared at the end). Returns the original's
+    gradient at the head's input and, for a head tied to the embedding, its gradient rows at the looked-up tokens
+    (original, and each element's un-scrambled), which the embedding stage adds its own to."""
     top = run.records[f"blocks.{model.n_layers - 1}.hidden"]
     logits = run.records["output.logits"]
-    claim = model.claims[model.head_name]
-    grad_name = f"grad.param.{model.head_name}"
+    claims = model.claims
     stash: dict = {}
+    whole = {n: _leaf(w, backward) for n, w in model.read(model.head_whole).items()}
+    moved_whole = {label: {n: _leaf(transform_param(w, claims[n], element.scramble), backward)
+                           for n, w in whole.items()} for label, element in elements.items()}
     if backward:
         leaf = _leaf(logits, True)
         grad_logits = torch.autograd.grad(invariant_loss(leaf), leaf)[0]
         grad_top = torch.zeros_like(top)
         moved_grad_top = {label: torch.zeros_like(top) for label in elements}
     for start, stop in chunks:
-        rows = model.reader.row_range(model.head_name, start, stop, model.dtype)
+        chunk = model.head_chunk(start, stop)
         tied_rows = [r - start for r in run.looked_up if start <= r < stop] if model.tied else []
+        grads = {}
         if backward:
-            weight, inputs = _leaf(rows, True), _leaf(top, True)
-            torch.autograd.backward(model.head(weight, inputs), grad_logits[..., start:stop], inputs=[weight, inputs])
+            weights, inputs = {n: _leaf(w, True) for n, w in chunk.items()}, _leaf(top, True)
+            torch.autograd.backward(model.head(weights, whole, inputs), grad_logits[..., start:stop],
+                                    inputs=[*weights.values(), *whole.values(), inputs])
             grad_top += inputs.grad
-            grad_weight = _set_aside(weight.grad, tied_rows, stash, "original", start)
-            run.scales.add(grad_name, grad_weight)
-            del weight
+            for name, weight in weights.items():
+                grads[name] = weight.grad
+                if name == model.embed_name:
+                    grads[name] = _set_aside(weight.grad, tied_rows, stash, "original", start)
+                run.scales.add(f"grad.param.{name}", grads[name])
+            del weights
         for label, element in elements.items():
-            weight = _leaf(transform_param(rows, claim, element.scramble), backward)
+            weights = {n: _leaf(transform_param(w, claims[n], element.scramble), backward) for n, w in chunk.items()}
             inputs = _leaf(element.moved(top, TOKEN_RESID), backward)
-            out = model.head(weight, inputs)
+            out = model.head(weights, moved_whole[label], inputs)
             element.tally.add("output.logits", logits[..., start:stop], element.restored(out, LOGITS_AXES))
             if backward:
                 torch.autograd.backward(out, element.moved(grad_logits[..., start:stop], LOGITS_AXES),
-                                        inputs=[weight, inputs])
+                                        inputs=[*weights.values(), *moved_whole[label].values(), inputs])
                 moved_grad_top[label] += inputs.grad
-                moved, weight.grad = weight.grad, None
-                restored = _set_aside(element.restored(moved, claim.rule.axes, claim.layer), tied_rows, stash,
-                                      label, start)
-                del moved
-                element.tally.add(grad_name, grad_weight, restored)
-                del restored
-            del weight, out
+                for name, weight in weights.items():
+                    moved, weight.grad = weight.grad, None
+                    restored = element.restored(moved, claims[name].rule.axes, claims[name].layer)
+                    del moved
+                    if name == model.embed_name:
+                        restored = _set_aside(restored, tied_rows, stash, label, start)
+                    element.tally.add(f"grad.param.{name}", grads[name], restored)
+                    del restored
+            del weights, out
+        del chunk, grads
     if not backward:
         return None, stash
+    for name, weight in whole.items():
+        run.scales.add(f"grad.param.{name}", weight.grad)
+        for label, element in elements.items():
+            moved = moved_whole[label][name].grad
+            element.tally.add(f"grad.param.{name}", weight.grad,
+                              element.restored(moved, claims[name].rule.axes, claims[name].layer))
     name = f"grad.blocks.{model.n_layers - 1}.hidden"
     run.scales.add(name, grad_top)
     for label, element in elements.items():
