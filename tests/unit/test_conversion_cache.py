@@ -61,3 +61,35 @@ def test_the_root_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.delenv("TRANSFORMER_SYMMETRY_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert conversion_cache.cache_root() == tmp_path / "xdg" / "transformer-symmetry-explorer"
+
+
+def small_gguf(path):
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_array("tokenizer.ggml.tokens", [f"token{i}" for i in range(50)])
+    writer.add_tensor("token_embd.weight", np.arange(8, dtype=np.float32).reshape(2, 4))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_a_gguf_is_parsed_once_within_a_conversion_and_afresh_outside_it(tmp_path):
+    import gguf
+
+    path = small_gguf(tmp_path / "small.gguf")
+    original = gguf.GGUFReader
+    with conversion_cache.gguf_parsed_once():
+        first, again = gguf.GGUFReader(path), gguf.GGUFReader(str(path))
+        other = gguf.GGUFReader(small_gguf(tmp_path / "other.gguf"))
+        assert first is again and other is not first
+        assert first.fields["tokenizer.ggml.tokens"].contents() == [f"token{i}" for i in range(50)]
+        assert first.tensors[0].data.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert gguf.GGUFReader is original
+    assert gguf.GGUFReader(path) is not gguf.GGUFReader(path)  # the control: outside, every reader parses anew
+    with pytest.raises(RuntimeError), conversion_cache.gguf_parsed_once():
+        raise RuntimeError("a failed conversion")
+    assert gguf.GGUFReader is original
