@@ -164,7 +164,8 @@ def format_report(report) -> str:
                         f"{memory.largest_block / 2**20:.1f} MiB + 2 x its largest tensor "
                         f"{memory.largest_tensor / 2**20:.1f} MiB + activations {memory.activations / 2**20:.1f} MiB "
                         f"+ embedding rows {memory.embedding_rows / 2**20:.2f} MiB + the keys' drawn transforms "
-                        f"{memory.transforms / 2**20:.1f} MiB + {memory.first_use / 2**20:.0f} "
+                        f"{memory.transforms / 2**20:.1f} MiB + the head's whole parameters "
+                        f"{memory.head_whole / 2**20:.2f} MiB + {memory.first_use / 2**20:.0f} "
                         f"MiB torch loads on first use; head in {report.head_chunks} chunk(s)"
                         + (f"; the most held in one stage: {memory.largest_stage}, "
                            f"{memory.stages[memory.largest_stage] / 2**20:.1f} MiB" if memory.stages else ""),

@@ -138,7 +138,11 @@ def stream_check(directory, inputs: dict, symmetry_names=symmetries.SYMMETRIES, 
         report.notes.append("round-off allowances are not measured here: a tensor over its dtype's base tolerance "
                             "fails; the whole-model check would measure its round-off (tolerances.py) before failing")
     stages.end("comparisons")
-    report.memory = _memory(model, run, count, largest, baseline, peak_reset, stages, transforms)
+    # the head's whole parameters: the original's and every element's copy with their gradients (the check), or
+    # the original's and every control's (the original run)
+    copies = max(2 * (1 + len(elements)), 1 + len(control_runs))
+    report.memory = _memory(model, run, count, largest, baseline, peak_reset, stages, transforms,
+                            model.bytes_of(model.head_whole) * copies)
     if progress:
         progress(1.0, "done")
     return report
@@ -200,7 +204,7 @@ def _oracle(model: StreamedModel, inputs: dict, run: OriginalRun, chunks: list[t
 
 
 def _memory(model: StreamedModel, run: OriginalRun, count: int, largest: int, baseline, peak_reset,
-            stages: StagePeaks, transforms: int) -> MemoryBound:
+            stages: StagePeaks, transforms: int, head_whole: int) -> MemoryBound:
     g, itemsize = model.geometry, model.dtype.itemsize
     vocab = model.reader.entries[model.head_name].shape[0]
     # one block's activations with their gradients (x4: original and transformed, forward and backward), every
@@ -209,5 +213,5 @@ def _memory(model: StreamedModel, run: OriginalRun, count: int, largest: int, ba
     activations = itemsize * (per_block + count * g.d_model * 2 * model.n_layers + count * vocab * 4)
     rows = model.embedding_bytes(run.looked_up) * 3  # the token rows looked up, other embedding tables whole
     tensor = max(model.bytes_of([name]) for layer in range(model.n_layers) for name in model.block_names(layer))
-    return MemoryBound(largest, tensor, activations, rows, transforms, baseline=baseline, peak=stages.peak,
-                       peak_since_start=peak_reset, stages=stages.stages, stages_after=stages.after)
+    return MemoryBound(largest, tensor, activations, rows, transforms, head_whole, baseline=baseline,
+                       peak=stages.peak, peak_since_start=peak_reset, stages=stages.stages, stages_after=stages.after)

@@ -52,9 +52,11 @@ class MemoryBound:
     largest_block: int  # the largest block's weights in the checked dtype (a head chunk is never larger)
     largest_tensor: int  # its largest weight: a gradient and its un-scrambled copy, compared then dropped
     activations: int  # one block's activations, gradients included, and the run's per-token records
-    embedding_rows: int  # the looked-up rows of the embedding table
+    embedding_rows: int  # the looked-up rows of the embedding table, the embedding's other parameters whole
     transforms: int = 0  # every element's and control's drawn transform and its inverse (per-head rotations for
     # every layer among them), held from start to end
+    head_whole: int = 0  # the head's parameters besides its vocabulary rows (BERT's transform, ViT's final norm),
+    # read whole: the original and each element's transformed copy, with their gradients
     first_use: int = FIRST_USE_BYTES
     baseline: int | None = None  # resident before the check (the interpreter, torch, transformers)
     peak: int | None = None  # resident high-water mark during the check
@@ -65,7 +67,7 @@ class MemoryBound:
     @property
     def bound(self) -> int:
         return (3 * self.largest_block + 2 * self.largest_tensor + self.activations + self.embedding_rows
-                + self.transforms + self.first_use)
+                + self.transforms + self.head_whole + self.first_use)
 
     @property
     def held(self) -> int | None:
@@ -78,7 +80,7 @@ class MemoryBound:
         return {"bound_bytes": self.bound, "largest_block_bytes": self.largest_block,
                 "largest_tensor_bytes": self.largest_tensor,
                 "activation_bytes": self.activations, "embedding_rows_bytes": self.embedding_rows,
-                "transforms_bytes": self.transforms,
+                "transforms_bytes": self.transforms, "head_whole_bytes": self.head_whole,
                 "first_use_bytes": self.first_use,
                 "baseline_rss_bytes": self.baseline, "peak_rss_bytes": self.peak, "held_bytes": self.held,
                 "peak_since_start": self.peak_since_start, "stage_held_bytes": self.stages,
