@@ -95,10 +95,21 @@ def streamed_model(name: str, dtype: torch.dtype):
 
 def loaded_stand_in(model, name: str):
     """What building the check's input needs of a loaded model, for a streamed one: the meta-device model stands
-    in (only its config is read), with the directory's tokenizer if it has a usable one."""
+    in (only its config is read), with the directory's tokenizer if it has a usable one; an image model's with
+    its image size and channels, and its image processor if it has one (as models.hub loads a directory)."""
     from perm_core.models.hub import usable_tokenizer
     from perm_core.models.record import LoadedModel, ModelInfo
 
     directory = model.reader.directory
-    info = ModelInfo(name, model.family.name, "causal-lm", "local", None, True, "unknown", str(directory))
-    return LoadedModel(info, model.model, usable_tokenizer(directory))
+    if not model.pixels:
+        info = ModelInfo(name, model.family.name, "causal-lm", "local", None, True, "unknown", str(directory))
+        return LoadedModel(info, model.model, usable_tokenizer(directory))
+    from transformers import AutoImageProcessor
+
+    try:
+        processor = AutoImageProcessor.from_pretrained(directory, local_files_only=True)
+    except Exception:  # noqa: BLE001 - missing or unusable: inputs.image_to_pixels falls back to 0.5/0.5
+        processor = None
+    config = model.config
+    info = ModelInfo(name, model.family.name, "image-classification", "local", None, True, "unknown", str(directory))
+    return LoadedModel(info, model.model, None, config.image_size, config.num_channels, image_processor=processor)

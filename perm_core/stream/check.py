@@ -211,7 +211,9 @@ def _memory(model: StreamedModel, run: OriginalRun, count: int, largest: int, ba
     # block's input kept, and the logits with their gradient
     per_block = count * (12 * g.d_model + 4 * g.d_mlp + 4 * g.n_heads * count) * 4
     activations = itemsize * (per_block + count * g.d_model * 2 * model.n_layers + count * vocab * 4)
-    rows = model.embedding_bytes(run.looked_up) * 3  # the token rows looked up, other embedding tables whole
+    # the token rows looked up and the other embedding tables whole (an image's: all of them), and an image's
+    # pixels with their gradient, the original's and an element's
+    rows = model.embedding_bytes(run.looked_up) * 3 + run.pixel_bytes * 4
     tensor = max(model.bytes_of([name]) for layer in range(model.n_layers) for name in model.block_names(layer))
     return MemoryBound(largest, tensor, activations, rows, transforms, head_whole, baseline=baseline,
                        peak=stages.peak, peak_since_start=peak_reset, stages=stages.stages, stages_after=stages.after)

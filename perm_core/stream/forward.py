@@ -21,8 +21,6 @@ from perm_core.stream.tally import Scales, Tally
 from perm_core.verify import oracle
 from perm_core.verify.tolerances import BROKEN_AT
 
-LOGITS_AXES = (None, "tokens", None)
-
 
 def attention_axes(layer: int) -> tuple:
     return (None, ("heads", layer), "tokens", "tokens")
@@ -33,8 +31,10 @@ class OriginalRun:
     block_inputs: list[torch.Tensor] = field(default_factory=list)  # block i's input hidden state
     records: dict[str, torch.Tensor] = field(default_factory=dict)  # the whole-model trace's forward names
     scales: Scales = field(default_factory=Scales)
-    looked_up: list[int] = field(default_factory=list)  # the embedding rows the input reads, ascending
+    looked_up: list[int] = field(default_factory=list)  # the embedding rows the input reads, ascending (none for
+    # pixels)
     stock_logits: torch.Tensor | None = None
+    pixel_bytes: int = 0  # an image model's input in the checked dtype
 
 
 @dataclass
@@ -66,8 +66,10 @@ def forward_pass(model: StreamedModel, inputs: dict, controls: list[Control] = (
     kwargs = model_inputs(inputs, g, Scramble(), dtype)
     layer_kwargs = model.layer_kwargs(kwargs)
     run = OriginalRun()
-    ids = kwargs["input_ids"]
-    run.looked_up = sorted(set(ids.flatten().tolist()))
+    if model.pixels:
+        run.pixel_bytes = kwargs["pixel_values"].numel() * dtype.itemsize
+    else:
+        run.looked_up = sorted(set(kwargs["input_ids"].flatten().tolist()))
     embedding = model.embedding_weights(run.looked_up)
     hidden = model.embed(embedding, run.looked_up, kwargs)
     _keep(run, "embed", hidden)
@@ -125,7 +127,7 @@ def forward_pass(model: StreamedModel, inputs: dict, controls: list[Control] = (
             if not c.broken_at:
                 moved = transform_params(chunk, model.spec, c.control.scramble, model.claims)
                 restored = apply_axes(model.head(moved, c_whole, apply_axes(hidden, TOKEN_RESID, c.control.scramble)),
-                                      LOGITS_AXES, c.inverse)
+                                      model.logits_axes, c.inverse)
                 c.tally.add("output.logits", logits, restored)
         del chunk
     del whole, moved_whole

@@ -5,11 +5,12 @@ embedding, its list of blocks, its final norm, the head); everything else is the
 The architecture is instantiated once on the meta device (no memory), with the same exact numerics a loaded model
 gets (perm_core.run.numerics); a stage runs its stock module through functional_call with weights read for it
 alone. The embedding stage is the base model's own forward up to its first block (token rows looked up, position
-embeddings added, as the stock code does), stopped there. What a block takes besides its hidden state (rotary
+embeddings added, as the stock code does; an image model's on its pixels, every embedding parameter read whole:
+patch projection, [CLS] token, position table), stopped there. What a block takes besides its hidden state (rotary
 position embeddings, the attention mask of its layer type) is found by a dry run of the stock base model's own
 forward, whose blocks only record what they are given: the masks and positions are then built by transformers
-itself from the same inputs the whole-model check passes. The last block ends with the final norm, as the
-whole-model trace records it ("blocks.{L-1}.hidden" is normed).
+itself from the same inputs the whole-model check passes. The last block ends with the final norm where the
+whole-model trace records it so ("blocks.{L-1}.hidden" is normed); where it does not (ViT), the norm opens the head.
 """
 
 from __future__ import annotations
@@ -37,10 +38,14 @@ class StageLayout:
     base: str = "model"  # the base model in the class: its parameters are named "{base}.*"
     blocks: str = "layers"  # the base's list of blocks (a dotted path), each taking (hidden, **what the base gives)
     attention: str = "self_attn"  # a block's attention module: the second item of its output is the probabilities
-    token_embedding: str = "embed_tokens"  # the base's token table, read at the looked-up rows only; the base's
-    # other parameters outside its blocks and final norm (position embeddings, a norm) are the embedding's, whole
+    token_embedding: str | None = "embed_tokens"  # the base's token table, read at the looked-up rows only (None:
+    # an image model, which looks nothing up); the base's other parameters outside its blocks and final norm
+    # (position embeddings, a norm, a patch projection and [CLS] token) are the embedding's, read whole
     final_norm: str | None = "norm"  # the base's final norm, run at the end of the last block's stage (or none)
+    norm_opens_head: bool = False  # the final norm runs as the head's first step instead: the whole-model trace
+    # records the last block's own output as its last hidden state (ViT)
     head: str = "lm_head"  # the output head in the class, run in vocabulary chunks
+    head_token: int | None = None  # the one token the head reads (ViT's [CLS]): its logits have no token axis
     head_output: str = ""  # the head's module (relative to `head`) whose weight has a row per vocabulary entry
     # (tied to the token table, or its own), read in chunks with its bias; the head's other parameters whole
     built: tuple[str, ...] = ()  # the base's modules whose buffers are computed at construction (rotary
@@ -58,6 +63,10 @@ LAYOUTS: dict[str, StageLayout] = {
     "bert": StageLayout("BertForMaskedLM", base="bert", blocks="encoder.layer", attention="attention.self",
                         token_embedding="embeddings.word_embeddings", final_norm=None, head="cls.predictions",
                         head_output="decoder", built=("embeddings",)),
+    # pixels -> patch projection, [CLS] token and position table -> layers -> the final layernorm, then the
+    # classifier on the [CLS] token (its rows, the labels, run as the vocabulary's are)
+    "vit": StageLayout("ViTForImageClassification", base="vit", attention="attention", token_embedding=None,
+                       final_norm="layernorm", norm_opens_head=True, head="classifier", head_token=0),
 }
 STREAMED_FAMILIES = tuple(LAYOUTS)
 
@@ -172,20 +181,25 @@ class StreamedModel:
                     setattr(_attr(module, owner) if owner else module, leaf, buffer)
         self.prefix = f"{self.layout.base}."
         self.names = [name for name, _ in self.model.named_parameters()]
+        self._rename_stored()
         self._check_names()
         try:
             self.claims = self.spec.claim_all(self.names)
         except UnclaimedParameterError as error:
             raise CheckpointError(str(error)) from None
         self.n_layers = self.geometry.n_layers
-        self.embed_name = f"{self.prefix}{self.layout.token_embedding}.weight"
+        table = self.layout.token_embedding
+        self.embed_name = f"{self.prefix}{table}.weight" if table is not None else None  # None: pixels
         norm = self.layout.final_norm
-        self.norm_names = [n for n in self.names if norm is not None and n.startswith(f"{self.prefix}{norm}.")]
+        norm_names = [n for n in self.names if norm is not None and n.startswith(f"{self.prefix}{norm}.")]
+        # the final norm's parameters: at the end of the last block's stage, or at the head's start
+        self.norm_names = [] if self.layout.norm_opens_head else norm_names
+        self.head_norm_names = norm_names if self.layout.norm_opens_head else []
         blocks = f"{self.prefix}{self.layout.blocks}."
         # the embedding stage's parameters: the base's own outside its blocks and final norm, the token table first
-        self.embedding_names = [self.embed_name] + [
+        self.embedding_names = [n for n in [self.embed_name] if n is not None] + [
             n for n in self.names if n.startswith(self.prefix) and not n.startswith(blocks)
-            and n not in self.norm_names and n != self.embed_name]
+            and n not in norm_names and n != self.embed_name]
         # the head's parameters by their names in the head module (a tied one under its stored name)
         stored = {id(p): name for name, p in self.model.named_parameters()}
         head = _attr(self.model, self.layout.head)
@@ -195,15 +209,39 @@ class StreamedModel:
                                                if local.startswith(output) and local.count(".") == output.count(".")))
         self.head_name = self.head_locals[f"{output}weight"]  # the rows per vocabulary entry
         self.head_chunked.sort(key=lambda n: n != self.head_name)
-        self.head_whole = [n for n in dict.fromkeys(self.head_locals.values()) if n not in self.head_chunked]
+        self.head_whole = self.head_norm_names + [n for n in dict.fromkeys(self.head_locals.values())
+                                                  if n not in self.head_chunked]
         self.tied = self.head_name == self.embed_name
-        staged = set(self.embedding_names) | set(self.norm_names) | set(self.head_locals.values())
+        staged = set(self.embedding_names) | set(norm_names) | set(self.head_locals.values())
         unstaged = [n for n in self.names if n not in staged and not n.startswith(blocks)]
         vocab = self.reader.entries[self.head_name].shape[0]
-        if (unstaged or self.embed_name not in self.names or (norm is not None and not self.norm_names)
+        if (unstaged or (table is not None and self.embed_name not in self.names)
+                or (norm is not None and not norm_names)
                 or any(self.reader.entries[n].shape[0] != vocab for n in self.head_chunked)):
             raise StreamingUnsupportedError(f"{self.cls_name} has {', '.join(unstaged) or 'a layout'} that no "
                                             "stage of a streamed check runs")
+
+    def _rename_stored(self) -> None:
+        """The checkpoint's tensors under the class's parameter names, as transformers renames them on loading (its
+        conversion mapping: ViT's stored encoder.layer.N.attention.attention.query is layers.N.attention.q_proj). A
+        tensor that loading converts (splits, fuses) is not streamed: its stored bytes are not the parameter."""
+        if self.reader.stored:
+            return  # renamed already (a reader shared with another StreamedModel)
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+
+        transforms = get_model_conversion_mapping(self.model)
+        renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
+        converters = [t for t in transforms if isinstance(t, WeightConverter)]
+        state = self.model.state_dict()
+        mapping = {}
+        for stored in self.reader.names():
+            name, converted = rename_source_key(stored, renamings, converters, self.model.base_model_prefix, state)
+            if converted is not None:
+                raise StreamingUnsupportedError(f"{stored} is converted when transformers loads it, not only renamed: "
+                                                "streaming reads each tensor as it is stored")
+            mapping[stored] = name
+        self.reader.rename(mapping)
 
     def _check_names(self) -> None:
         """Every parameter of the class in the checkpoint, and nothing else but the class's buffers."""
@@ -232,6 +270,16 @@ class StreamedModel:
         """The named tensors in the checked dtype."""
         return {name: self.reader.read(name, self.dtype) for name in names}
 
+    @property
+    def pixels(self) -> bool:
+        """An image model: its input is pixels, its embedding stage looks up no rows."""
+        return self.embed_name is None
+
+    @property
+    def logits_axes(self) -> tuple:
+        """The head output's axis roles: a token axis, unless the head reads one token (ViT's [CLS])."""
+        return (None, None) if self.layout.head_token is not None else (None, "tokens", None)
+
     def embedding_weights(self, looked_up: list[int]) -> dict[str, torch.Tensor]:
         """The embedding stage's weights: the token table's looked-up rows, its other parameters whole."""
         return {name: self.reader.rows(name, looked_up, self.dtype) if name == self.embed_name
@@ -239,7 +287,7 @@ class StreamedModel:
 
     def embedding_bytes(self, looked_up: list[int]) -> int:
         rows = len(looked_up) * self.geometry.d_model * self.dtype.itemsize
-        return rows + self.bytes_of(self.embedding_names[1:])
+        return rows + self.bytes_of([n for n in self.embedding_names if n != self.embed_name])
 
     def bytes_of(self, names, dtype: torch.dtype | None = None) -> int:
         itemsize = (dtype or self.dtype).itemsize
@@ -251,20 +299,21 @@ class StreamedModel:
         """Each block's keyword arguments when the base model's forward runs on `kwargs` (the whole-model check's
         model inputs, or the raw ones for the stock model): a dry run in which every block only records, and the
         last one stops the run (the embedding's other parameters are zeros here: the blocks' arguments never read
-        them)."""
+        them; an image model's embedding runs on its pixels, with zero weights)."""
         base = self._base(stock)
-        ids = kwargs["input_ids"]
         sink: list = [None] * self.n_layers
         blocks = self._blocks(stock)
         recorders = torch.nn.ModuleList(_Recorder(sink, i, layer, stop=i == self.n_layers - 1)
                                         for i, layer in enumerate(blocks))
-        embeds = torch.zeros((*ids.shape, self.geometry.d_model), dtype=self.dtype)
-        rest = {k: v for k, v in kwargs.items() if k != "input_ids"}
         zeros = {self._local(n): torch.zeros(self.reader.entries[n].shape, dtype=self.dtype)
-                 for n in self.embedding_names[1:]}
+                 for n in self.embedding_names if n != self.embed_name}
+        if not self.pixels:
+            ids = kwargs["input_ids"]
+            embeds = torch.zeros((*ids.shape, self.geometry.d_model), dtype=self.dtype)
+            kwargs = {**{k: v for k, v in kwargs.items() if k != "input_ids"}, "inputs_embeds": embeds,
+                      "use_cache": False}
         with self._swapped(base, {self.layout.blocks: recorders}), contextlib.suppress(_Stop):
-            functional_call(base, zeros, args=(), kwargs={**rest, "inputs_embeds": embeds, "use_cache": False},
-                            strict=False)
+            functional_call(base, zeros, args=(), kwargs=kwargs, strict=False)
         return sink
 
     def _local(self, name: str) -> str:
@@ -290,8 +339,17 @@ class StreamedModel:
     def embed(self, weights: dict[str, torch.Tensor], looked_up: list[int], kwargs: dict, stock: bool = False):
         """The embedding stage: the base model's own forward on `kwargs` (model inputs) up to its first block, with
         the token table's looked-up rows only (ids renumbered into `weights`' rows) and its other embedding
-        parameters whole. Returns the first block's input."""
+        parameters whole (an image model: every embedding parameter whole, on its pixels). Returns the first block's
+        input."""
         base = self._base(stock)
+        sink: list = [None]
+        first = _Recorder(sink, 0, self._blocks(stock)[0], stop=True)
+        if self.pixels:
+            given = {self._local(n): w for n, w in weights.items()}
+            with self._swapped(base, {self.layout.blocks: torch.nn.ModuleList([first])}), \
+                    contextlib.suppress(_Stop):
+                functional_call(base, given, args=(), kwargs=kwargs, strict=False)
+            return first.hidden
         table = copy.deepcopy(_attr(base, self.layout.token_embedding))  # meta: costs nothing
         position = {token: i for i, token in enumerate(looked_up)}
         table.num_embeddings = len(looked_up)
@@ -302,8 +360,6 @@ class StreamedModel:
         given = {self._local(n): w for n, w in weights.items()}
         if hasattr(table, "scalar_embed_scale"):  # Gemma 3 scales its embeddings by a buffer
             given[f"{self.layout.token_embedding}.embed_scale"] = torch.tensor(table.scalar_embed_scale)
-        sink: list = [None]
-        first = _Recorder(sink, 0, self._blocks(stock)[0], stop=True)
         swapped = {self.layout.blocks: torch.nn.ModuleList([first]), self.layout.token_embedding: table}
         with self._swapped(base, swapped), contextlib.suppress(_Stop):
             functional_call(base, given, args=(), kwargs={**kwargs, "input_ids": local, "use_cache": False},
@@ -337,7 +393,15 @@ class StreamedModel:
 
     def head(self, chunk: dict[str, torch.Tensor], whole: dict[str, torch.Tensor], normed: torch.Tensor,
              stock: bool = False) -> torch.Tensor:
-        """Logits of the vocabulary rows of `chunk` (a head_chunk), the head's other parameters `whole`."""
+        """Logits of the vocabulary rows of `chunk` (a head_chunk), the head's other parameters `whole` (the final
+        norm's among them where it opens the head; then `normed` is the last block's own output)."""
+        if self.head_norm_names:
+            norm = f"{self.prefix}{self.layout.final_norm}."
+            normed = functional_call(_attr(self._base(stock), self.layout.final_norm),
+                                     {n[len(norm):]: whole[n] for n in self.head_norm_names}, args=(normed,),
+                                     strict=False)
+        if self.layout.head_token is not None:
+            normed = normed[:, self.layout.head_token]
         given = {local: chunk[n] if n in chunk else whole[n] for local, n in self.head_locals.items()}
         module = _attr(self.stock if stock else self.model, self.layout.head)
         return functional_call(module, given, args=(normed,), strict=False)

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import torch
 
-from perm_core.engine.spec import Scramble, apply_axes, transform_param
+from perm_core.engine.spec import PIXELS, Scramble, apply_axes, transform_param
 from perm_core.engine.tokens import model_inputs
 from perm_core.run.trace import TOKEN_RESID, invariant_loss
-from perm_core.stream.forward import LOGITS_AXES, OriginalRun, attention_axes
+from perm_core.stream.forward import OriginalRun, attention_axes
 from perm_core.stream.layout import StreamedModel
 from perm_core.stream.tally import Tally
 
@@ -30,12 +30,13 @@ class Element:
         self.scramble, self.inverse = scramble, scramble.inverse()
         self.layer_kwargs, self.kwargs = model.layer_kwargs(kwargs), kwargs
         self.tally = Tally()
+        self.patch_size = model.geometry.patch_size  # an image's pixels move patch by patch
 
     def moved(self, tensor: torch.Tensor, axes, layer: int | None = None) -> torch.Tensor:
-        return apply_axes(tensor, axes, self.scramble, layer)
+        return apply_axes(tensor, axes, self.scramble, layer, self.patch_size)
 
     def restored(self, tensor: torch.Tensor, axes, layer: int | None = None) -> torch.Tensor:
-        return apply_axes(tensor.detach(), axes, self.inverse, layer)
+        return apply_axes(tensor.detach(), axes, self.inverse, layer, self.patch_size)
 
 
 def _leaf(tensor: torch.Tensor, grad: bool) -> torch.Tensor:
@@ -79,9 +80,9 @@ def head_stage(model: StreamedModel, run: OriginalRun, elements: dict[str, Eleme
             weights = {n: _leaf(transform_param(w, claims[n], element.scramble), backward) for n, w in chunk.items()}
             inputs = _leaf(element.moved(top, TOKEN_RESID), backward)
             out = model.head(weights, moved_whole[label], inputs)
-            element.tally.add("output.logits", logits[..., start:stop], element.restored(out, LOGITS_AXES))
+            element.tally.add("output.logits", logits[..., start:stop], element.restored(out, model.logits_axes))
             if backward:
-                torch.autograd.backward(out, element.moved(grad_logits[..., start:stop], LOGITS_AXES),
+                torch.autograd.backward(out, element.moved(grad_logits[..., start:stop], model.logits_axes),
                                         inputs=[*weights.values(), *moved_whole[label].values(), inputs])
                 moved_grad_top[label] += inputs.grad
                 for name, weight in weights.items():
@@ -126,7 +127,9 @@ def block_stage(model: StreamedModel, layer: int, run: OriginalRun, elements: di
     names = model.block_names(layer)
     hidden = run.block_inputs[layer]
     out_name, attn_name = f"blocks.{layer}.hidden", f"blocks.{layer}.attn"
-    in_name = "grad.input" if layer == 0 else f"grad.blocks.{layer - 1}.hidden"
+    # the embedding's output gradient: the input's for text, where the embedding output is the model's input (an
+    # image's input is its pixels)
+    in_name = f"grad.blocks.{layer - 1}.hidden" if layer else "grad.embed" if model.pixels else "grad.input"
     grads, grad_in = {}, None
     if backward:
         weights = {n: _leaf(w, True) for n, w in model.read(names).items()}
@@ -167,13 +170,18 @@ def _compare_grad(element: Element, name: str, claim, grads: dict):
 def embedding_stage(model: StreamedModel, run: OriginalRun, elements: dict[str, Element], backward: bool,
                     grad_out: torch.Tensor | None, stash: dict, kwargs: dict) -> None:
     """Compare the embedding output and the gradients of its weights: the token table's looked-up rows (a tied
-    head's rows completed) and its other parameters (position embeddings) whole. `kwargs`: the original's model
-    inputs."""
+    head's rows completed) and its other parameters (position embeddings) whole; an image model's pixels' gradient
+    too ("grad.input"). `kwargs`: the original's model inputs."""
     weights = model.embedding_weights(run.looked_up)
     originals: dict[str, torch.Tensor] = {}
     if backward:
         leaves = {n: _leaf(w, True) for n, w in weights.items()}
-        torch.autograd.backward(model.embed(leaves, run.looked_up, kwargs), grad_out, inputs=list(leaves.values()))
+        kwargs, pixels = _with_pixels(model, kwargs, True)
+        torch.autograd.backward(model.embed(leaves, run.looked_up, kwargs), grad_out,
+                                inputs=list(leaves.values()) + pixels)
+        if pixels:
+            originals["grad.input"] = pixels[0].grad
+            run.scales.add("grad.input", pixels[0].grad)
         for name, leaf in leaves.items():
             grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
             originals[name] = _completed(grad, stash.get("original"), run.looked_up) if name == model.embed_name \
@@ -182,10 +190,13 @@ def embedding_stage(model: StreamedModel, run: OriginalRun, elements: dict[str, 
         del leaves
     for label, element in elements.items():
         leaves = {n: _leaf(transform_param(w, model.claims[n], element.scramble), backward) for n, w in weights.items()}
-        out = model.embed(leaves, run.looked_up, element.kwargs)
+        kwargs, pixels = _with_pixels(model, element.kwargs, backward)
+        out = model.embed(leaves, run.looked_up, kwargs)
         element.tally.add("embed", run.records["embed"], element.restored(out, TOKEN_RESID))
         if backward:
-            torch.autograd.backward(out, element.moved(grad_out, TOKEN_RESID), inputs=list(leaves.values()))
+            torch.autograd.backward(out, element.moved(grad_out, TOKEN_RESID), inputs=list(leaves.values()) + pixels)
+            if pixels:
+                element.tally.add("grad.input", originals["grad.input"], element.restored(pixels[0].grad, PIXELS))
             for name, leaf in leaves.items():
                 claim = model.claims[name]
                 grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
@@ -194,6 +205,15 @@ def embedding_stage(model: StreamedModel, run: OriginalRun, elements: dict[str, 
                     restored = _completed(restored, stash.get(label), run.looked_up)
                 element.tally.add(f"grad.param.{name}", originals[name], restored)
         del leaves, out
+
+
+def _with_pixels(model: StreamedModel, kwargs: dict, grad: bool) -> tuple[dict, list[torch.Tensor]]:
+    """An image model's inputs with its pixels as a leaf (their gradient is the model's input gradient), and that
+    leaf in a list; text inputs as they are, and an empty list."""
+    if not (model.pixels and grad):
+        return kwargs, []
+    pixels = _leaf(kwargs["pixel_values"], True)
+    return {**kwargs, "pixel_values": pixels}, [pixels]
 
 
 def _completed(grad_rows: torch.Tensor, head_rows: dict | None, looked_up: list[int]) -> torch.Tensor:

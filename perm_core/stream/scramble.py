@@ -2,8 +2,8 @@
 in the same order, under the same index; every other file of the directory (config, tokenizer) copied beside.
 
 Each parameter is transformed in float64 and rounded once to the written dtype, as cli.scramble.rounded_once does,
-so the written tensors equal the whole-model scramble's. Tensors the class does not own as parameters (buffers a
-checkpoint may carry) are written as they are.
+so the written tensors equal the whole-model scramble's, each under the name the checkpoint stores it by. Tensors
+the class does not own as parameters (buffers a checkpoint may carry) are written as they are.
 """
 
 from __future__ import annotations
@@ -41,14 +41,14 @@ def stream_scramble(directory, key_by_symmetry: dict[str, int], out, dtype: torc
             stored = reader.entries[name].dtype
             return dtype if dtype is not None and stored.is_floating_point else stored
 
-        layout = [(name, written_dtype(name), reader.entries[name].shape) for name in names]
+        layout = [(reader.stored_name(name), written_dtype(name), reader.entries[name].shape) for name in names]
         total += sum(reader.entries[name].numel * written_dtype(name).itemsize for name in names)
         writer = ShardWriter(out / file, layout, reader.metadata[file])
         for name in names:
             tensor = reader.read(name)
             if name in model.claims and tensor.is_floating_point():
                 tensor = transform_param(tensor.to(torch.float64), model.claims[name], scramble)
-            writer.write(name, tensor.to(written_dtype(name)))
+            writer.write(reader.stored_name(name), tensor.to(written_dtype(name)))
             del tensor
         writer.close()
     if reader.index is not None:

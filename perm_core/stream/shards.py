@@ -78,6 +78,7 @@ class ShardReader:
         self.entries: dict[str, Entry] = {}
         self.metadata: dict[str, dict] = {}
         self.order: dict[str, list[str]] = {}  # file -> its tensor names in the order of their bytes
+        self.stored: dict[str, str] = {}  # a renamed tensor's name (rename) -> its name in the checkpoint
         for file in self.files:
             header, metadata, data_start = read_header(self.directory / file)
             self.metadata[file] = metadata
@@ -95,6 +96,19 @@ class ShardReader:
             if wrong:
                 raise CheckpointError(f"{INDEX} names {wrong[0]} in {weight_map[wrong[0]]}, which does not hold it"
                                       + (f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""))
+
+    def rename(self, mapping: dict[str, str]) -> None:
+        """Each tensor under its new name from now on (mapping: its name in the checkpoint -> the new one; a name
+        not in it is kept); stored_name gives the checkpoint's back."""
+        renamed = {mapping.get(name, name): name for name in self.entries}
+        if len(renamed) != len(self.entries):
+            raise CheckpointError(f"{self.directory}: two tensors would be renamed to the same name")
+        self.stored = {new: old for new, old in renamed.items() if new != old}
+        self.entries = {new: self.entries[old] for new, old in renamed.items()}
+        self.order = {file: [mapping.get(name, name) for name in names] for file, names in self.order.items()}
+
+    def stored_name(self, name: str) -> str:
+        return self.stored.get(name, name)
 
     def __contains__(self, name: str) -> bool:
         return name in self.entries

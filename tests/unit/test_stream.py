@@ -51,7 +51,7 @@ def by_name(result) -> dict:
 def test_streamed_and_whole_model_checks_agree(family, tmp_path):
     model, inputs, directory = saved(family, tmp_path)
     assert len(ShardReader(directory).files) > 2  # really sharded
-    symmetries = None if family in ("llama", "gemma3", "gpt2") else ("tokens", "heads", "rotation")
+    symmetries = None if family in ("llama", "gemma3", "gpt2", "vit") else ("tokens", "heads", "rotation")
     kwargs = {} if symmetries is None else {"symmetry_names": symmetries}
     whole = check(model, inputs, **kwargs)
     streamed = stream_check(directory, inputs, **kwargs)
@@ -63,7 +63,7 @@ def test_streamed_and_whole_model_checks_agree(family, tmp_path):
         for name, error in by_name(mine).items():  # both round-off of float64 (a few eps), never apart by more
             theirs_error = by_name(theirs)[name]
             assert error.passed and error.floor_reason == theirs_error.floor_reason, name
-            if error.floor_reason:  # an exact zero (BERT's key-bias gradient): judged on a floor, in absolute terms
+            if error.floor_reason:  # an exact zero (BERT's, ViT's key-bias gradient): judged on a floor, absolute
                 assert abs(error.max_abs_error - theirs_error.max_abs_error) < 1e-15, name
             else:
                 assert abs(error.max_rel_error - theirs_error.max_rel_error) < 1e-13, name
@@ -80,8 +80,9 @@ def test_streamed_and_whole_model_checks_agree(family, tmp_path):
 
 @pytest.mark.parametrize("family", STREAMED_FAMILIES)
 def test_the_streamed_original_run_is_transformers_own_forward(family, tmp_path, monkeypatch):
-    """The stages, run one after the other, are the stock model: its embedding output (position embeddings added),
-    every block's output, the normed last hidden state and the logits, as transformers' whole forward gives them."""
+    """The stages, run one after the other, are the stock model: its embedding output (position embeddings added;
+    ViT's patches, [CLS] token and positions), every block's output, the last hidden state (normed where the stock
+    model's is) and the logits, as transformers' whole forward gives them."""
     from perm_core.stream.forward import forward_pass
     from perm_core.stream.layout import StreamedModel
 
@@ -115,6 +116,20 @@ def test_the_streamed_original_run_is_transformers_own_forward(family, tmp_path,
         wrong, _ = forward_pass(streamed, inputs, stock=False)
         assert (wrong.records["blocks.0.hidden"] - out.hidden_states[1]).abs().max() <= 1e-12 * logits.abs().max()
         assert (wrong.records["blocks.1.hidden"] - out.hidden_states[2]).abs().max() > 0.1  # the last, normed
+    if family == "vit":  # its position table left out of the embedding; its final norm's bias out of the head
+        real = StreamedModel.embedding_weights
+        monkeypatch.setattr(StreamedModel, "embedding_weights", lambda self, looked_up: {
+            n: torch.zeros_like(w) if n.endswith("position_embeddings") else w
+            for n, w in real(self, looked_up).items()})
+        wrong, _ = forward_pass(streamed, inputs, stock=False)
+        assert (wrong.records["embed"] - out.hidden_states[0]).abs().max() > 0.1
+        monkeypatch.undo()
+        read = StreamedModel.read
+        monkeypatch.setattr(StreamedModel, "read", lambda self, names: {
+            n: torch.zeros_like(w) if n == "vit.layernorm.bias" else w for n, w in read(self, names).items()})
+        wrong, _ = forward_pass(streamed, inputs, stock=False)
+        assert (wrong.records["blocks.1.hidden"] - out.hidden_states[2]).abs().max() <= 1e-12 * logits.abs().max()
+        assert (wrong.records["output.logits"] - logits).abs().max() > 1e-3 * logits.abs().max()
 
 
 def plant(monkeypatch, family: str, bug: Rule) -> None:
@@ -142,6 +157,9 @@ BUGS = {
     "bert attention.output.dense.bias": ("bert", "channels", Rule(
         r"(?:bert\.)?encoder\.layer\.(?P<layer>1)\.attention\.output\.dense\.bias", (None,), "attn.o"), 1,
         "bert.encoder.layer.1.attention.output.dense.bias"),
+    # ViT block 1's MLP output bias forgotten (the checkpoint stores it as encoder.layer.1.output.dense.bias)
+    "vit mlp.fc2.bias": ("vit", "channels", Rule(r"(?:vit\.)?layers\.(?P<layer>1)\.mlp\.fc2\.bias", (None,), "mlp.out"),
+                         1, "vit.layers.1.mlp.fc2.bias"),
 }
 
 
@@ -172,7 +190,7 @@ def test_a_spec_bug_in_a_middle_block_is_found_and_named_by_both(bug, monkeypatc
                for n in failing)
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2", "bert"])
+@pytest.mark.parametrize("family", ["llama", "gpt2", "bert", "vit"])
 def test_a_control_that_does_not_break_fails_the_streamed_report(family, monkeypatch, tmp_path):
     from perm_core.engine import symmetries
 
@@ -192,7 +210,7 @@ def test_a_control_that_does_not_break_fails_the_streamed_report(family, monkeyp
     assert all(c.broken for c in report.controls if c is not posing) and all(c.passed for c in report.checks)
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2", "bert"])
+@pytest.mark.parametrize("family", ["llama", "gpt2", "bert", "vit"])
 def test_streamed_scramble_writes_the_same_shards_as_the_whole_model_scramble(family, tmp_path, capsys):
     import transformers as hf
 
@@ -208,12 +226,15 @@ def test_streamed_scramble_writes_the_same_shards_as_the_whole_model_scramble(fa
         assert torch.equal(streamed.read(name), whole.read(name)), name
     moved = [n for n in source.names() if not torch.equal(source.read(n), streamed.read(n))]
     assert len(moved) > len(source.names()) // 2  # the control: the weights did change
-    auto = hf.AutoModelForMaskedLM if family == "bert" else hf.AutoModelForCausalLM
+    auto = {"bert": hf.AutoModelForMaskedLM, "vit": hf.AutoModelForImageClassification}.get(
+        family, hf.AutoModelForCausalLM)
     original = auto.from_pretrained(tmp_path / family).double().eval()
     scrambled = auto.from_pretrained(tmp_path / "streamed").double().eval()
     with torch.no_grad():
         a, b = original(**inputs).logits, scrambled(**inputs).logits
     assert (a - b).abs().max() / a.abs().max() < 1e-6  # stock transformers, float32 RMSNorm inside
+    if family == "vit":  # ViT's checkpoint names are not its parameters' (transformers renames them on loading)
+        assert "vit.encoder.layer.0.attention.attention.query.weight" in streamed.names()
 
 
 SHAPES = {"llama": {"hidden_size": 512, "intermediate_size": 2048, "num_attention_heads": 8, "num_key_value_heads": 2,
@@ -273,11 +294,12 @@ def test_bad_checkpoints_get_one_clear_line(tmp_path, capsys):
     with pytest.raises(CheckpointError, match="holds model.layers.0.mlp.surprise.weight, which is no parameter"):
         stream_check(other, inputs, ["channels"])
 
-    _, _, vit = saved("vit", tmp_path)
+    _, _, distilbert = saved("distilbert", tmp_path)
     with pytest.raises(StreamingUnsupportedError, match=r"llama, mistral, qwen2, qwen3, gemma3; GPT2LMHeadModel "
-                                                        r"\(gpt2\); BertForMaskedLM \(bert\); this checkpoint is "
-                                                        "ViTForImageClassification"):
-        stream_check(vit, inputs, ["channels"])
+                                                        r"\(gpt2\); BertForMaskedLM \(bert\); "
+                                                        r"ViTForImageClassification \(vit\); this checkpoint is "
+                                                        "DistilBertForMaskedLM"):
+        stream_check(distilbert, inputs, ["channels"])
     result = cli_here(capsys, "check", "random:llama", "--stream")
     assert result.returncode == 2 and "--stream reads a checkpoint directory" in result.stderr
 
@@ -301,3 +323,14 @@ def test_check_cli_streams_when_told_and_by_itself(tmp_path, capsys, monkeypatch
     assert whole.returncode == 0 and "streamed" not in json.loads(whole.stdout) and not whole.stderr
     errors = {c["symmetry"] + c["direction"]: c["max_rel_error"] for c in report["checks"]}
     assert all(math.isfinite(e) and e < 1e-13 for e in errors.values())
+
+
+def test_check_cli_streams_an_image_checkpoint(tmp_path, capsys):
+    """An image model's streamed check on the CLI's own default input (a sample picture at the config's size)."""
+    _, _, directory = saved("vit", tmp_path)
+    result = cli_here(capsys, "check", str(directory), "--stream", "--symmetry", "tokens", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["passed"] and report["family"] == "vit" and "streamed" in report
+    errors = [c["max_rel_error"] for c in report["checks"]]
+    assert len(errors) == 2 and all(0 < e < 1e-13 for e in errors)
