@@ -243,7 +243,9 @@ SHAPES = {"llama": {"hidden_size": 512, "intermediate_size": 2048, "num_attentio
           # 9 blocks: from 10 on, this random BERT's last key-weight gradient is ill-conditioned (float64 round-off
           # past 1e-9, which the streamed check does not measure)
           "bert": {"hidden_size": 512, "intermediate_size": 3072, "num_attention_heads": 8,
-                   "num_hidden_layers": 9}}  # blocks of about 30 MiB in float64
+                   "num_hidden_layers": 9},
+          "vit": {"hidden_size": 512, "intermediate_size": 3072, "num_attention_heads": 8,
+                  "num_hidden_layers": 10}}  # blocks of about 30 MiB in float64
 
 
 @pytest.mark.parametrize("family", SHAPES)
@@ -264,10 +266,10 @@ def test_memory_is_bounded_by_the_largest_block(family, tmp_path):
              + memory["embedding_rows_bytes"] + memory["transforms_bytes"] + memory["head_whole_bytes"]
              + memory["first_use_bytes"])
     assert memory["transforms_bytes"] > 0 and memory["bound_bytes"] == parts  # the keys' permutations are held too
-    # BERT's head transform (a d x d dense and a norm) is read whole: counted, in the original's and the element's
-    # copies with their gradients
-    transform = memory["head_whole_bytes"]
-    assert transform == 0 if family != "bert" else transform >= 4 * SHAPES["bert"]["hidden_size"] ** 2 * 8
+    # BERT's head transform (a d x d dense and a norm), ViT's final norm, are read whole: counted, in the original's
+    # and the element's copies with their gradients
+    whole, width = memory["head_whole_bytes"], SHAPES[family].get("hidden_size", 0)
+    assert whole == {"bert": (width**2 + 3 * width) * 8 * 4, "vit": 2 * width * 8 * 4}.get(family, 0)
     stages = memory["stage_held_bytes"]  # each stage's own mark: the check's peak is the largest of them
     assert {"original run and controls", "head", "block 0", "block 7", "embedding"} <= set(stages)
     assert max(stages.values()) == memory["held_bytes"]
