@@ -57,6 +57,11 @@ class MemoryBound:
     # every layer among them), held from start to end
     head_whole: int = 0  # the head's parameters besides its vocabulary rows (BERT's transform, ViT's final norm),
     # read whole: the original and each element's transformed copy, with their gradients
+    # a stage's rerun in the other dtype for its round-off allowance (stream.allowance): a float32 check's float64
+    # block, its two largest tensors and its activations; a float64 check's float32 rerun holds at most its original's
+    # gradients and half a block of weights (or half a block of un-scrambled tensors and a transformed copy), within
+    # the three copies above, so nothing is added for it
+    allowance: int = 0
     first_use: int = FIRST_USE_BYTES
     baseline: int | None = None  # resident before the check (the interpreter, torch, transformers)
     peak: int | None = None  # resident high-water mark during the check
@@ -67,7 +72,7 @@ class MemoryBound:
     @property
     def bound(self) -> int:
         return (3 * self.largest_block + 2 * self.largest_tensor + self.activations + self.embedding_rows
-                + self.transforms + self.head_whole + self.first_use)
+                + self.transforms + self.head_whole + self.allowance + self.first_use)
 
     @property
     def held(self) -> int | None:
@@ -81,6 +86,7 @@ class MemoryBound:
                 "largest_tensor_bytes": self.largest_tensor,
                 "activation_bytes": self.activations, "embedding_rows_bytes": self.embedding_rows,
                 "transforms_bytes": self.transforms, "head_whole_bytes": self.head_whole,
+                "allowance_bytes": self.allowance,
                 "first_use_bytes": self.first_use,
                 "baseline_rss_bytes": self.baseline, "peak_rss_bytes": self.peak, "held_bytes": self.held,
                 "peak_since_start": self.peak_since_start, "stage_held_bytes": self.stages,

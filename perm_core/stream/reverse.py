@@ -17,6 +17,7 @@ import torch
 from perm_core.engine.spec import PIXELS, Scramble, apply_axes, transform_param
 from perm_core.engine.tokens import model_inputs
 from perm_core.run.trace import TOKEN_RESID, invariant_loss
+from perm_core.stream.allowance import Allowances
 from perm_core.stream.forward import OriginalRun, attention_axes
 from perm_core.stream.layout import StreamedModel
 from perm_core.stream.tally import Tally
@@ -120,51 +121,105 @@ def _set_aside(grad: torch.Tensor, rows: list[int], stash: dict, owner: str, sta
     return grad
 
 
-def block_stage(model: StreamedModel, layer: int, run: OriginalRun, elements: dict[str, Element], backward: bool,
-                grad_out: torch.Tensor | None, original_kwargs: dict) -> torch.Tensor | None:
-    """Compare block `layer` under every element (`original_kwargs`: what the original block is given besides its
-    input); returns the original's gradient at its input."""
-    names = model.block_names(layer)
-    hidden = run.block_inputs[layer]
-    out_name, attn_name = f"blocks.{layer}.hidden", f"blocks.{layer}.attn"
-    # the embedding's output gradient: the input's for text, where the embedding output is the model's input (an
-    # image's input is its pixels)
+def _block_tensor_names(model: StreamedModel, layer: int) -> tuple[str, str, str]:
+    """(its output, its attention, its input's gradient): the embedding's output gradient for block 0, the input's
+    for text, where the embedding output is the model's input (an image's input is its pixels)."""
     in_name = f"grad.blocks.{layer - 1}.hidden" if layer else "grad.embed" if model.pixels else "grad.input"
-    grads, grad_in = {}, None
-    if backward:
-        weights = {n: _leaf(w, True) for n, w in model.read(names).items()}
-        inputs = _leaf(hidden, True)
-        out, _ = model.block(layer, weights, inputs, original_kwargs)
-        torch.autograd.backward(out, grad_out, inputs=[inputs, *weights.values()])
-        grad_in = inputs.grad
-        run.scales.add(in_name, grad_in)
-        for name, weight in weights.items():
-            grads[name] = weight.grad
-            run.scales.add(f"grad.param.{name}", weight.grad)
-        del weights, out
-    for element in elements.values():
-        weights = {n: _leaf(transform_param(model.reader.read(n, model.dtype), model.claims[n], element.scramble),
-                            backward) for n in names}
-        handles = [w.register_post_accumulate_grad_hook(_compare_grad(element, n, model.claims[n], grads))
-                   for n, w in weights.items()] if backward else []
-        inputs = _leaf(element.moved(hidden, TOKEN_RESID), backward)
-        out, attention = model.block(layer, weights, inputs, element.layer_kwargs[layer])
-        element.tally.add(out_name, run.records[out_name], element.restored(out, TOKEN_RESID))
-        element.tally.add(attn_name, run.records[attn_name], element.restored(attention, attention_axes(layer), layer))
+    return f"blocks.{layer}.hidden", f"blocks.{layer}.attn", in_name
+
+
+def _run_block(model: StreamedModel, layer: int, weights: dict[str, torch.Tensor], hidden: torch.Tensor,
+               grad_out: torch.Tensor | None, kwargs: dict, backward: bool, found, element: Element | None = None):
+    """One run of block `layer` with `weights` on `hidden` (and backward, `grad_out` at its output), moved by
+    `element` if one is given: each of its tensors, restored to the original's frame, is handed to
+    found(name, tensor) as it is made, a parameter's gradient as backward makes it (then dropped)."""
+    out_name, attn_name, in_name = _block_tensor_names(model, layer)
+    moved = element.moved if element is not None else lambda t, axes, layer=None: t
+    restored = element.restored if element is not None else lambda t, axes, layer=None: t.detach()
+    leaves = {n: _leaf(w, backward) for n, w in weights.items()}
+    weights.clear()  # the leaves are the only copy
+    handles = [w.register_post_accumulate_grad_hook(_handed(found, n, model.claims[n], restored))
+               for n, w in leaves.items()] if backward else []
+    try:
+        inputs = _leaf(moved(hidden, TOKEN_RESID), backward)
+        out, attention = model.block(layer, leaves, inputs, kwargs)
+        found(out_name, restored(out, TOKEN_RESID))
+        found(attn_name, restored(attention, attention_axes(layer), layer))
         if backward:
-            torch.autograd.backward(out, element.moved(grad_out, TOKEN_RESID), inputs=[inputs, *weights.values()])
-            element.tally.add(in_name, grad_in, element.restored(inputs.grad, TOKEN_RESID))
+            torch.autograd.backward(out, moved(grad_out, TOKEN_RESID), inputs=[inputs, *leaves.values()])
+            found(in_name, restored(inputs.grad, TOKEN_RESID))
+    finally:
         for handle in handles:
             handle.remove()
-        del weights, out, attention, inputs
-    return grad_in
 
 
-def _compare_grad(element: Element, name: str, claim, grads: dict):
+def _handed(found, name: str, claim, restored):
     def hook(leaf: torch.Tensor) -> None:
         grad, leaf.grad = leaf.grad, None
-        element.tally.add(f"grad.param.{name}", grads[name], element.restored(grad, claim.rule.axes, claim.layer))
+        found(f"grad.param.{name}", restored(grad, claim.rule.axes, claim.layer))
     return hook
+
+
+def block_stage(model: StreamedModel, layer: int, run: OriginalRun, elements: dict[str, Element], backward: bool,
+                grad_out: torch.Tensor | None, original_kwargs: dict,
+                allowance: Allowances | None = None) -> torch.Tensor | None:
+    """Compare block `layer` under every element (`original_kwargs`: what the original block is given besides its
+    input), with the stage's round-off allowance measured where a tensor needs it (`allowance`); returns the
+    original's gradient at its input."""
+    names = model.block_names(layer)
+    hidden = run.block_inputs[layer]
+    out_name, attn_name, in_name = _block_tensor_names(model, layer)
+    original = {out_name: run.records[out_name], attn_name: run.records[attn_name]}
+
+    def keep(name: str, tensor: torch.Tensor) -> None:
+        if name.startswith("grad."):  # the forward's are the original run's records already
+            original[name] = tensor
+            run.scales.add(name, tensor)
+
+    if backward:
+        _run_block(model, layer, model.read(names), hidden, grad_out, original_kwargs, True, keep)
+    grad_in = original.get(in_name)
+
+    def transformed(element: Element, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        return {n: transform_param(model.reader.read(n, model.dtype), model.claims[n], element.scramble).to(dtype)
+                for n in names}
+
+    for element in elements.values():
+        _run_block(model, layer, transformed(element, model.dtype), hidden, grad_out, element.layer_kwargs[layer],
+                   backward, lambda name, tensor, tally=element.tally: tally.add(name, original[name], tensor), element)
+    if allowance is None:
+        return grad_in
+    other = allowance.other
+
+    def cast(tensor: torch.Tensor | None) -> torch.Tensor | None:
+        return None if tensor is None else tensor.to(other)
+
+    def original_roundoff() -> Tally:
+        """The original block rerun in the other dtype (its weights, input and output gradient cast)."""
+        tally = Tally()
+        weights = {n: model.reader.read(n, model.dtype).to(other) for n in names}
+        _run_block(allowance.other_model, layer, weights, cast(hidden), cast(grad_out),
+                   allowance.original_kwargs[layer], backward, lambda n, t: tally.add(n, original[n], t))
+        return tally
+
+    def drop_originals() -> None:  # the element's round-off is measured between its own two runs
+        for name in [n for n in original if n.startswith("grad.param.")]:
+            del original[name]
+
+    def element_roundoff(label: str) -> Tally:
+        """The element's transformed block, rerun in the other dtype and un-scrambled, against its checked run."""
+        kept, tally = {}, Tally()
+        mine, theirs = elements[label], allowance.other_element(label)
+        _run_block(allowance.other_model, layer, transformed(mine, other), cast(hidden), cast(grad_out),
+                   theirs.layer_kwargs[layer], backward, kept.__setitem__, theirs)
+        _run_block(model, layer, transformed(mine, model.dtype), hidden, grad_out, mine.layer_kwargs[layer], backward,
+                   lambda n, t: tally.add(n, kept.pop(n), t), mine)
+        return tally
+
+    allowance.measure(f"block {layer}", [out_name, attn_name, *([in_name] if backward else []),
+                                         *(f"grad.param.{n}" for n in names if backward)],
+                      run.scales, original_roundoff, element_roundoff, drop_originals)
+    return grad_in
 
 
 def embedding_stage(model: StreamedModel, run: OriginalRun, elements: dict[str, Element], backward: bool,
