@@ -55,6 +55,11 @@ class StageLayout:
 _CAUSAL_LM = StageLayout("ForCausalLM", built=("rotary_emb",))  # embed_tokens -> layers -> norm -> lm_head
 LAYOUTS: dict[str, StageLayout] = {
     "llama": _CAUSAL_LM, "mistral": _CAUSAL_LM, "qwen2": _CAUSAL_LM, "qwen3": _CAUSAL_LM, "gemma3": _CAUSAL_LM,
+    "phi3": _CAUSAL_LM,  # fused qkv_proj and gate_up_proj inside its blocks: nothing of the stages changes
+    # embed_in -> layers (a parallel residual, partial rotary) -> final_layer_norm -> lm_head (stored as embed_out
+    # by old checkpoints, renamed on loading)
+    "gpt_neox": StageLayout("ForCausalLM", base="gpt_neox", attention="attention", token_embedding="embed_in",
+                            final_norm="final_layer_norm", built=("rotary_emb",)),
     # wte + wpe -> h -> ln_f -> lm_head (tied to wte)
     "gpt2": StageLayout("GPT2LMHeadModel", base="transformer", blocks="h", attention="attn", token_embedding="wte",
                         final_norm="ln_f"),
@@ -63,6 +68,11 @@ LAYOUTS: dict[str, StageLayout] = {
     "bert": StageLayout("BertForMaskedLM", base="bert", blocks="encoder.layer", attention="attention.self",
                         token_embedding="embeddings.word_embeddings", final_norm=None, head="cls.predictions",
                         head_output="decoder", built=("embeddings",)),
+    # RoBERTa: BERT's layout under roberta.*, its MLM head lm_head.{dense,layer_norm} whole and lm_head.decoder
+    # (tied to the word embeddings) with its bias in chunks; position ids counted from padding_idx + 1
+    "roberta": StageLayout("RobertaForMaskedLM", base="roberta", blocks="encoder.layer", attention="attention.self",
+                           token_embedding="embeddings.word_embeddings", final_norm=None, head="lm_head",
+                           head_output="decoder", built=("embeddings",)),
     # pixels -> patch projection, [CLS] token and position table -> layers -> the final layernorm, then the
     # classifier on the [CLS] token (its rows, the labels, run as the vocabulary's are)
     "vit": StageLayout("ViTForImageClassification", base="vit", attention="attention", token_embedding=None,
@@ -173,8 +183,8 @@ class StreamedModel:
             for path in self.layout.built:
                 module = _attr(getattr(meta, self.layout.base), path)
                 config = copy.deepcopy(meta.config)
-                if hasattr(config, "vocab_size"):
-                    config.vocab_size = 1  # its parameters are the checkpoint's: only the buffers are wanted
+                if hasattr(config, "vocab_size"):  # its parameters are the checkpoint's: only the buffers are wanted
+                    config.vocab_size = (getattr(config, "pad_token_id", None) or 0) + 1  # (RoBERTa's padding row)
                 real = type(module)(config)
                 for name, buffer in real.named_buffers():
                     owner, _, leaf = name.rpartition(".")
@@ -338,9 +348,9 @@ class StreamedModel:
 
     def embed(self, weights: dict[str, torch.Tensor], looked_up: list[int], kwargs: dict, stock: bool = False):
         """The embedding stage: the base model's own forward on `kwargs` (model inputs) up to its first block, with
-        the token table's looked-up rows only (ids renumbered into `weights`' rows) and its other embedding
-        parameters whole (an image model: every embedding parameter whole, on its pixels). Returns the first block's
-        input."""
+        the token table's looked-up rows only (the ids renumbered into `weights`' rows for the table alone) and its
+        other embedding parameters whole (an image model: every embedding parameter whole, on its pixels). Returns
+        the first block's input."""
         base = self._base(stock)
         sink: list = [None]
         first = _Recorder(sink, 0, self._blocks(stock)[0], stop=True)
@@ -355,15 +365,15 @@ class StreamedModel:
         table.num_embeddings = len(looked_up)
         pad = getattr(table, "padding_idx", None)
         table.padding_idx = position.get(pad) if pad is not None else None
-        ids = kwargs["input_ids"]
-        local = ids.clone().apply_(position.__getitem__)
+        # the table alone sees the ids renumbered into its rows: the rest of the base reads the real ones (RoBERTa
+        # counts its position ids from the ids that are not its padding id)
+        table.register_forward_pre_hook(lambda m, args: (args[0].clone().apply_(position.__getitem__), *args[1:]))
         given = {self._local(n): w for n, w in weights.items()}
         if hasattr(table, "scalar_embed_scale"):  # Gemma 3 scales its embeddings by a buffer
             given[f"{self.layout.token_embedding}.embed_scale"] = torch.tensor(table.scalar_embed_scale)
         swapped = {self.layout.blocks: torch.nn.ModuleList([first]), self.layout.token_embedding: table}
         with self._swapped(base, swapped), contextlib.suppress(_Stop):
-            functional_call(base, given, args=(), kwargs={**kwargs, "input_ids": local, "use_cache": False},
-                            strict=False)
+            functional_call(base, given, args=(), kwargs={**kwargs, "use_cache": False}, strict=False)
         return first.hidden
 
     def block(self, layer: int, weights: dict[str, torch.Tensor], hidden: torch.Tensor, kwargs: dict,

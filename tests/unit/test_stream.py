@@ -135,6 +135,25 @@ def test_the_streamed_original_run_is_transformers_own_forward(family, tmp_path,
         assert (wrong.records["output.logits"] - logits).abs().max() > 1e-3 * logits.abs().max()
 
 
+def test_roberta_counts_its_positions_from_the_real_ids(tmp_path):
+    """RoBERTa's embedding counts position ids from the ids that are not its padding id: the stock run (no position
+    ids given) reads the real ids, the token table alone its rows renumbered. With no id 0 in the input, the padding
+    id 1 is the table's row 0 and another token its row 1: renumbered ids would move every position."""
+    from perm_core.stream.forward import forward_pass
+    from perm_core.stream.layout import StreamedModel
+
+    model, _, directory = saved("roberta", tmp_path)
+    ids = torch.tensor([[5, 4, 7, 9, 3, 1]])
+    inputs = {"input_ids": ids, "attention_mask": (ids != 1).long()}
+    with torch.no_grad():
+        logits = model(**inputs).logits
+    run, _ = forward_pass(StreamedModel(directory, torch.float64), inputs)
+    assert run.looked_up[:2] == [1, 3]  # the control: the padding id is not its own row
+    assert (run.stock_logits - logits).abs().max() <= 1e-12 * logits.abs().max()
+    assert (run.records["output.logits"] - logits).abs().max() <= 1e-12 * logits.abs().max()
+    assert stream_check(directory, inputs, ["tokens"]).passed
+
+
 def plant(monkeypatch, family: str, bug: Rule) -> None:
     """A spec bug: `bug` claims its parameters before the family's own rules do."""
     import importlib
@@ -160,6 +179,17 @@ BUGS = {
     "bert attention.output.dense.bias": ("bert", "channels", Rule(
         r"(?:bert\.)?encoder\.layer\.(?P<layer>1)\.attention\.output\.dense\.bias", (None,), "attn.o"), 1,
         "bert.encoder.layer.1.attention.output.dense.bias"),
+    # RoBERTa block 1's attention output bias forgotten
+    "roberta attention.output.dense.bias": ("roberta", "channels", Rule(
+        r"(?:roberta\.)?encoder\.layer\.(?P<layer>1)\.attention\.output\.dense\.bias", (None,), "attn.o"), 1,
+        "roberta.encoder.layer.1.attention.output.dense.bias"),
+    # GPT-NeoX block 1's MLP output bias forgotten (its parallel residual: the MLP reads the block's input)
+    "gpt_neox mlp.dense_4h_to_h.bias": ("gpt_neox", "channels", Rule(
+        r"(?:gpt_neox\.)?layers\.(?P<layer>1)\.mlp\.dense_4h_to_h\.bias", (None,), "mlp.out"), 1,
+        "gpt_neox.layers.1.mlp.dense_4h_to_h.bias"),
+    # Phi-3 block 1's MLP output projection's input axis claimed as untouched (its fused gate_up_proj moves them)
+    "phi3 mlp.down_proj": ("phi3", "mlp", Rule(r"(?:model\.)?layers\.(?P<layer>1)\.mlp\.down_proj\.weight",
+                                               ("resid", None), "mlp.out"), 1, "model.layers.1.mlp.down_proj.weight"),
     # ViT block 1's MLP output bias forgotten (the checkpoint stores it as encoder.layer.1.output.dense.bias)
     "vit mlp.fc2.bias": ("vit", "channels", Rule(r"(?:vit\.)?layers\.(?P<layer>1)\.mlp\.fc2\.bias", (None,), "mlp.out"),
                          1, "vit.layers.1.mlp.fc2.bias"),
@@ -193,7 +223,7 @@ def test_a_spec_bug_in_a_middle_block_is_found_and_named_by_both(bug, monkeypatc
                for n in failing)
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2", "bert", "vit"])
+@pytest.mark.parametrize("family", ["llama", "gpt2", "bert", "vit", "roberta", "gpt_neox", "phi3"])
 def test_a_control_that_does_not_break_fails_the_streamed_report(family, monkeypatch, tmp_path):
     from perm_core.engine import symmetries
 
@@ -213,7 +243,7 @@ def test_a_control_that_does_not_break_fails_the_streamed_report(family, monkeyp
     assert all(c.broken for c in report.controls if c is not posing) and all(c.passed for c in report.checks)
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2", "bert", "vit"])
+@pytest.mark.parametrize("family", ["llama", "gpt2", "bert", "vit", "roberta", "gpt_neox", "phi3"])
 def test_streamed_scramble_writes_the_same_shards_as_the_whole_model_scramble(family, tmp_path, capsys):
     import transformers as hf
 
@@ -229,7 +259,8 @@ def test_streamed_scramble_writes_the_same_shards_as_the_whole_model_scramble(fa
         assert torch.equal(streamed.read(name), whole.read(name)), name
     moved = [n for n in source.names() if not torch.equal(source.read(n), streamed.read(n))]
     assert len(moved) > len(source.names()) // 2  # the control: the weights did change
-    auto = {"bert": hf.AutoModelForMaskedLM, "vit": hf.AutoModelForImageClassification}.get(
+    auto = {"bert": hf.AutoModelForMaskedLM, "roberta": hf.AutoModelForMaskedLM,
+            "vit": hf.AutoModelForImageClassification}.get(
         family, hf.AutoModelForCausalLM)
     original = auto.from_pretrained(tmp_path / family).double().eval()
     scrambled = auto.from_pretrained(tmp_path / "streamed").double().eval()
@@ -371,8 +402,10 @@ def test_bad_checkpoints_get_one_clear_line(tmp_path, capsys):
         stream_check(other, inputs, ["channels"])
 
     _, _, distilbert = saved("distilbert", tmp_path)
-    with pytest.raises(StreamingUnsupportedError, match=r"llama, mistral, qwen2, qwen3, gemma3; GPT2LMHeadModel "
+    with pytest.raises(StreamingUnsupportedError, match=r"llama, mistral, qwen2, qwen3, gemma3, phi3, "
+                                                        r"gpt_neox; GPT2LMHeadModel "
                                                         r"\(gpt2\); BertForMaskedLM \(bert\); "
+                                                        r"RobertaForMaskedLM \(roberta\); "
                                                         r"ViTForImageClassification \(vit\); this checkpoint is "
                                                         "DistilBertForMaskedLM"):
         stream_check(distilbert, inputs, ["channels"])
