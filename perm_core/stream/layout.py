@@ -77,6 +77,10 @@ LAYOUTS: dict[str, StageLayout] = {
     # classifier on the [CLS] token (its rows, the labels, run as the vocabulary's are)
     "vit": StageLayout("ViTForImageClassification", base="vit", attention="attention", token_embedding=None,
                        final_norm="layernorm", norm_opens_head=True, head="classifier", head_token=0),
+    # DeiT's one-classifier class: ViT's stages, a distillation token beside the [CLS] token in the embedding (the
+    # teacher class, which averages two classifiers on tokens 0 and 1, is not streamed: its head reads two tokens)
+    "deit": StageLayout("DeiTForImageClassification", base="deit", attention="attention", token_embedding=None,
+                        final_norm="layernorm", norm_opens_head=True, head="classifier", head_token=0),
 }
 STREAMED_FAMILIES = tuple(LAYOUTS)
 

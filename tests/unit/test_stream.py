@@ -23,10 +23,14 @@ from tests.unit.test_cli import cli_here
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
+STREAMED_CLASS = {"deit": "DeiTForImageClassification"}  # where the streamed class is not the zoo's (its teacher)
+
+
 def saved(family: str, tmp_path, seed: int = 0, shard: str = "40KB", tweak=None, **config):
-    """A random model of the family (norms, biases and embeddings far from init), written as sharded float32
-    safetensors; returns (the model in float64, its inputs, the directory). tweak(model): changed before writing."""
-    model, _ = build_random_model(family, seed=seed)
+    """A random model of the family's streamed class (norms, biases and embeddings far from init), written as sharded
+    float32 safetensors; returns (the model in float64, its inputs, the directory). tweak(model): changed before
+    writing."""
+    model, _ = build_random_model(family, seed=seed, model_class=STREAMED_CLASS.get(family))
     if config:  # another shape of the same family, randomized the same way
         from perm_core.models.random_models import randomize_
 
@@ -54,7 +58,7 @@ def by_name(result) -> dict:
 def test_streamed_and_whole_model_checks_agree(family, tmp_path):
     model, inputs, directory = saved(family, tmp_path)
     assert len(ShardReader(directory).files) > 2  # really sharded
-    symmetries = None if family in ("llama", "gemma3", "gpt2", "vit") else ("tokens", "heads", "rotation")
+    symmetries = None if family in ("llama", "gemma3", "gpt2", "vit", "deit") else ("tokens", "heads", "rotation")
     kwargs = {} if symmetries is None else {"symmetry_names": symmetries}
     whole = check(model, inputs, **kwargs)
     streamed = stream_check(directory, inputs, **kwargs)
@@ -119,17 +123,18 @@ def test_the_streamed_original_run_is_transformers_own_forward(family, tmp_path,
         wrong, _ = forward_pass(streamed, inputs, stock=False)
         assert (wrong.records["blocks.0.hidden"] - out.hidden_states[1]).abs().max() <= 1e-12 * logits.abs().max()
         assert (wrong.records["blocks.1.hidden"] - out.hidden_states[2]).abs().max() > 0.1  # the last, normed
-    if family == "vit":  # its position table left out of the embedding; its final norm's bias out of the head
+    if family in ("vit", "deit"):  # its position table (DeiT's distillation token) left out of the embedding; its
+        # final norm's bias out of the head
+        left_out = "distillation_token" if family == "deit" else "position_embeddings"
         real = StreamedModel.embedding_weights
         monkeypatch.setattr(StreamedModel, "embedding_weights", lambda self, looked_up: {
-            n: torch.zeros_like(w) if n.endswith("position_embeddings") else w
-            for n, w in real(self, looked_up).items()})
+            n: torch.zeros_like(w) if n.endswith(left_out) else w for n, w in real(self, looked_up).items()})
         wrong, _ = forward_pass(streamed, inputs, stock=False)
         assert (wrong.records["embed"] - out.hidden_states[0]).abs().max() > 0.1
         monkeypatch.undo()
         read = StreamedModel.read
         monkeypatch.setattr(StreamedModel, "read", lambda self, names: {
-            n: torch.zeros_like(w) if n == "vit.layernorm.bias" else w for n, w in read(self, names).items()})
+            n: torch.zeros_like(w) if n == f"{family}.layernorm.bias" else w for n, w in read(self, names).items()})
         wrong, _ = forward_pass(streamed, inputs, stock=False)
         assert (wrong.records["blocks.1.hidden"] - out.hidden_states[2]).abs().max() <= 1e-12 * logits.abs().max()
         assert (wrong.records["output.logits"] - logits).abs().max() > 1e-3 * logits.abs().max()
@@ -193,6 +198,9 @@ BUGS = {
     # ViT block 1's MLP output bias forgotten (the checkpoint stores it as encoder.layer.1.output.dense.bias)
     "vit mlp.fc2.bias": ("vit", "channels", Rule(r"(?:vit\.)?layers\.(?P<layer>1)\.mlp\.fc2\.bias", (None,), "mlp.out"),
                          1, "vit.layers.1.mlp.fc2.bias"),
+    # DeiT block 1's MLP output bias forgotten
+    "deit mlp.fc2.bias": ("deit", "channels", Rule(r"(?:deit\.)?layers\.(?P<layer>1)\.mlp\.fc2\.bias", (None,),
+                                                   "mlp.out"), 1, "deit.layers.1.mlp.fc2.bias"),
 }
 
 
@@ -223,7 +231,7 @@ def test_a_spec_bug_in_a_middle_block_is_found_and_named_by_both(bug, monkeypatc
                for n in failing)
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2", "bert", "vit", "roberta", "gpt_neox", "phi3"])
+@pytest.mark.parametrize("family", ["llama", "gpt2", "bert", "vit", "roberta", "gpt_neox", "phi3", "deit"])
 def test_a_control_that_does_not_break_fails_the_streamed_report(family, monkeypatch, tmp_path):
     from perm_core.engine import symmetries
 
@@ -243,7 +251,7 @@ def test_a_control_that_does_not_break_fails_the_streamed_report(family, monkeyp
     assert all(c.broken for c in report.controls if c is not posing) and all(c.passed for c in report.checks)
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2", "bert", "vit", "roberta", "gpt_neox", "phi3"])
+@pytest.mark.parametrize("family", ["llama", "gpt2", "bert", "vit", "roberta", "gpt_neox", "phi3", "deit"])
 def test_streamed_scramble_writes_the_same_shards_as_the_whole_model_scramble(family, tmp_path, capsys):
     import transformers as hf
 
@@ -260,7 +268,7 @@ def test_streamed_scramble_writes_the_same_shards_as_the_whole_model_scramble(fa
     moved = [n for n in source.names() if not torch.equal(source.read(n), streamed.read(n))]
     assert len(moved) > len(source.names()) // 2  # the control: the weights did change
     auto = {"bert": hf.AutoModelForMaskedLM, "roberta": hf.AutoModelForMaskedLM,
-            "vit": hf.AutoModelForImageClassification}.get(
+            "vit": hf.AutoModelForImageClassification, "deit": hf.AutoModelForImageClassification}.get(
         family, hf.AutoModelForCausalLM)
     original = auto.from_pretrained(tmp_path / family).double().eval()
     scrambled = auto.from_pretrained(tmp_path / "streamed").double().eval()
@@ -406,9 +414,14 @@ def test_bad_checkpoints_get_one_clear_line(tmp_path, capsys):
                                                         r"gpt_neox; GPT2LMHeadModel "
                                                         r"\(gpt2\); BertForMaskedLM \(bert\); "
                                                         r"RobertaForMaskedLM \(roberta\); "
-                                                        r"ViTForImageClassification \(vit\); this checkpoint is "
+                                                        r"ViTForImageClassification \(vit\); "
+                                                        r"DeiTForImageClassification \(deit\); this checkpoint is "
                                                         "DistilBertForMaskedLM"):
         stream_check(distilbert, inputs, ["channels"])
+    teacher, _ = build_random_model("deit")  # the zoo's DeiT: two classifiers on two tokens, averaged
+    teacher.save_pretrained(tmp_path / "teacher")
+    with pytest.raises(StreamingUnsupportedError, match="this checkpoint is DeiTForImageClassificationWithTeacher"):
+        stream_check(tmp_path / "teacher", random_inputs("deit", teacher), ["channels"])
     result = cli_here(capsys, "check", "random:llama", "--stream")
     assert result.returncode == 2 and "--stream reads a checkpoint directory" in result.stderr
 
