@@ -84,11 +84,30 @@ def browser():
         chromium.close()
 
 
+FAILED_SCREENSHOTS = ROOT / "out" / "failed"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Each phase's report kept on the test item, so the page fixture knows at teardown whether the test failed."""
+    report = yield
+    setattr(item, f"report_{report.when}", report)
+    return report
+
+
 @pytest.fixture
-def page(browser):
+def page(browser, request):
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     tab = context.new_page()
     yield tab
+    failed = getattr(request.node, "report_call", None)
+    if failed is not None and failed.failed:  # what the page showed when the test gave up: out/failed/<test>.png
+        FAILED_SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        name = "".join(c if c.isalnum() or c in "-_." else "_" for c in request.node.name)[:120]
+        try:
+            tab.screenshot(path=str(FAILED_SCREENSHOTS / f"{name}.png"), full_page=True, timeout=30_000)
+        except Exception as error:  # noqa: BLE001 - a page that cannot be drawn any more: the failure stands alone
+            print(f"no screenshot of the failed page: {error}")
     context.close()
 
 
