@@ -223,27 +223,33 @@ def _movement(model: StreamedModel, scramble: Scramble, movable_tokens: int) -> 
 
 
 def _oracle(model: StreamedModel, inputs: dict, run: OriginalRun, chunks: list[tuple[int, int]]) -> OracleResult:
-    """verify.oracle.consult, streamed: the stock forward's logits against the traced ones, and where the stock
-    code's own arithmetic needs it, the allowance of the logits' measured float32 round-off."""
-    error = relative_error(run.stock_logits, run.records["output.logits"])
+    """verify.oracle.consult, streamed: the stock forward's outputs (the logits; a headless model's last hidden state
+    and pooled output) against the traced ones, the worst reported, and where the stock code's own arithmetic needs
+    it, the allowance of that output's measured float32 round-off."""
+    name, error = next(iter(model.output_axes)), 0.0
+    for output in model.output_axes:
+        found = relative_error(run.stock_outputs[output], run.records[output])
+        if not found <= error:
+            name, error = output, found
     base = TOLERANCE.get(model.dtype, TOLERANCE[torch.float32])
     tolerance = base
     if not error <= base and error != float("inf"):
         other = torch.float32 if model.dtype == torch.float64 else torch.float64
         rerun, _ = forward_pass(StreamedModel(model.reader.directory, other, model.reader), inputs, stock=False,
                                 head_chunks=chunks)
-        exact, rounded = run.records["output.logits"], rerun.records["output.logits"]
+        exact, rounded = run.records[name], rerun.records[name]
         if other == torch.float64:
             exact, rounded = rounded, exact
         roundoff = relative_error(exact.to(torch.float64), rounded.to(torch.float64))
         tolerance = min(max(base, ROUNDOFF_SAFETY * roundoff), ROUNDOFF_CAP)
-    return OracleResult("output.logits", error, tolerance, model.stock_attention)
+    return OracleResult(name, error, tolerance, model.stock_attention)
 
 
 def _memory(model: StreamedModel, run: OriginalRun, count: int, largest: int, baseline, peak_reset,
             stages: StagePeaks, transforms: int, head_whole: int) -> MemoryBound:
     g, itemsize = model.geometry, model.dtype.itemsize
-    vocab = model.reader.entries[model.head_name].shape[0]
+    # the logits' width (a headless model's outputs: its last hidden state and pooled output)
+    vocab = model.reader.entries[model.head_name].shape[0] if model.head_name is not None else 2 * g.d_model
     # one block's activations with their gradients (x4: original and transformed, forward and backward), every
     # block's input kept, and the logits with their gradient
     per_block = count * (12 * g.d_model + 4 * g.d_mlp + 4 * g.n_heads * count) * 4

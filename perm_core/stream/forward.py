@@ -33,7 +33,11 @@ class OriginalRun:
     scales: Scales = field(default_factory=Scales)
     looked_up: list[int] = field(default_factory=list)  # the embedding rows the input reads, ascending (none for
     # pixels)
-    stock_logits: torch.Tensor | None = None
+    stock_outputs: dict[str, torch.Tensor] = field(default_factory=dict)  # transformers' own, by output name
+
+    @property
+    def stock_logits(self) -> torch.Tensor | None:
+        return self.stock_outputs.get("output.logits")
     pixel_bytes: int = 0  # an image model's input in the checked dtype
 
 
@@ -114,30 +118,41 @@ def forward_pass(model: StreamedModel, inputs: dict, controls: list[Control] = (
         del weights
     if progress:
         progress(model.n_layers / (model.n_layers + 1), "original run: the head")
-    pieces, stock_pieces = [], []
+    pieces, stock_pieces = [], []  # each chunk's outputs (one chunk for a headless model)
     whole = model.read(model.head_whole)  # the head's parameters besides its vocabulary rows (BERT's transform)
     moved_whole = [transform_params(whole, model.spec, c.control.scramble, model.claims) for c in runs]
-    for start, stop in head_chunks or [(0, model.reader.entries[model.head_name].shape[0])]:
+    axes = model.output_axes
+    for start, stop in head_chunks or [(0, _vocab(model))]:
         chunk = model.head_chunk(start, stop)
-        logits = model.head(chunk, whole, hidden)
-        pieces.append(logits)
+        outputs = model.head(chunk, whole, hidden)
+        pieces.append(outputs)
         if stock:
             stock_pieces.append(model.head(chunk, whole, stock_hidden, stock=True))
         for c, c_whole in zip(runs, moved_whole, strict=True):
             if not c.broken_at:
                 moved = transform_params(chunk, model.spec, c.control.scramble, model.claims)
-                restored = apply_axes(model.head(moved, c_whole, apply_axes(hidden, TOKEN_RESID, c.control.scramble)),
-                                      model.logits_axes, c.inverse)
-                c.tally.add("output.logits", logits, restored)
+                c_outputs = model.head(moved, c_whole, apply_axes(hidden, TOKEN_RESID, c.control.scramble))
+                for name, tensor in c_outputs.items():
+                    c.tally.add(name, outputs[name], apply_axes(tensor, axes[name], c.inverse))
         del chunk
     del whole, moved_whole
-    _keep(run, "output.logits", torch.cat(pieces, dim=-1))
+    for name in axes:
+        _keep(run, name, _joined(pieces, name))
     for c in runs:
         if not c.broken_at:
-            c.judge(["output.logits"], run.scales, "the head")
+            c.judge(list(axes), run.scales, "the head")
     if stock:
-        run.stock_logits = torch.cat(stock_pieces, dim=-1)
+        run.stock_outputs = {name: _joined(stock_pieces, name) for name in axes}
     return run, runs
+
+
+def _vocab(model: StreamedModel) -> int:
+    return model.reader.entries[model.head_name].shape[0] if model.head_name is not None else 0
+
+
+def _joined(pieces: list[dict], name: str) -> torch.Tensor:
+    """An output from its chunks: the logits' vocabulary entries, one after the other."""
+    return pieces[0][name] if len(pieces) == 1 else torch.cat([p[name] for p in pieces], dim=-1)
 
 
 def _keep(run: OriginalRun, name: str, tensor: torch.Tensor) -> None:

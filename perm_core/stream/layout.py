@@ -35,7 +35,8 @@ class StageLayout:
     """Where a family's streamed class keeps its stages: attribute names of the stock transformers modules."""
 
     head_class: str  # the class streamed: its name, or how its name ends
-    base: str = "model"  # the base model in the class: its parameters are named "{base}.*"
+    base: str = "model"  # the base model in the class: its parameters are named "{base}.*" ("": the class is the
+    # base model itself, a headless one)
     blocks: str = "layers"  # the base's list of blocks (a dotted path), each taking (hidden, **what the base gives)
     attention: str = "self_attn"  # a block's attention module: the second item of its output is the probabilities
     token_embedding: str | None = "embed_tokens"  # the base's token table, read at the looked-up rows only (None:
@@ -44,8 +45,12 @@ class StageLayout:
     final_norm: str | None = "norm"  # the base's final norm, run at the end of the last block's stage (or none)
     norm_opens_head: bool = False  # the final norm runs as the head's first step instead: the whole-model trace
     # records the last block's own output as its last hidden state (ViT)
-    head: str = "lm_head"  # the output head in the class, run in vocabulary chunks
-    head_token: int | None = None  # the one token the head reads (ViT's [CLS]): its logits have no token axis
+    head: str | None = "lm_head"  # the output head in the class, run in vocabulary chunks (None: a base model
+    # without a head, whose outputs are its last hidden state and its pooled output: the head stage is only the
+    # final norm where it opens the head, and the pooler)
+    head_token: int | None = None  # the one token the head reads (ViT's [CLS]): its logits have no token axis; a
+    # headless model's pooled output is that token of its last hidden state (DINOv2's)
+    pooler: str | None = None  # a headless model's pooler in the base (BERT's dense + tanh on token 0), read whole
     head_output: str = ""  # the head's module (relative to `head`) whose weight has a row per vocabulary entry
     # (tied to the token table, or its own), read in chunks with its bias; the head's other parameters whole
     built: tuple[str, ...] = ()  # the base's modules whose buffers are computed at construction (rotary
@@ -82,7 +87,19 @@ LAYOUTS: dict[str, StageLayout] = {
     "deit": StageLayout("DeiTForImageClassification", base="deit", attention="attention", token_embedding=None,
                         final_norm="layernorm", norm_opens_head=True, head="classifier", head_token=0),
 }
-STREAMED_FAMILIES = tuple(LAYOUTS)
+# Base models without a head (a family's second streamed class): their outputs are the last hidden state and the
+# pooled output, as the whole-model trace records them (output.last_hidden, output.pooler)
+BASE_LAYOUTS: dict[str, StageLayout] = {
+    # embeddings -> encoder.layer -> the pooler (dense + tanh on token 0) beside the last hidden state
+    "bert": StageLayout("BertModel", base="", blocks="encoder.layer", attention="attention.self",
+                        token_embedding="embeddings.word_embeddings", final_norm=None, head=None, pooler="pooler",
+                        built=("embeddings",)),
+    # pixels -> embeddings -> encoder.layer -> the final layernorm (the trace's hidden states are the blocks' own
+    # outputs: the norm opens the head stage), whose token 0 is the pooled output
+    "dinov2": StageLayout("Dinov2Model", base="", blocks="encoder.layer", attention="attention",
+                          token_embedding=None, final_norm="layernorm", norm_opens_head=True, head=None, head_token=0),
+}
+STREAMED_FAMILIES = tuple(dict.fromkeys([*LAYOUTS, *BASE_LAYOUTS]))
 
 
 class StreamingUnsupportedError(CheckpointError):
@@ -91,7 +108,8 @@ class StreamingUnsupportedError(CheckpointError):
 
 def supported_summary() -> str:
     causal = [f for f, layout in LAYOUTS.items() if layout.head_class == "ForCausalLM"]
-    others = [f"{layout.head_class} ({f})" for f, layout in LAYOUTS.items() if layout.head_class != "ForCausalLM"]
+    others = [f"{layout.head_class} ({f})" for f, layout in [*LAYOUTS.items(), *BASE_LAYOUTS.items()]
+              if layout.head_class != "ForCausalLM"]
     return f"the causal language models of {', '.join(causal)}" + "".join(f"; {o}" for o in others)
 
 
@@ -105,7 +123,9 @@ def family_for(config: dict) -> tuple[Family, type, StageLayout]:
     name = architectures[0] if architectures and isinstance(architectures[0], str) else ""
     found = next((f for f in STREAMED_FAMILIES if model_type in family_by_name(f).model_types), None)
     family = family_by_name(found) if found is not None else None
-    layout = LAYOUTS[found] if found is not None else None
+    layouts = [d[found] for d in (LAYOUTS, BASE_LAYOUTS) if found in d]
+    # the family's layout of this class (a base model's, or its head's); a class named nowhere: the first
+    layout = next((lay for lay in layouts if name and name.endswith(lay.head_class)), layouts[0] if layouts else None)
     if not name and family is not None:  # a config written without architectures (the zoo's converted caches)
         name = next(c for c in family.classes if c.endswith(layout.head_class))
     cls = getattr(transformers, name, None) if name.isidentifier() else None
@@ -117,7 +137,7 @@ def family_for(config: dict) -> tuple[Family, type, StageLayout]:
 
 
 def _attr(module, path: str):
-    for part in path.split("."):
+    for part in path.split(".") if path else ():
         module = getattr(module, part)
     return module
 
@@ -185,7 +205,7 @@ class StreamedModel:
             self.stock_attention = "eager"
         for meta in (self.model, self.stock):  # buffers computed at construction must be real
             for path in self.layout.built:
-                module = _attr(getattr(meta, self.layout.base), path)
+                module = _attr(_attr(meta, self.layout.base), path)
                 config = copy.deepcopy(meta.config)
                 if hasattr(config, "vocab_size"):  # its parameters are the checkpoint's: only the buffers are wanted
                     config.vocab_size = (getattr(config, "pad_token_id", None) or 0) + 1  # (RoBERTa's padding row)
@@ -193,7 +213,7 @@ class StreamedModel:
                 for name, buffer in real.named_buffers():
                     owner, _, leaf = name.rpartition(".")
                     setattr(_attr(module, owner) if owner else module, leaf, buffer)
-        self.prefix = f"{self.layout.base}."
+        self.prefix = f"{self.layout.base}." if self.layout.base else ""
         self.names = [name for name, _ in self.model.named_parameters()]
         self._rename_stored()
         self._check_names()
@@ -210,30 +230,42 @@ class StreamedModel:
         self.norm_names = [] if self.layout.norm_opens_head else norm_names
         self.head_norm_names = norm_names if self.layout.norm_opens_head else []
         blocks = f"{self.prefix}{self.layout.blocks}."
-        # the embedding stage's parameters: the base's own outside its blocks and final norm, the token table first
+        # the head's parameters by their names in the head module (a tied one under its stored name); a headless
+        # model's are its pooler's
+        stored = {id(p): name for name, p in self.model.named_parameters()}
+        head = self._head_module()
+        self.head_locals = {} if head is None else {
+            local: stored[id(p)] for local, p in head.named_parameters(remove_duplicate=False)}
+        # the embedding stage's parameters: the base's own outside its blocks, final norm and pooler, the token
+        # table first
         self.embedding_names = [n for n in [self.embed_name] if n is not None] + [
             n for n in self.names if n.startswith(self.prefix) and not n.startswith(blocks)
-            and n not in norm_names and n != self.embed_name]
-        # the head's parameters by their names in the head module (a tied one under its stored name)
-        stored = {id(p): name for name, p in self.model.named_parameters()}
-        head = _attr(self.model, self.layout.head)
-        self.head_locals = {local: stored[id(p)] for local, p in head.named_parameters(remove_duplicate=False)}
-        output = f"{self.layout.head_output}." if self.layout.head_output else ""
-        self.head_chunked = list(dict.fromkeys(n for local, n in self.head_locals.items()
-                                               if local.startswith(output) and local.count(".") == output.count(".")))
-        self.head_name = self.head_locals[f"{output}weight"]  # the rows per vocabulary entry
-        self.head_chunked.sort(key=lambda n: n != self.head_name)
+            and n not in norm_names and n != self.embed_name and n not in self.head_locals.values()]
+        self.head_chunked, self.head_name = [], None  # a headless model's head has no vocabulary rows
+        if self.layout.head is not None:
+            output = f"{self.layout.head_output}." if self.layout.head_output else ""
+            self.head_chunked = list(dict.fromkeys(
+                n for local, n in self.head_locals.items()
+                if local.startswith(output) and local.count(".") == output.count(".")))
+            self.head_name = self.head_locals[f"{output}weight"]  # the rows per vocabulary entry
+            self.head_chunked.sort(key=lambda n: n != self.head_name)
         self.head_whole = self.head_norm_names + [n for n in dict.fromkeys(self.head_locals.values())
                                                   if n not in self.head_chunked]
-        self.tied = self.head_name == self.embed_name
+        self.tied = self.head_name is not None and self.head_name == self.embed_name
         staged = set(self.embedding_names) | set(norm_names) | set(self.head_locals.values())
         unstaged = [n for n in self.names if n not in staged and not n.startswith(blocks)]
-        vocab = self.reader.entries[self.head_name].shape[0]
+        vocab = self.reader.entries[self.head_name].shape[0] if self.head_name is not None else 0
         if (unstaged or (table is not None and self.embed_name not in self.names)
                 or (norm is not None and not norm_names)
                 or any(self.reader.entries[n].shape[0] != vocab for n in self.head_chunked)):
             raise StreamingUnsupportedError(f"{self.cls_name} has {', '.join(unstaged) or 'a layout'} that no "
                                             "stage of a streamed check runs")
+
+    def _head_module(self, stock: bool = False) -> torch.nn.Module | None:
+        """The head (a headless model's pooler in its base; None where it has neither)."""
+        if self.layout.head is not None:
+            return _attr(self.stock if stock else self.model, self.layout.head)
+        return _attr(self._base(stock), self.layout.pooler) if self.layout.pooler is not None else None
 
     def _rename_stored(self) -> None:
         """The checkpoint's tensors under the class's parameter names, as transformers renames them on loading (its
@@ -271,7 +303,7 @@ class StreamedModel:
                                   f"{self.cls_name}" + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""))
 
     def _base(self, stock: bool = False) -> torch.nn.Module:
-        return getattr(self.stock if stock else self.model, self.layout.base)
+        return _attr(self.stock if stock else self.model, self.layout.base)
 
     def _blocks(self, stock: bool = False) -> torch.nn.ModuleList:
         return _attr(self._base(stock), self.layout.blocks)
@@ -402,27 +434,53 @@ class StreamedModel:
         return out, box.get("attn")
 
     def head_chunk(self, start: int, stop: int) -> dict[str, torch.Tensor]:
-        """Vocabulary rows start..stop-1 of the head's output weight and of its bias."""
+        """Vocabulary rows start..stop-1 of the head's output weight and of its bias (none for a headless model)."""
         return {n: self.reader.row_range(n, start, stop, self.dtype) for n in self.head_chunked}
 
+    @property
+    def output_axes(self) -> dict[str, tuple]:
+        """The head stage's outputs, named as the whole-model trace names them, with their axis roles: the logits;
+        a headless model's last hidden state and its pooled output (where it has a pooler or pools a token)."""
+        if self.layout.head is not None:
+            return {"output.logits": self.logits_axes}
+        pooled = self.layout.pooler is not None or self.layout.head_token is not None
+        return {"output.last_hidden": (None, "tokens", "resid"), **({"output.pooler": (None, "resid")} if pooled
+                                                                     else {})}
+
+    @property
+    def primary(self) -> str:
+        """The output the invariant loss reads (trace.primary_output): the logits, else the last hidden state."""
+        return next(iter(self.output_axes))
+
     def head(self, chunk: dict[str, torch.Tensor], whole: dict[str, torch.Tensor], normed: torch.Tensor,
-             stock: bool = False) -> torch.Tensor:
-        """Logits of the vocabulary rows of `chunk` (a head_chunk), the head's other parameters `whole` (the final
-        norm's among them where it opens the head; then `normed` is the last block's own output)."""
+             stock: bool = False) -> dict[str, torch.Tensor]:
+        """The head stage's outputs (output_axes): the logits of the vocabulary rows of `chunk` (a head_chunk), the
+        head's other parameters `whole` (the final norm's among them where it opens the head; then `normed` is the
+        last block's own output); a headless model's last hidden state and pooled output (its pooler's parameters
+        in `whole`)."""
         if self.head_norm_names:
             norm = f"{self.prefix}{self.layout.final_norm}."
             normed = functional_call(_attr(self._base(stock), self.layout.final_norm),
                                      {n[len(norm):]: whole[n] for n in self.head_norm_names}, args=(normed,),
                                      strict=False)
+        given = {local: chunk[n] if n in chunk else whole[n] for local, n in self.head_locals.items()}
+        module = self._head_module(stock)
+        if self.layout.head is None:
+            outputs = {"output.last_hidden": normed}
+            if module is not None:  # the pooler reads its token itself
+                outputs["output.pooler"] = functional_call(module, given, args=(normed,), strict=False)
+            elif self.layout.head_token is not None:
+                outputs["output.pooler"] = normed[:, self.layout.head_token]
+            return outputs
         if self.layout.head_token is not None:
             normed = normed[:, self.layout.head_token]
-        given = {local: chunk[n] if n in chunk else whole[n] for local, n in self.head_locals.items()}
-        module = _attr(self.stock if stock else self.model, self.layout.head)
-        return functional_call(module, given, args=(normed,), strict=False)
+        return {"output.logits": functional_call(module, given, args=(normed,), strict=False)}
 
     def head_chunks(self, largest_block_bytes: int) -> list[tuple[int, int]]:
         """Vocabulary row ranges of the head, each no larger than the largest block: the head never sets the
-        memory bound."""
+        memory bound (a headless model's: one range, empty)."""
+        if self.head_name is None:
+            return [(0, 0)]
         vocab, width = self.reader.entries[self.head_name].shape
         rows = max(1, largest_block_bytes // (width * self.dtype.itemsize))
         return [(start, min(start + rows, vocab)) for start in range(0, vocab, rows)]

@@ -51,7 +51,8 @@ def head_stage(model: StreamedModel, run: OriginalRun, elements: dict[str, Eleme
     gradient at the head's input and, for a head tied to the embedding, its gradient rows at the looked-up tokens
     (original, and each element's un-scrambled), which the embedding stage adds its own to."""
     top = run.records[f"blocks.{model.n_layers - 1}.hidden"]
-    logits = run.records["output.logits"]
+    axes, primary = model.output_axes, model.primary
+    logits = run.records[primary]  # what the invariant loss reads (a headless model's last hidden state)
     claims = model.claims
     stash: dict = {}
     whole = {n: _leaf(w, backward) for n, w in model.read(model.head_whole).items()}
@@ -65,10 +66,15 @@ def head_stage(model: StreamedModel, run: OriginalRun, elements: dict[str, Eleme
     for start, stop in chunks:
         chunk = model.head_chunk(start, stop)
         tied_rows = [r - start for r in run.looked_up if start <= r < stop] if model.tied else []
+
+        def piece(tensor: torch.Tensor, start=start, stop=stop) -> torch.Tensor:
+            """This chunk's vocabulary entries of an output (a headless model's outputs whole)."""
+            return tensor[..., start:stop] if model.head_chunked else tensor
+
         grads = {}
         if backward:
             weights, inputs = {n: _leaf(w, True) for n, w in chunk.items()}, _leaf(top, True)
-            torch.autograd.backward(model.head(weights, whole, inputs), grad_logits[..., start:stop],
+            torch.autograd.backward(model.head(weights, whole, inputs)[primary], piece(grad_logits),
                                     inputs=[*weights.values(), *whole.values(), inputs])
             grad_top += inputs.grad
             for name, weight in weights.items():
@@ -80,10 +86,11 @@ def head_stage(model: StreamedModel, run: OriginalRun, elements: dict[str, Eleme
         for label, element in elements.items():
             weights = {n: _leaf(transform_param(w, claims[n], element.scramble), backward) for n, w in chunk.items()}
             inputs = _leaf(element.moved(top, TOKEN_RESID), backward)
-            out = model.head(weights, moved_whole[label], inputs)
-            element.tally.add("output.logits", logits[..., start:stop], element.restored(out, model.logits_axes))
+            outputs = model.head(weights, moved_whole[label], inputs)
+            for name, out in outputs.items():
+                element.tally.add(name, piece(run.records[name]), element.restored(out, axes[name]))
             if backward:
-                torch.autograd.backward(out, element.moved(grad_logits[..., start:stop], model.logits_axes),
+                torch.autograd.backward(outputs[primary], element.moved(piece(grad_logits), axes[primary]),
                                         inputs=[*weights.values(), *moved_whole[label].values(), inputs])
                 moved_grad_top[label] += inputs.grad
                 for name, weight in weights.items():
@@ -94,11 +101,13 @@ def head_stage(model: StreamedModel, run: OriginalRun, elements: dict[str, Eleme
                         restored = _set_aside(restored, tied_rows, stash, label, start)
                     element.tally.add(f"grad.param.{name}", grads[name], restored)
                     del restored
-            del weights, out
+            del weights, outputs
         del chunk, grads
     if not backward:
         return None, stash
     for name, weight in whole.items():
+        if weight.grad is None:  # outside what the loss reads (a pooler): the whole-model trace records none
+            continue
         run.scales.add(f"grad.param.{name}", weight.grad)
         for label, element in elements.items():
             moved = moved_whole[label][name].grad
@@ -238,6 +247,8 @@ def embedding_stage(model: StreamedModel, run: OriginalRun, elements: dict[str, 
             originals["grad.input"] = pixels[0].grad
             run.scales.add("grad.input", pixels[0].grad)
         for name, leaf in leaves.items():
+            if leaf.grad is None and name != model.embed_name:  # unused (DINOv2's mask token): the whole-model
+                continue  # trace records no gradient for it either
             grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
             originals[name] = _completed(grad, stash.get("original"), run.looked_up) if name == model.embed_name \
                 else grad
@@ -253,6 +264,8 @@ def embedding_stage(model: StreamedModel, run: OriginalRun, elements: dict[str, 
             if pixels:
                 element.tally.add("grad.input", originals["grad.input"], element.restored(pixels[0].grad, PIXELS))
             for name, leaf in leaves.items():
+                if name not in originals:
+                    continue
                 claim = model.claims[name]
                 grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
                 restored = element.restored(grad, claim.rule.axes, claim.layer)

@@ -24,13 +24,16 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 STREAMED_CLASS = {"deit": "DeiTForImageClassification"}  # where the streamed class is not the zoo's (its teacher)
+HEADLESS = ["bert:BertModel"]  # a family's other streamed class, as "family:Class" (DINOv2's is the zoo's)
+CASES = [*STREAMED_FAMILIES, *HEADLESS]
 
 
-def saved(family: str, tmp_path, seed: int = 0, shard: str = "40KB", tweak=None, **config):
-    """A random model of the family's streamed class (norms, biases and embeddings far from init), written as sharded
-    float32 safetensors; returns (the model in float64, its inputs, the directory). tweak(model): changed before
-    writing."""
-    model, _ = build_random_model(family, seed=seed, model_class=STREAMED_CLASS.get(family))
+def saved(case: str, tmp_path, seed: int = 0, shard: str = "40KB", tweak=None, **config):
+    """A random model of the family's streamed class ("family", or "family:Class" for another of its streamed
+    classes; norms, biases and embeddings far from init), written as sharded float32 safetensors; returns (the model
+    in float64, its inputs, the directory). tweak(model): changed before writing."""
+    family, _, cls = case.partition(":")
+    model, _ = build_random_model(family, seed=seed, model_class=cls or STREAMED_CLASS.get(family))
     if config:  # another shape of the same family, randomized the same way
         from perm_core.models.random_models import randomize_
 
@@ -54,11 +57,13 @@ def by_name(result) -> dict:
     return {t.name: t for t in result.tensors}
 
 
-@pytest.mark.parametrize("family", STREAMED_FAMILIES)
-def test_streamed_and_whole_model_checks_agree(family, tmp_path):
-    model, inputs, directory = saved(family, tmp_path)
+@pytest.mark.parametrize("case", CASES)
+def test_streamed_and_whole_model_checks_agree(case, tmp_path):
+    family = case.partition(":")[0]
+    model, inputs, directory = saved(case, tmp_path)
     assert len(ShardReader(directory).files) > 2  # really sharded
-    symmetries = None if family in ("llama", "gemma3", "gpt2", "vit", "deit") else ("tokens", "heads", "rotation")
+    every = ("llama", "gemma3", "gpt2", "vit", "deit", "dinov2")
+    symmetries = None if family in every else ("tokens", "heads", "rotation")
     kwargs = {} if symmetries is None else {"symmetry_names": symmetries}
     whole = check(model, inputs, **kwargs)
     streamed = stream_check(directory, inputs, **kwargs)
@@ -85,15 +90,17 @@ def test_streamed_and_whole_model_checks_agree(family, tmp_path):
     assert "each stage" in document["streamed"]["proof"] and document["streamed"]["memory"]["bound_bytes"] > 0
 
 
-@pytest.mark.parametrize("family", STREAMED_FAMILIES)
-def test_the_streamed_original_run_is_transformers_own_forward(family, tmp_path, monkeypatch):
+@pytest.mark.parametrize("case", CASES)
+def test_the_streamed_original_run_is_transformers_own_forward(case, tmp_path, monkeypatch):
     """The stages, run one after the other, are the stock model: its embedding output (position embeddings added;
     ViT's patches, [CLS] token and positions), every block's output, the last hidden state (normed where the stock
-    model's is) and the logits, as transformers' whole forward gives them."""
+    model's is) and the logits (a headless model's last hidden state and pooled output), as transformers' whole
+    forward gives them."""
     from perm_core.stream.forward import forward_pass
     from perm_core.stream.layout import StreamedModel
 
-    model, inputs, directory = saved(family, tmp_path)
+    family = case.partition(":")[0]
+    model, inputs, directory = saved(case, tmp_path)
     with torch.no_grad():
         out = model(**inputs, output_hidden_states=True)
     streamed = StreamedModel(directory, torch.float64)
@@ -103,6 +110,22 @@ def test_the_streamed_original_run_is_transformers_own_forward(family, tmp_path,
     assert len(out.hidden_states) == len(found)
     for mine, theirs in zip(found, out.hidden_states, strict=True):
         assert (mine - theirs).abs().max() <= 1e-12 * theirs.abs().max()
+    if case in HEADLESS or family == "dinov2":  # the last hidden state and pooled output, no logits
+        assert set(records) >= {"output.last_hidden", "output.pooler"} and "output.logits" not in records
+        for name, theirs in (("output.last_hidden", out.last_hidden_state), ("output.pooler", out.pooler_output)):
+            assert (records[name] - theirs).abs().max() <= 1e-12 * theirs.abs().max(), name
+            assert (run.stock_outputs[name] - theirs).abs().max() <= 1e-12 * theirs.abs().max(), name
+        # the control: the head stage's own parameter left out (BERT's pooler bias, DINOv2's final norm bias)
+        left_out = "pooler.dense.bias" if family == "bert" else "layernorm.bias"
+        read = StreamedModel.read
+        monkeypatch.setattr(StreamedModel, "read", lambda self, names: {
+            n: torch.zeros_like(w) if n == left_out else w for n, w in read(self, names).items()})
+        wrong, _ = forward_pass(streamed, inputs, stock=False)
+        last = out.hidden_states[-1]
+        assert (wrong.records[f"blocks.{streamed.n_layers - 1}.hidden"] - last).abs().max() <= 1e-12 * last.abs().max()
+        changed = "output.pooler" if family == "bert" else "output.last_hidden"
+        assert (wrong.records[changed] - records[changed]).abs().max() > 1e-3 * records[changed].abs().max()
+        return
     logits = out.logits
     assert (records["output.logits"] - logits).abs().max() <= 1e-12 * logits.abs().max()
     # the stock modules' run too, with their own arithmetic (Llama's RMSNorm in float32: float32 round-off)
@@ -163,7 +186,7 @@ def plant(monkeypatch, family: str, bug: Rule) -> None:
     """A spec bug: `bug` claims its parameters before the family's own rules do."""
     import importlib
 
-    module = importlib.import_module(f"perm_core.families.{family}")
+    module = importlib.import_module(f"perm_core.families.{family.partition(':')[0]}")
     rules = module.FAMILY.rules
     monkeypatch.setattr(module, "FAMILY", dataclasses.replace(module.FAMILY, rules=lambda g: (bug, *rules(g))))
 
@@ -201,6 +224,13 @@ BUGS = {
     # DeiT block 1's MLP output bias forgotten
     "deit mlp.fc2.bias": ("deit", "channels", Rule(r"(?:deit\.)?layers\.(?P<layer>1)\.mlp\.fc2\.bias", (None,),
                                                    "mlp.out"), 1, "deit.layers.1.mlp.fc2.bias"),
+    # the headless BertModel's block 1 attention output bias forgotten (its parameters have no prefix)
+    "BertModel attention.output.dense.bias": ("bert:BertModel", "channels", Rule(
+        r"(?:bert\.)?encoder\.layer\.(?P<layer>1)\.attention\.output\.dense\.bias", (None,), "attn.o"), 1,
+        "encoder.layer.1.attention.output.dense.bias"),
+    # DINOv2's block 1 MLP output bias forgotten
+    "dinov2 mlp.fc2.bias": ("dinov2", "channels", Rule(r"(?:dinov2\.)?encoder\.layer\.(?P<layer>1)\.mlp\.fc2\.bias",
+                                                       (None,), "mlp.out"), 1, "encoder.layer.1.mlp.fc2.bias"),
 }
 
 
@@ -231,7 +261,8 @@ def test_a_spec_bug_in_a_middle_block_is_found_and_named_by_both(bug, monkeypatc
                for n in failing)
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2", "bert", "vit", "roberta", "gpt_neox", "phi3", "deit"])
+@pytest.mark.parametrize("family", ["llama", "gpt2", "bert", "vit", "roberta", "gpt_neox", "phi3", "deit",
+                                    "dinov2", "bert:BertModel"])
 def test_a_control_that_does_not_break_fails_the_streamed_report(family, monkeypatch, tmp_path):
     from perm_core.engine import symmetries
 
@@ -415,7 +446,9 @@ def test_bad_checkpoints_get_one_clear_line(tmp_path, capsys):
                                                         r"\(gpt2\); BertForMaskedLM \(bert\); "
                                                         r"RobertaForMaskedLM \(roberta\); "
                                                         r"ViTForImageClassification \(vit\); "
-                                                        r"DeiTForImageClassification \(deit\); this checkpoint is "
+                                                        r"DeiTForImageClassification \(deit\); "
+                                                        r"BertModel \(bert\); Dinov2Model \(dinov2\); "
+                                                        r"this checkpoint is "
                                                         "DistilBertForMaskedLM"):
         stream_check(distilbert, inputs, ["channels"])
     teacher, _ = build_random_model("deit")  # the zoo's DeiT: two classifiers on two tokens, averaged
