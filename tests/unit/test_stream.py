@@ -282,11 +282,13 @@ def test_a_control_that_does_not_break_fails_the_streamed_report(family, monkeyp
     assert all(c.broken for c in report.controls if c is not posing) and all(c.passed for c in report.checks)
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2", "bert", "vit", "roberta", "gpt_neox", "phi3", "deit"])
-def test_streamed_scramble_writes_the_same_shards_as_the_whole_model_scramble(family, tmp_path, capsys):
+@pytest.mark.parametrize("case", ["llama", "gpt2", "bert", "vit", "roberta", "gpt_neox", "phi3", "deit", "dinov2",
+                                  "bert:BertModel"])
+def test_streamed_scramble_writes_the_same_shards_as_the_whole_model_scramble(case, tmp_path, capsys):
     import transformers as hf
 
-    _, inputs, directory = saved(family, tmp_path, shard="30KB")
+    family = case.partition(":")[0]
+    _, inputs, directory = saved(case, tmp_path, shard="30KB")
     common = ("scramble", str(directory), "--symmetry", "channels", "--symmetry", "rotation", "--key", "7")
     assert cli_here(capsys, *common, "--stream", "--out", str(tmp_path / "streamed")).returncode == 0
     assert cli_here(capsys, *common, "--out", str(tmp_path / "whole")).returncode == 0
@@ -298,13 +300,14 @@ def test_streamed_scramble_writes_the_same_shards_as_the_whole_model_scramble(fa
         assert torch.equal(streamed.read(name), whole.read(name)), name
     moved = [n for n in source.names() if not torch.equal(source.read(n), streamed.read(n))]
     assert len(moved) > len(source.names()) // 2  # the control: the weights did change
-    auto = {"bert": hf.AutoModelForMaskedLM, "roberta": hf.AutoModelForMaskedLM,
+    auto = {"bert": hf.AutoModelForMaskedLM, "roberta": hf.AutoModelForMaskedLM, "dinov2": hf.AutoModel,
             "vit": hf.AutoModelForImageClassification, "deit": hf.AutoModelForImageClassification}.get(
-        family, hf.AutoModelForCausalLM)
+        family, hf.AutoModelForCausalLM) if case not in HEADLESS else hf.AutoModel
     original = auto.from_pretrained(tmp_path / family).double().eval()
     scrambled = auto.from_pretrained(tmp_path / "streamed").double().eval()
-    with torch.no_grad():
-        a, b = original(**inputs).logits, scrambled(**inputs).logits
+    with torch.no_grad():  # a headless model's last hidden state moves with the element: each token's norm does not
+        a, b = ((model(**inputs).last_hidden_state.norm(dim=-1) if case in HEADLESS or family == "dinov2"
+                 else model(**inputs).logits) for model in (original, scrambled))
     assert (a - b).abs().max() / a.abs().max() < 1e-6  # stock transformers, float32 RMSNorm inside
     if family == "vit":  # ViT's checkpoint names are not its parameters' (transformers renames them on loading)
         assert "vit.encoder.layer.0.attention.attention.query.weight" in streamed.names()
@@ -478,6 +481,25 @@ def test_check_cli_streams_when_told_and_by_itself(tmp_path, capsys, monkeypatch
     assert whole.returncode == 0 and "streamed" not in json.loads(whole.stdout) and not whole.stderr
     errors = {c["symmetry"] + c["direction"]: c["max_rel_error"] for c in report["checks"]}
     assert all(math.isfinite(e) and e < 1e-13 for e in errors.values())
+
+
+def test_a_zoo_name_streams_as_its_whole_model_check(capsys):
+    """`check digits-vit --stream` reads the shipped checkpoint directory by name, with the whole-model check's
+    default input: the same verdicts, controls and oracle."""
+    from perm_core.cli._streamed import checkpoint_directory
+
+    assert checkpoint_directory("digits-vit") is not None and checkpoint_directory("random:vit") is None
+    command = ("check", "digits-vit", "--symmetry", "heads", "--symmetry", "mlp", "--json")
+    streamed, whole = (cli_here(capsys, *command, *extra) for extra in (("--stream",), ()))
+    assert streamed.returncode == 0 and whole.returncode == 0, streamed.stderr + whole.stderr
+    mine, theirs = json.loads(streamed.stdout), json.loads(whole.stdout)
+    assert "streamed" in mine and "streamed" not in theirs and mine["passed"] and theirs["passed"]
+    assert [(c["symmetry"], c["direction"], c["passed"]) for c in mine["checks"]] == [
+        (c["symmetry"], c["direction"], c["passed"]) for c in theirs["checks"]]
+    assert all(0 < c["max_rel_error"] < 1e-13 for c in mine["checks"])
+    controls = [[(c["name"], c["broken"]) for c in report["controls"]] for report in (mine, theirs)]
+    assert controls[0] == controls[1] and all(broken for _, broken in controls[0])
+    assert mine["oracle"] == theirs["oracle"]  # the same input, by the same default
 
 
 def test_check_cli_streams_an_image_checkpoint(tmp_path, capsys):
