@@ -39,6 +39,11 @@ def _white_template() -> go.layout.Template:
 
 TEMPLATE = _white_template()
 LAYOUT = dict(margin=dict(l=10, r=10, t=40, b=10), height=300, template=TEMPLATE)
+# A legend under the plot sits at the figure's bottom edge, inside a bottom margin that holds the x axis' ticks and
+# title and the legend apart. Placed at a fraction of the plot area's height instead (y < 0 on "paper"), it moves
+# with the plot area: after a window is resized plotly keeps the margins it pushed at the old width, and the
+# legend lands on the axis title.
+LEGEND_BELOW = dict(orientation="h", yref="container", yanchor="bottom", y=0.0, x=0)
 _RAW_LAYOUT = {**LAYOUT, "template": TEMPLATE.to_plotly_json()}
 
 
@@ -257,11 +262,10 @@ def error_chart(rows: list[dict], title: str, tolerance: float | None = None,
     if broken_at:
         thresholds.append(_threshold_parts(broken_at, f"broken above {broken_at:.0e}", "#e45756", 1, "left", "dash",
                                            "bottom"))
-    # The legend sits under the x axis' title (at y=-0.12 it covered it, and cut it at 1024 px)
-    return _two_panels(title, 520, traces, thresholds,
+    return _two_panels(title, 540, traces, thresholds,
                        (dict(dtick=1), dict(dtick=1, title=dict(text="layer (-1 = embeddings, outputs after the "
                                                                       "last block)"))),
-                       legend=dict(orientation="h", yanchor="top", y=-0.2), margin=dict(l=60, r=20, t=60, b=90))
+                       legend=LEGEND_BELOW, margin=dict(l=60, r=20, t=60, b=110))
 
 
 def permutation_figure(index, title: str, max_points: int = 4096) -> go.Figure:

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import plotly.graph_objects as go
 
-from ui.charts.figures import FLOOR, LAYOUT, heatmap, threshold, to_numpy
+from ui.charts.figures import FLOOR, LAYOUT, LEGEND_BELOW, heatmap, threshold, to_numpy
 
 NON_FINITE = 1e6  # where a non-finite SGD error is drawn on the log axis
 
@@ -72,7 +72,7 @@ def sgd_errors(results: dict, tolerance: float, broken_at: float) -> go.Figure:
     for value, text, color, dash, anchor in ((tolerance, "tolerance (symmetry)", "gray", "dash", "top"),
                                              (broken_at, "control broken above", "#d62728", "dot", "bottom")):
         threshold(fig, value, text, color, dash=dash, yanchor=anchor)
-    fig.update_layout(**{**LAYOUT, "height": 340}, legend=dict(orientation="h", y=-0.3),
+    fig.update_layout(**{**LAYOUT, "height": 400, "margin": {**LAYOUT["margin"], "b": 100}}, legend=LEGEND_BELOW,
                       title=dict(text="Update error per SGD step", font=dict(size=13)))
     fig.update_yaxes(type="log", title="max relative update error", exponentformat="e")
     fig.update_xaxes(title="SGD step", dtick=1)
@@ -86,7 +86,7 @@ def sgd_losses(result) -> go.Figure:
                              name="original world"))
     fig.add_trace(go.Scatter(x=steps, y=[s.loss_scrambled for s in result.steps], mode="markers",
                              name="scrambled world", marker=dict(symbol="x", size=10)))
-    fig.update_layout(**{**LAYOUT, "height": 300}, legend=dict(orientation="h", y=-0.3),
+    fig.update_layout(**{**LAYOUT, "height": 360, "margin": {**LAYOUT["margin"], "b": 100}}, legend=LEGEND_BELOW,
                       title=dict(text="Loss per step in both worlds", font=dict(size=13)))
     fig.update_xaxes(title="SGD step", dtick=1)
     fig.update_yaxes(title="loss")

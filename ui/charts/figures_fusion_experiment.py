@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from ui.charts.figures import LAYOUT, titled, wrap_title
+from ui.charts.figures import LAYOUT, LEGEND_BELOW, titled, wrap_title
 
 COLORS = {"average": "#7f7f7f", "weights: permutation": "#aec7e8", "weights: permutation+rotation": "#1f77b4",
           "activations: permutation": "#98df8a", "activations: permutation+rotation": "#2ca02c"}
-# The legend sits at the figure's bottom edge, in a bottom margin that holds it and the x axis' title apart (placed
-# under the plot area instead, at a fraction of the plot's height, it ran onto the axis title at 1024 px)
-LEGEND_BELOW = dict(orientation="h", yref="container", yanchor="bottom", y=0.0, x=0)
 BOTTOM_MARGIN = 120
 
 
