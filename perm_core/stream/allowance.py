@@ -35,8 +35,12 @@ class Allowances:
     """The round-off measured at the stages that needed it: the original's (`roundoff`) and each element's own
     (`own`), and a record of where (`used`)."""
 
-    def __init__(self, model, inputs: dict, elements: dict, floor_reasons: dict[str, str]):
+    def __init__(self, model, inputs: dict, elements: dict, floor_reasons: dict[str, str],
+                 make_element: Callable):
+        """make_element(model, inputs, scramble): an element's stages for a model (stream.reverse.Element, passed
+        in: reverse runs the stages this module measures, so it cannot be imported from here)."""
         self.model, self.inputs, self.elements, self.floor_reasons = model, inputs, elements, floor_reasons
+        self.make_element = make_element
         self.dtype = model.dtype
         self.other = torch.float32 if self.dtype == torch.float64 else torch.float64
         self.enabled = self.dtype in (torch.float32, torch.float64)
@@ -70,9 +74,8 @@ class Allowances:
     def other_element(self, label: str):
         """The element `label` for the other dtype's stages."""
         if label not in self._other_elements:
-            from perm_core.stream.reverse import Element
-
-            self._other_elements[label] = Element(self.other_model, self.inputs, self.elements[label].scramble)
+            self._other_elements[label] = self.make_element(self.other_model, self.inputs,
+                                                            self.elements[label].scramble)
         return self._other_elements[label]
 
     # --- verdicts ---

@@ -31,9 +31,10 @@ from perm_core.fast.param_cache import tensor_bytes
 from perm_core.run.malloc import give_freed_memory_back
 from perm_core.stream.allowance import Allowances
 from perm_core.stream.forward import ControlRun, OriginalRun, forward_pass
-from perm_core.stream.layout import StreamedModel, StreamingUnsupportedError
+from perm_core.stream.layout import StreamedModel
 from perm_core.stream.memory import MemoryBound, StagePeaks, reset_peak, resident_bytes
 from perm_core.stream.reverse import Element, block_stage, embedding_stage, head_stage
+from perm_core.stream.stages import StreamingUnsupportedError
 from perm_core.verify.check import (
     KEY_BIAS_REASON,
     ControlResult,
@@ -120,7 +121,7 @@ def stream_check(directory, inputs: dict, symmetry_names=symmetries.SYMMETRIES, 
     transforms = tensor_bytes([[(e.scramble, e.inverse, e.layer_kwargs) for e in elements.values()], control_runs])
     floor_reasons = {f"grad.param.{n}": KEY_BIAS_REASON for n, c in model.claims.items()
                      if c.rule.tag == "attn.k" and len(model.reader.entries[n].shape) == 1 and not g.rope}
-    allowance = Allowances(model, inputs, elements, floor_reasons)
+    allowance = Allowances(model, inputs, elements, floor_reasons, make_element=Element)
     grad, stash = head_stage(model, run, elements, backward, chunks)
     stages.end("head")
     original_inputs = model_inputs(inputs, g, Scramble(), dtype)

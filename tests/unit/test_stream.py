@@ -15,8 +15,8 @@ import torch
 from perm_core.engine.spec import Rule
 from perm_core.models.random_models import build_random_model, random_inputs
 from perm_core.stream.check import stream_check
-from perm_core.stream.layout import STREAMED_FAMILIES, StreamingUnsupportedError
 from perm_core.stream.shards import CheckpointError, ShardReader
+from perm_core.stream.stages import STREAMED_FAMILIES, StreamingUnsupportedError
 from perm_core.verify.check import check
 from tests.unit.test_cli import cli_here
 
