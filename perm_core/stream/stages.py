@@ -78,6 +78,11 @@ BASE_LAYOUTS: dict[str, StageLayout] = {
     # outputs: the norm opens the head stage), whose token 0 is the pooled output
     "dinov2": StageLayout("Dinov2Model", base="", blocks="encoder.layer", attention="attention",
                           token_embedding=None, final_norm="layernorm", norm_opens_head=True, head=None, head_token=0),
+    # embeddings (word rows, position table, a norm) -> transformer.layer: the last hidden state alone (no pooler,
+    # no final norm; the zoo's masked LM, whose head is four modules on the class, is not streamed)
+    "distilbert": StageLayout("DistilBertModel", base="", blocks="transformer.layer", attention="attention",
+                              token_embedding="embeddings.word_embeddings", final_norm=None, head=None,
+                              built=("embeddings",)),
 }
 STREAMED_FAMILIES = tuple(dict.fromkeys([*LAYOUTS, *BASE_LAYOUTS]))
 

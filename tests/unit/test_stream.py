@@ -23,8 +23,10 @@ from tests.unit.test_cli import cli_here
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-STREAMED_CLASS = {"deit": "DeiTForImageClassification"}  # where the streamed class is not the zoo's (its teacher)
-HEADLESS = ["bert:BertModel"]  # a family's other streamed class, as "family:Class" (DINOv2's is the zoo's)
+# where the streamed class is not the zoo's (DeiT's teacher; DistilBERT's masked LM, whose head is not streamed)
+STREAMED_CLASS = {"deit": "DeiTForImageClassification", "distilbert": "DistilBertModel"}
+HEADLESS = ["bert:BertModel"]  # a family's other streamed class, as "family:Class" (DINOv2's, DistilBERT's: above)
+BASE_FAMILIES = ("dinov2", "distilbert")  # families whose streamed class (CASES' plain name) is a headless one
 CASES = [*STREAMED_FAMILIES, *HEADLESS]
 
 
@@ -110,11 +112,25 @@ def test_the_streamed_original_run_is_transformers_own_forward(case, tmp_path, m
     assert len(out.hidden_states) == len(found)
     for mine, theirs in zip(found, out.hidden_states, strict=True):
         assert (mine - theirs).abs().max() <= 1e-12 * theirs.abs().max()
-    if case in HEADLESS or family == "dinov2":  # the last hidden state and pooled output, no logits
-        assert set(records) >= {"output.last_hidden", "output.pooler"} and "output.logits" not in records
-        for name, theirs in (("output.last_hidden", out.last_hidden_state), ("output.pooler", out.pooler_output)):
+    if case in HEADLESS or family in BASE_FAMILIES:  # the last hidden state and pooled output, no logits
+        pooled = family != "distilbert"  # DistilBERT's base has no pooler: its last hidden state alone
+        outputs = [("output.last_hidden", out.last_hidden_state)] + (
+            [("output.pooler", out.pooler_output)] if pooled else [])
+        assert set(records) >= {n for n, _ in outputs} and "output.logits" not in records
+        assert pooled or "output.pooler" not in records
+        for name, theirs in outputs:
             assert (records[name] - theirs).abs().max() <= 1e-12 * theirs.abs().max(), name
             assert (run.stock_outputs[name] - theirs).abs().max() <= 1e-12 * theirs.abs().max(), name
+        if not pooled:  # the control: its position table left out of the embedding (its head has no parameter)
+            real = StreamedModel.embedding_weights
+            monkeypatch.setattr(StreamedModel, "embedding_weights", lambda self, looked_up: {
+                n: torch.zeros_like(w) if n.endswith("position_embeddings.weight") else w
+                for n, w in real(self, looked_up).items()})
+            wrong, _ = forward_pass(streamed, inputs, stock=False)
+            assert (wrong.records["embed"] - out.hidden_states[0]).abs().max() > 0.1
+            last = out.last_hidden_state
+            assert (wrong.records["output.last_hidden"] - last).abs().max() > 1e-3 * last.abs().max()
+            return
         # the control: the head stage's own parameter left out (BERT's pooler bias, DINOv2's final norm bias)
         left_out = "pooler.dense.bias" if family == "bert" else "layernorm.bias"
         read = StreamedModel.read
@@ -231,6 +247,10 @@ BUGS = {
     # DINOv2's block 1 MLP output bias forgotten
     "dinov2 mlp.fc2.bias": ("dinov2", "channels", Rule(r"(?:dinov2\.)?encoder\.layer\.(?P<layer>1)\.mlp\.fc2\.bias",
                                                        (None,), "mlp.out"), 1, "encoder.layer.1.mlp.fc2.bias"),
+    # DistilBERT's (the headless DistilBertModel's) block 1 MLP output bias forgotten
+    "distilbert ffn.lin2.bias": ("distilbert", "channels", Rule(
+        r"(?:distilbert\.)?transformer\.layer\.(?P<layer>1)\.ffn\.lin2\.bias", (None,), "mlp.out"), 1,
+        "transformer.layer.1.ffn.lin2.bias"),
 }
 
 
@@ -262,7 +282,7 @@ def test_a_spec_bug_in_a_middle_block_is_found_and_named_by_both(bug, monkeypatc
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2", "bert", "vit", "roberta", "gpt_neox", "phi3", "deit",
-                                    "dinov2", "bert:BertModel"])
+                                    "dinov2", "distilbert", "bert:BertModel"])
 def test_a_control_that_does_not_break_fails_the_streamed_report(family, monkeypatch, tmp_path):
     from perm_core.engine import symmetries
 
@@ -283,7 +303,7 @@ def test_a_control_that_does_not_break_fails_the_streamed_report(family, monkeyp
 
 
 @pytest.mark.parametrize("case", ["llama", "gpt2", "bert", "vit", "roberta", "gpt_neox", "phi3", "deit", "dinov2",
-                                  "bert:BertModel"])
+                                  "distilbert", "bert:BertModel"])
 def test_streamed_scramble_writes_the_same_shards_as_the_whole_model_scramble(case, tmp_path, capsys):
     import transformers as hf
 
@@ -301,12 +321,13 @@ def test_streamed_scramble_writes_the_same_shards_as_the_whole_model_scramble(ca
     moved = [n for n in source.names() if not torch.equal(source.read(n), streamed.read(n))]
     assert len(moved) > len(source.names()) // 2  # the control: the weights did change
     auto = {"bert": hf.AutoModelForMaskedLM, "roberta": hf.AutoModelForMaskedLM, "dinov2": hf.AutoModel,
+            "distilbert": hf.AutoModel,
             "vit": hf.AutoModelForImageClassification, "deit": hf.AutoModelForImageClassification}.get(
         family, hf.AutoModelForCausalLM) if case not in HEADLESS else hf.AutoModel
     original = auto.from_pretrained(tmp_path / family).double().eval()
     scrambled = auto.from_pretrained(tmp_path / "streamed").double().eval()
     with torch.no_grad():  # a headless model's last hidden state moves with the element: each token's norm does not
-        a, b = ((model(**inputs).last_hidden_state.norm(dim=-1) if case in HEADLESS or family == "dinov2"
+        a, b = ((model(**inputs).last_hidden_state.norm(dim=-1) if case in HEADLESS or family in BASE_FAMILIES
                  else model(**inputs).logits) for model in (original, scrambled))
     assert (a - b).abs().max() / a.abs().max() < 1e-6  # stock transformers, float32 RMSNorm inside
     if family == "vit":  # ViT's checkpoint names are not its parameters' (transformers renames them on loading)
@@ -443,7 +464,7 @@ def test_bad_checkpoints_get_one_clear_line(tmp_path, capsys):
     with pytest.raises(CheckpointError, match="holds model.layers.0.mlp.surprise.weight, which is no parameter"):
         stream_check(other, inputs, ["channels"])
 
-    _, _, distilbert = saved("distilbert", tmp_path)
+    _, _, t5 = saved("t5", tmp_path)
     with pytest.raises(StreamingUnsupportedError, match=r"llama, mistral, qwen2, qwen3, gemma3, phi3, "
                                                         r"gpt_neox; GPT2LMHeadModel "
                                                         r"\(gpt2\); BertForMaskedLM \(bert\); "
@@ -451,9 +472,9 @@ def test_bad_checkpoints_get_one_clear_line(tmp_path, capsys):
                                                         r"ViTForImageClassification \(vit\); "
                                                         r"DeiTForImageClassification \(deit\); "
                                                         r"BertModel \(bert\); Dinov2Model \(dinov2\); "
-                                                        r"this checkpoint is "
-                                                        "DistilBertForMaskedLM"):
-        stream_check(distilbert, inputs, ["channels"])
+                                                        r"DistilBertModel \(distilbert\); this checkpoint is "
+                                                        "T5ForConditionalGeneration"):
+        stream_check(t5, inputs, ["channels"])
     teacher, _ = build_random_model("deit")  # the zoo's DeiT: two classifiers on two tokens, averaged
     teacher.save_pretrained(tmp_path / "teacher")
     with pytest.raises(StreamingUnsupportedError, match="this checkpoint is DeiTForImageClassificationWithTeacher"):
