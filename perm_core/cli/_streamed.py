@@ -29,10 +29,10 @@ def checkpoint_directory(name: str) -> Path | None:
     from perm_core.models import conversion_cache, dinov2, gemma, registry, smollm
 
     if name.startswith("digits-vit"):
-        shipped = registry._shipped_dir(name)
+        shipped = registry.shipped_dir(name)
         return shipped if (shipped / "model.safetensors").exists() else None
     if name == "minilm":
-        return registry._minilm_dir()
+        return registry.minilm_dir()
     if name == "smollm2-135m":
         gguf = smollm.gguf_path()
         directory = smollm.cache_dir(gguf) if gguf is not None else None

