@@ -33,7 +33,7 @@ from perm_core.stream.allowance import Allowances
 from perm_core.stream.forward import ControlRun, OriginalRun, forward_pass
 from perm_core.stream.layout import StreamedModel
 from perm_core.stream.memory import MemoryBound, StagePeaks, reset_peak, resident_bytes
-from perm_core.stream.reverse import Element, block_stage, embedding_stage, head_stage
+from perm_core.stream.reverse import Element, block_stage, block_stage_tensors, embedding_stage, head_stage
 from perm_core.stream.stages import StreamingUnsupportedError
 from perm_core.verify.check import (
     KEY_BIAS_REASON,
@@ -164,7 +164,7 @@ def _allowance_notes(allowance: Allowances, model: StreamedModel, report: Stream
              f"stage's round-off measured by a rerun in {other} ({', '.join(u['measured'])})" for u in allowance.used]
     if not allowance.enabled:
         return notes
-    measured = {n for u in allowance.used for n in _stage_names(model, u["stage"])}
+    measured = {n for u in allowance.used for n in block_stage_tensors(model, int(u["stage"].split()[1]))}
     base = TOLERANCE.get(model.dtype, TOLERANCE[torch.float32])
     unmeasured = sorted({e.name for c in report.checks for e in c.tensors
                          if e.finite and not e.max_rel_error <= base and e.name not in measured})
@@ -173,17 +173,6 @@ def _allowance_notes(allowance: Allowances, model: StreamedModel, report: Stream
                      f"embedding or the head, {', '.join(unmeasured)} fails here (the whole-model check would measure "
                      "its round-off, tolerances.py, before failing)")
     return notes
-
-
-def _other(dtype: torch.dtype) -> torch.dtype:
-    return torch.float32 if dtype == torch.float64 else torch.float64
-
-
-def _stage_names(model: StreamedModel, stage: str) -> list[str]:
-    layer = int(stage.split()[1])
-    in_name = f"grad.blocks.{layer - 1}.hidden" if layer else "grad.embed" if model.pixels else "grad.input"
-    return [f"blocks.{layer}.hidden", f"blocks.{layer}.attn", in_name,
-            *(f"grad.param.{n}" for n in model.block_names(layer))]
 
 
 def _places(model: StreamedModel) -> dict:

@@ -34,11 +34,11 @@ class OriginalRun:
     looked_up: list[int] = field(default_factory=list)  # the embedding rows the input reads, ascending (none for
     # pixels)
     stock_outputs: dict[str, torch.Tensor] = field(default_factory=dict)  # transformers' own, by output name
+    pixel_bytes: int = 0  # an image model's input in the checked dtype
 
     @property
     def stock_logits(self) -> torch.Tensor | None:
         return self.stock_outputs.get("output.logits")
-    pixel_bytes: int = 0  # an image model's input in the checked dtype
 
 
 @dataclass

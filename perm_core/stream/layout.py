@@ -308,7 +308,6 @@ class StreamedModel:
     def block(self, layer: int, weights: dict[str, torch.Tensor], hidden: torch.Tensor, kwargs: dict,
               stock: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(the block's output, normed when it is the last; its attention probabilities, None for the stock)."""
-        base = self._base(stock)
         module = self._blocks(stock)[layer]
         prefix = f"{self.prefix}{self.layout.blocks}.{layer}."
         local = {n[len(prefix):]: w for n, w in weights.items() if n.startswith(prefix)}
@@ -321,10 +320,15 @@ class StreamedModel:
             handle.remove()
         out = out[0] if isinstance(out, tuple) else out
         if layer == self.n_layers - 1 and self.norm_names:
-            norm = f"{self.prefix}{self.layout.final_norm}."
-            out = functional_call(_attr(base, self.layout.final_norm),
-                                  {n[len(norm):]: weights[n] for n in self.norm_names}, args=(out,), strict=False)
+            out = self._final_norm(weights, self.norm_names, out, stock)
         return out, box.get("attn")
+
+    def _final_norm(self, weights: dict[str, torch.Tensor], names: list[str], hidden: torch.Tensor,
+                    stock: bool = False) -> torch.Tensor:
+        """The base's final norm on `hidden`, with its parameters `names` from `weights`."""
+        norm = f"{self.prefix}{self.layout.final_norm}."
+        return functional_call(_attr(self._base(stock), self.layout.final_norm),
+                               {n[len(norm):]: weights[n] for n in names}, args=(hidden,), strict=False)
 
     def head_chunk(self, start: int, stop: int) -> dict[str, torch.Tensor]:
         """Vocabulary rows start..stop-1 of the head's output weight and of its bias (none for a headless model)."""
@@ -352,10 +356,7 @@ class StreamedModel:
         last block's own output); a headless model's last hidden state and pooled output (its pooler's parameters
         in `whole`)."""
         if self.head_norm_names:
-            norm = f"{self.prefix}{self.layout.final_norm}."
-            normed = functional_call(_attr(self._base(stock), self.layout.final_norm),
-                                     {n[len(norm):]: whole[n] for n in self.head_norm_names}, args=(normed,),
-                                     strict=False)
+            normed = self._final_norm(whole, self.head_norm_names, normed, stock)
         given = {local: chunk[n] if n in chunk else whole[n] for local, n in self.head_locals.items()}
         module = self._head_module(stock)
         if self.layout.head is None:

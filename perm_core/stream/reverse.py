@@ -110,7 +110,8 @@ def head_stage(model: StreamedModel, run: OriginalRun, elements: dict[str, Eleme
             continue
         run.scales.add(f"grad.param.{name}", weight.grad)
         for label, element in elements.items():
-            moved = moved_whole[label][name].grad
+            moved = moved_whole[label][name].grad  # none where the transformed head left it out of the loss: zeros,
+            moved = moved if moved is not None else torch.zeros_like(weight.grad)  # as the embedding stage takes it
             element.tally.add(f"grad.param.{name}", weight.grad,
                               element.restored(moved, claims[name].rule.axes, claims[name].layer))
     name = f"grad.blocks.{model.n_layers - 1}.hidden"
@@ -135,6 +136,14 @@ def _block_tensor_names(model: StreamedModel, layer: int) -> tuple[str, str, str
     for text, where the embedding output is the model's input (an image's input is its pixels)."""
     in_name = f"grad.blocks.{layer - 1}.hidden" if layer else "grad.embed" if model.pixels else "grad.input"
     return f"blocks.{layer}.hidden", f"blocks.{layer}.attn", in_name
+
+
+def block_stage_tensors(model: StreamedModel, layer: int, backward: bool = True) -> list[str]:
+    """Every tensor block `layer`'s stage compares: its output and attention and, backward, its input's gradient and
+    its parameters' gradients."""
+    out_name, attn_name, in_name = _block_tensor_names(model, layer)
+    return [out_name, attn_name, *([in_name] if backward else []),
+            *(f"grad.param.{n}" for n in model.block_names(layer) if backward)]
 
 
 def _run_block(model: StreamedModel, layer: int, weights: dict[str, torch.Tensor], hidden: torch.Tensor,
@@ -225,9 +234,8 @@ def block_stage(model: StreamedModel, layer: int, run: OriginalRun, elements: di
                    lambda n, t: tally.add(n, kept.pop(n), t), mine)
         return tally
 
-    allowance.measure(f"block {layer}", [out_name, attn_name, *([in_name] if backward else []),
-                                         *(f"grad.param.{n}" for n in names if backward)],
-                      run.scales, original_roundoff, element_roundoff, drop_originals)
+    allowance.measure(f"block {layer}", block_stage_tensors(model, layer, backward), run.scales, original_roundoff,
+                      element_roundoff, drop_originals)
     return grad_in
 
 

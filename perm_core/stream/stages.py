@@ -34,7 +34,8 @@ class StageLayout:
     head_output: str = ""  # the head's module (relative to `head`) whose weight has a row per vocabulary entry
     # (tied to the token table, or its own), read in chunks with its bias; the head's other parameters whole
     built: tuple[str, ...] = ()  # the base's modules whose buffers are computed at construction (rotary
-    # frequencies, BERT's position ids): built from the config on the CPU (a one-entry vocabulary), buffers kept
+    # frequencies, BERT's position ids): built from the config on the CPU (a vocabulary that just holds the padding
+    # row), buffers kept
 
 
 _CAUSAL_LM = StageLayout("ForCausalLM", built=("rotary_emb",))  # embed_tokens -> layers -> norm -> lm_head
