@@ -117,9 +117,13 @@ class ReplicaSet:
             self.process.wait()
 
     def memory(self) -> dict:
-        """server_peak_rss_bytes: the replicas' peaks added up (each may peak at another moment)."""
-        return {"server_peak_rss_bytes": sum(self.peak_rss.values()), "tree_peak_rss_sampled_bytes": self.peak_rss_sum,
-                "peak_pss_sampled_bytes": self.peak_pss_sum, "replicas": dict(self.peak_rss)}
+        """server_peak_rss_bytes: the replicas' peaks added up (each may peak at another moment); each replica's peak
+        is its VmHWM, sampled while it ran and read by its own memory audit at exit."""
+        peaks = dict(self.peak_rss)
+        for name, split in self.memory_split().items():
+            peaks[name] = max(peaks.get(name, 0), split.get("peak_rss_bytes", 0))
+        return {"server_peak_rss_bytes": sum(peaks.values()), "tree_peak_rss_sampled_bytes": self.peak_rss_sum,
+                "peak_pss_sampled_bytes": self.peak_pss_sum, "replicas": peaks}
 
     def cpu(self) -> dict:
         return {side: round(sum(seen.values()), 1) for side, seen in self.cpu_seconds.items()}

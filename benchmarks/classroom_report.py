@@ -100,8 +100,11 @@ class ServerProcess:
             self.process.wait()
 
     def memory(self) -> dict:
-        return {"server_peak_rss_bytes": self.peak_rss, "tree_peak_rss_sampled_bytes": self.peak_tree_rss,
-                "replicas": {"server": self.peak_rss}}
+        """server_peak_rss_bytes: the server's VmHWM, sampled while it ran and read by its own audit at exit (the
+        weights audit runs after the last sample, and the audit's peak split may be taken then)."""
+        peak = max(self.peak_rss, self.memory_split().get("peak_rss_bytes", 0))
+        return {"server_peak_rss_bytes": peak, "tree_peak_rss_sampled_bytes": self.peak_tree_rss,
+                "replicas": {"server": peak}}
 
     def log_text(self) -> str:
         return self.log.read_text()

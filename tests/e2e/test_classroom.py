@@ -72,6 +72,8 @@ def test_three_students_at_once(tmp_path):
                                       "explore_runs_computing", "page_runs"}
     assert peak["caches"]["results"] > 0 and peak["caches"]["params"] > 0  # Explore's runs were kept
     assert peak["heap_in_use"] + peak["own_mappings"] >= sum(peak["caches"].values())
+    # the server's peak is its VmHWM as its audit read it at exit: above every resident size sampled before
+    assert figures["memory"]["server_peak_rss_bytes"] == figures["memory"]["split"]["peak_rss_bytes"]
     assert peak["file_backed"] < peak["resident"] <= figures["memory"]["server_peak_rss_bytes"]
 
 

@@ -70,3 +70,6 @@ def test_the_watch_writes_the_split_at_a_new_peak_and_at_exit(tmp_path):
     assert figures["peak"]["seconds"] > 0.5
     trimmed = figures["at_exit_trimmed"]  # the 125 MiB freed among live blocks went back only then
     assert trimmed["resident"] < figures["at_exit"]["resident"] - (64 << 20)
+    # the lifetime peak (VmHWM) bounds every resident size the watch sampled, and held the 128 MiB tensor
+    assert figures["peak_rss_bytes"] >= max(figures["peak"]["resident"], figures["at_exit"]["resident"])
+    assert figures["peak_rss_bytes"] >= 2**27

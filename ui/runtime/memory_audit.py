@@ -6,7 +6,9 @@ With the variable set, a thread reads the resident size four times a second; at 
 last) it notes what holds memory: file-backed pages (libraries, memory-mapped weights), glibc's heap in use and
 free, its large blocks in their own mappings, the bytes each registered cache holds (`register`), Python's
 small-object blocks and the threads alive. The file holds the latest peak's split; it is rewritten at each new
-peak and at exit. No page, widget or route is added. Unset, no thread starts and nothing is written.
+peak and at exit, when it also records the process's lifetime peak resident size (`peak_rss_bytes`, the kernel's
+VmHWM: never below any resident size sampled before it, which the watch's samples after an outside reader's last
+look can be). No page, widget or route is added. Unset, no thread starts and nothing is written.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ _caches: dict[str, object] = {}  # name -> an object with .bytes (perm_core.fast
 _gauges: dict[str, object] = {}  # name -> a callable giving a number: what is in flight (runs, held bytes)
 _started = threading.Lock()
 _thread: threading.Thread | None = None
+_writing = threading.Lock()
+_exiting = threading.Event()  # set by the exit write: the watch must not overwrite it with a peak alone
 _t0 = time.monotonic()
 
 
@@ -64,6 +68,12 @@ def _resident() -> tuple[int, int]:
     return int(fields[1]) * _PAGE, int(fields[2]) * _PAGE
 
 
+def peak_rss_bytes() -> int:
+    """The process's peak resident size so far (VmHWM, from /proc/self/status)."""
+    line = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("VmHWM:"))
+    return int(line.split()[1]) * 1024
+
+
 def split() -> dict:
     """What holds this process's memory now, in bytes."""
     resident, file_backed = _resident()
@@ -86,7 +96,7 @@ def _write(figures: dict) -> None:
 
 def _at_exit() -> dict:
     """The split at exit, and again after glibc gave its free pages back (malloc_trim): what was live then."""
-    figures = {"at_exit": split()}
+    figures = {"at_exit": split(), "peak_rss_bytes": peak_rss_bytes()}
     if malloc.trim():
         figures["at_exit_trimmed"] = split()
     return figures
@@ -94,11 +104,20 @@ def _at_exit() -> dict:
 
 def _watch() -> None:
     peak: dict = {"resident": 0}
-    atexit.register(lambda: _write({"peak": peak, **_at_exit()}))
-    while True:
+
+    def write_at_exit() -> None:
+        with _writing:
+            _exiting.set()
+            _write({"peak": peak, **_at_exit()})
+
+    atexit.register(write_at_exit)
+    while not _exiting.is_set():
         if _resident()[0] >= peak["resident"] + STEP_BYTES:
-            peak = {**split(), "seconds": round(time.monotonic() - _t0, 2)}
-            _write({"peak": peak})
+            with _writing:
+                if _exiting.is_set():
+                    return
+                peak = {**split(), "seconds": round(time.monotonic() - _t0, 2)}
+                _write({"peak": peak})
         time.sleep(INTERVAL_S)
 
 
