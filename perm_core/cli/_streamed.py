@@ -93,12 +93,12 @@ def _streamable(name: str) -> Path:
 
 
 def streamed_model(name: str, dtype: torch.dtype):
-    from perm_core.stream.layout import StreamedModel
+    from perm_core.stream.encoder_decoder import streamed_model as open_streamed
     from perm_core.stream.shards import CheckpointError
 
     directory = _streamable(name)
     try:
-        return StreamedModel(directory, dtype)
+        return open_streamed(directory, dtype)
     except (CheckpointError, OSError) as error:
         raise UsageError(str(error).splitlines()[0]) from None
 

@@ -19,55 +19,29 @@ a float32 check's float64 rerun for a round-off allowance adds one float64 block
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import torch
 
 from perm_core.engine import symmetries
-from perm_core.engine.spec import Scramble, transform_param
+from perm_core.engine.spec import Scramble
 from perm_core.engine.tokens import model_inputs, n_tokens
 from perm_core.fast.param_cache import tensor_bytes
 from perm_core.run.malloc import give_freed_memory_back
+from perm_core.stream import encoder_decoder_check
 from perm_core.stream.allowance import Allowances
-from perm_core.stream.forward import ControlRun, OriginalRun, forward_pass
+from perm_core.stream.encoder_decoder import is_encoder_decoder
+from perm_core.stream.forward import OriginalRun, forward_pass
 from perm_core.stream.layout import StreamedModel
 from perm_core.stream.memory import MemoryBound, StagePeaks, reset_peak, resident_bytes
+from perm_core.stream.report import PROOF, StreamedReport, control_result, movement
 from perm_core.stream.reverse import Element, block_stage, block_stage_tensors, embedding_stage, head_stage
 from perm_core.stream.stages import StreamingUnsupportedError
-from perm_core.verify.check import (
-    KEY_BIAS_REASON,
-    ControlResult,
-    Report,
-    VacuousCheckError,
-    _cannot_move,
-    _summarize,
-    most_moved,
-)
+from perm_core.verify.check import KEY_BIAS_REASON, VacuousCheckError, _cannot_move, _summarize
 from perm_core.verify.oracle import OracleResult
-from perm_core.verify.tolerances import MOVED_AT, ROUNDOFF_CAP, ROUNDOFF_SAFETY, TOLERANCE, relative_error
+from perm_core.verify.tolerances import ROUNDOFF_CAP, ROUNDOFF_SAFETY, TOLERANCE, relative_error
 
-PROOF = ("each stage (the embedding, every block, the head) was checked on the original run's own input there, "
-         "and backward on the original's gradient at its output, both transformed as the element says: each stage "
-         "equivariant on the original's activations makes the whole network equivariant, by induction along the "
-         "chain of stages")
-
-
-@dataclass
-class StreamedReport(Report):
-    proof: str = PROOF
-    memory: MemoryBound | None = None
-    head_chunks: int = 1
-    notes: list[str] = field(default_factory=list)
-    # the stages whose round-off was measured (stream.allowance): where, the tensors over their base tolerance that
-    # called for it, and whose rerun it took ("original", and each element's whose tensors were still over)
-    allowances: list[dict] = field(default_factory=list)
-
-    def to_json(self) -> dict:
-        streamed = {"proof": self.proof, "head_chunks": self.head_chunks, "notes": self.notes,
-                    "allowances": self.allowances,
-                    "memory": None if self.memory is None else self.memory.to_json()}
-        return {**super().to_json(), "streamed": streamed}
+__all__ = ["PROOF", "StreamedReport", "stream_check"]
 
 
 def stream_check(directory, inputs: dict, symmetry_names=symmetries.SYMMETRIES, key: int | Mapping[str, int] = 0,
@@ -78,6 +52,9 @@ def stream_check(directory, inputs: dict, symmetry_names=symmetries.SYMMETRIES, 
     key_of = dict(key) if isinstance(key, Mapping) else {name: key for name in names}
     if not names:
         raise VacuousCheckError("no symmetry to check: name at least one")
+    if is_encoder_decoder(directory):  # two stacks: stream.encoder_decoder_check runs their stages
+        return encoder_decoder_check.stream_check(directory, inputs, names, key_of, model_name, backward,
+                                                  include_combined, dtype, progress)
     # Blocks of 1 MiB and more get their own mappings, returned to the system when freed: resident memory is then
     # what is alive, not what glibc kept of earlier stages (process-wide, as the app server sets it).
     give_freed_memory_back()
@@ -138,11 +115,11 @@ def stream_check(directory, inputs: dict, symmetry_names=symmetries.SYMMETRIES, 
     by_symmetry = {name: [r for r in control_runs if r.control.symmetry == name] for name in names}
     for name in steps:
         errors = allowance.judged(name, elements[name].tally.differences(scales))
-        moved, what = _movement(model, elements[name].scramble, judge.movable_tokens)
+        moved, what = movement(model, elements[name].scramble, judge.movable_tokens)
         for direction in ("forward", "backward") if backward else ("forward",):
             mine = [e for e in errors if e.name.startswith("grad.") == (direction == "backward")]
             report.checks.append(_summarize(judge, name, direction, mine, moved, what))
-        report.controls.extend(_control_result(r, scales, floor_reasons) for r in by_symmetry.get(name, []))
+        report.controls.extend(control_result(r, scales, floor_reasons) for r in by_symmetry.get(name, []))
     report.allowances = allowance.used
     report.notes.extend(_allowance_notes(allowance, model, report))
     stages.end("comparisons")
@@ -180,36 +157,6 @@ def _places(model: StreamedModel) -> dict:
             "parameter_layers": {name: claim.layer for name, claim in model.claims.items()},
             "embedding_parameters": frozenset(n for n, c in model.claims.items() if c.rule.tag == "embedding"),
             "first_decoder_layer": None}
-
-
-def _control_result(r: ControlRun, scales: dict, floor_reasons: dict) -> ControlResult:
-    c = r.control
-    amount = r.tally.worst_relative(scales, floor_reasons)
-    if r.broken_at:
-        return ControlResult(c.symmetry, c.name, c.description, True, amount,
-                             f"{r.broken_at} (on the original's input there; streamed)")
-    return ControlResult(c.symmetry, c.name, c.description, False, amount,
-                         note="streamed: an unbroken control is not tested for being uninformative here")
-
-
-def _movement(model: StreamedModel, scramble: Scramble, movable_tokens: int) -> tuple[float, str]:
-    """verify.check.Subject.element_movement, each weight read when it is asked for, smallest first."""
-    moved: dict[str, float] = {}
-    if scramble.tokens is not None and movable_tokens > 0:
-        index = scramble.tokens.index
-        shifted = int((index != torch.arange(len(index))).sum())
-        if shifted:
-            moved[f"tokens: {shifted} of {movable_tokens} movable moved"] = shifted / movable_tokens
-    if not max(moved.values(), default=0.0) >= MOVED_AT:
-        for name in sorted(model.names, key=lambda n: model.reader.entries[n].numel):
-            before = model.reader.read(name, model.dtype)
-            after = transform_param(before, model.claims[name], scramble)
-            if after is before:
-                continue
-            moved[f"weight {name}"] = relative_error(before, after)
-            if moved[f"weight {name}"] >= MOVED_AT:
-                break
-    return most_moved(moved)
 
 
 def _oracle(model: StreamedModel, inputs: dict, run: OriginalRun, chunks: list[tuple[int, int]]) -> OracleResult:

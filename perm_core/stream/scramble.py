@@ -16,6 +16,7 @@ import torch
 
 from perm_core.engine import symmetries
 from perm_core.engine.spec import transform_param
+from perm_core.stream.encoder_decoder import streamed_model
 from perm_core.stream.layout import StreamedModel
 from perm_core.stream.shards import INDEX, ShardReader, ShardWriter
 
@@ -27,7 +28,7 @@ def stream_scramble(directory, key_by_symmetry: dict[str, int], out, dtype: torc
     """Write the scrambled checkpoint to `out`; floating tensors in `dtype` (default: as each is stored).
     Returns the streamed model (its family and class name are the record's)."""
     reader = ShardReader(directory)
-    model = StreamedModel(directory, torch.float64, reader)
+    model = streamed_model(directory, torch.float64, reader)  # one stack's stages, or an encoder-decoder's
     scramble = symmetries.build_many(key_by_symmetry, model.geometry)
     out = Path(out).expanduser()
     out.mkdir(parents=True, exist_ok=True)

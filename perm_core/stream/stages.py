@@ -92,10 +92,15 @@ class StreamingUnsupportedError(CheckpointError):
     """A checkpoint of an architecture the streamed check does not run."""
 
 
+# Encoder-decoders, streamed by stream.encoder_decoder's stages (two stacks: no StageLayout): family -> class
+ENCODER_DECODERS = {"t5": "T5ForConditionalGeneration"}
+
+
 def supported_summary() -> str:
     causal = [f for f, layout in LAYOUTS.items() if layout.head_class == "ForCausalLM"]
     others = [f"{layout.head_class} ({f})" for f, layout in [*LAYOUTS.items(), *BASE_LAYOUTS.items()]
               if layout.head_class != "ForCausalLM"]
+    others += [f"{cls} ({f})" for f, cls in ENCODER_DECODERS.items()]
     return f"the causal language models of {', '.join(causal)}" + "".join(f"; {o}" for o in others)
 
 

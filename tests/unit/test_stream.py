@@ -464,7 +464,8 @@ def test_bad_checkpoints_get_one_clear_line(tmp_path, capsys):
     with pytest.raises(CheckpointError, match="holds model.layers.0.mlp.surprise.weight, which is no parameter"):
         stream_check(other, inputs, ["channels"])
 
-    _, _, t5 = saved("t5", tmp_path)
+    # a streamed family's class that no layout declares (its head: a pre-classifier, ReLU and classifier on token 0)
+    _, _, unsupported = saved("distilbert:DistilBertForSequenceClassification", tmp_path / "classifier")
     with pytest.raises(StreamingUnsupportedError, match=r"llama, mistral, qwen2, qwen3, gemma3, phi3, "
                                                         r"gpt_neox; GPT2LMHeadModel "
                                                         r"\(gpt2\); BertForMaskedLM \(bert\); "
@@ -472,9 +473,10 @@ def test_bad_checkpoints_get_one_clear_line(tmp_path, capsys):
                                                         r"ViTForImageClassification \(vit\); "
                                                         r"DeiTForImageClassification \(deit\); "
                                                         r"BertModel \(bert\); Dinov2Model \(dinov2\); "
-                                                        r"DistilBertModel \(distilbert\); this checkpoint is "
-                                                        "T5ForConditionalGeneration"):
-        stream_check(t5, inputs, ["channels"])
+                                                        r"DistilBertModel \(distilbert\); "
+                                                        r"T5ForConditionalGeneration \(t5\); this checkpoint is "
+                                                        "DistilBertForSequenceClassification"):
+        stream_check(unsupported, inputs, ["channels"])
     teacher, _ = build_random_model("deit")  # the zoo's DeiT: two classifiers on two tokens, averaged
     teacher.save_pretrained(tmp_path / "teacher")
     with pytest.raises(StreamingUnsupportedError, match="this checkpoint is DeiTForImageClassificationWithTeacher"):

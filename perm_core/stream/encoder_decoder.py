@@ -1,0 +1,483 @@
+"""An encoder-decoder checkpoint (T5ForConditionalGeneration) as stages that run one at a time, and its original
+run stage by stage (with the negative controls and transformers' own forward riding along, as stream.forward does
+for one stack).
+
+Stages, in the order the model runs them: the shared token table (its rows looked up for the encoder's ids and the
+decoder's), the encoder's blocks (the last one ending with the encoder's final norm: the whole-model trace records
+the encoder's last hidden state normed), the decoder's blocks (self-attention under the causal mask, then
+cross-attention on the encoder's normed output; the last one ending with the decoder's final norm), the lm_head in
+vocabulary chunks (the decoder's output scaled by d_model**-0.5 first where the config says so, as the stock
+forward does for a tied head).
+
+The relative position bias: block 0 of each stack owns the table ([buckets, heads]) that every self-attention layer
+of the stack reads as a bias. Each block's stage computes the bias from that table with the stock attention's own
+compute_bias (deterministic: the same values block 0 hands on in the stock run), so each stage holds its own
+input: its hidden state, the table (a few hundred numbers), and a decoder block's encoder output. Backward, a stage
+gives a gradient for each of those inputs: the table's and the encoder output's are sums over the stages that
+read them, accumulated as the stages run in reverse (stream.encoder_decoder_check).
+
+Every block is given what the stock stack gives it (the masks built by transformers from the same inputs) from a
+dry run of each stack's own forward stopped at its first block.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+from dataclasses import dataclass, field
+
+import torch
+
+from perm_core.engine.spec import Scramble, UnclaimedParameterError, apply_axes, transform_param, transform_params
+from perm_core.engine.symmetries import Control
+from perm_core.engine.tokens import model_inputs
+from perm_core.families import family_by_name
+from perm_core.run.numerics import use_exact_numerics
+from perm_core.run.stateless import functional_call
+from perm_core.run.trace import TOKEN_RESID
+from perm_core.stream.forward import ControlRun
+from perm_core.stream.layout import StreamedModel, _Recorder, _Stop
+from perm_core.stream.shards import CheckpointError, ShardReader
+from perm_core.stream.stages import ENCODER_DECODERS, StreamingUnsupportedError, supported_summary
+from perm_core.stream.tally import Scales
+from perm_core.verify import oracle
+
+DECODER_RESID = (None, None, "resid")  # the decoder's tokens never move (engine.tokens)
+STACKS = ("encoder", "decoder")
+
+
+def is_encoder_decoder(directory) -> bool:
+    """Whether a checkpoint directory's config names an encoder-decoder (read before anything is built)."""
+    try:
+        raw = json.loads((ShardReader(directory).directory / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(raw.get("is_encoder_decoder"))
+
+
+def streamed_model(directory, dtype: torch.dtype, reader: ShardReader | None = None) -> StreamedModel:
+    """A checkpoint's streamed model: an encoder-decoder's stages, or one stack's (stream.layout)."""
+    if is_encoder_decoder(reader.directory if reader is not None else directory):
+        return EncoderDecoderModel(directory, dtype, reader)
+    return StreamedModel(directory, dtype, reader)
+
+
+def hidden_axes(stack: str) -> tuple:
+    return TOKEN_RESID if stack == "encoder" else DECODER_RESID
+
+
+def attention_axes(layer: int, stack: str) -> tuple:
+    """A block's self-attention probabilities: the encoder's tokens move along both token axes, the decoder's not."""
+    return (None, ("heads", layer), "tokens", "tokens") if stack == "encoder" else (None, ("heads", layer), None, None)
+
+
+def cross_axes(layer: int) -> tuple:
+    """A decoder block's cross-attention probabilities [B, H, decoder T, encoder T]."""
+    return (None, ("heads", layer), None, "tokens")
+
+
+class _Rows(torch.nn.Module):
+    """Stands in for an embedding module: the given table, looked up as nn.Embedding looks it up."""
+
+    def __init__(self, table: torch.Tensor):
+        super().__init__()
+        self.table = table
+
+    def forward(self, index: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.embedding(index, self.table)
+
+
+class EncoderDecoderModel(StreamedModel):
+    """An encoder-decoder checkpoint's architecture on the meta device, its parameters grouped into stages: the
+    shared token table, each stack's blocks (a stack's final norm with its last block; its relative position table
+    read by every block of the stack), the head. Blocks are numbered encoder first, then decoder, as the trace and
+    Rule.layer_offset number them."""
+
+    def __init__(self, directory, dtype: torch.dtype, reader: ShardReader | None = None):
+        import transformers
+        from transformers import AutoConfig
+
+        self.reader = reader or ShardReader(directory)
+        try:
+            raw = json.loads((self.reader.directory / "config.json").read_text())
+        except (OSError, ValueError) as error:
+            raise CheckpointError(f"{self.reader.directory}/config.json is not readable JSON ({error})") from None
+        architectures = raw.get("architectures") or []
+        name = architectures[0] if architectures and isinstance(architectures[0], str) else ""
+        found = [f for f, c in ENCODER_DECODERS.items() if c == name]
+        family = family_by_name(found[0]) if found else None
+        if family is None or raw.get("model_type") not in family.model_types:
+            raise StreamingUnsupportedError(
+                f"streaming supports {supported_summary()}; this checkpoint is {name or 'an unnamed class'} "
+                f"(model_type {raw.get('model_type')!r})")
+        cls = getattr(transformers, name)
+        self.family, self.layout = family.for_class(name), None
+        self.config = AutoConfig.from_pretrained(self.reader.directory, local_files_only=True)
+        self.dtype, self.cls_name = dtype, cls.__name__
+        self.geometry = self.family.geometry(self.config)
+        self.spec = self.family.spec(self.config)
+        with torch.device("meta"):
+            self.model = cls(self.config).to(dtype).eval()
+            self.stock = cls(copy.deepcopy(self.config)).to(dtype).eval()
+        use_exact_numerics(self.model)
+        try:
+            self.stock.set_attn_implementation("sdpa")
+            self.stock_attention = "sdpa"
+        except (ValueError, ImportError):
+            self.stock.set_attn_implementation("eager")
+            self.stock_attention = "eager"
+        self.prefix = ""
+        self.names = [n for n, _ in self.model.named_parameters()]
+        self._rename_stored()
+        self._check_names()
+        try:
+            self.claims = self.spec.claim_all(self.names)
+        except UnclaimedParameterError as error:
+            raise CheckpointError(str(error)) from None
+        g = self.geometry
+        self.n_layers, self.n_encoder = g.n_layers, g.n_layers - g.n_decoder_layers
+        stored = {id(p): n for n, p in self.model.named_parameters()}
+        self.embed_name = stored[id(self.model.shared.weight)]
+        self.head_name = stored[id(self.model.lm_head.weight)]
+        self.tied = self.head_name == self.embed_name
+        self.head_chunked, self.head_whole, self.head_locals = [self.head_name], [], {"weight": self.head_name}
+        self.head_norm_names, self.norm_names = [], []
+        self.embedding_names = [self.embed_name]
+        # does the stock forward scale the decoder's output before the head (T5's tied head)
+        self.scale_output = bool(getattr(self.config, "scale_decoder_outputs", self.config.tie_word_embeddings))
+        self.tables = {s: stored[id(self._stack(s).block[0].layer[0].SelfAttention.relative_attention_bias.weight)]
+                       for s in STACKS}
+        self.final_norms = {s: [n for n in self.names if n.startswith(f"{s}.final_layer_norm.")] for s in STACKS}
+        staged = {self.embed_name, self.head_name, *self.tables.values(),
+                  *(n for names in self.final_norms.values() for n in names),
+                  *(n for layer in range(self.n_layers) for n in self._own(layer))}
+        unstaged = [n for n in self.names if n not in staged]
+        if unstaged or not all(self.final_norms.values()):
+            raise StreamingUnsupportedError(f"{self.cls_name} has {', '.join(unstaged) or 'a layout'} that no "
+                                            "stage of a streamed check runs")
+
+    # --- where the stages' parameters are ---
+
+    def stack_of(self, layer: int) -> tuple[str, int]:
+        """(the stack, the block's index in it) of trace block `layer`."""
+        return ("encoder", layer) if layer < self.n_encoder else ("decoder", layer - self.n_encoder)
+
+    def _stack(self, stack: str, stock: bool = False) -> torch.nn.Module:
+        return getattr(self.stock if stock else self.model, stack)
+
+    def _own(self, layer: int) -> list[str]:
+        stack, index = self.stack_of(layer)
+        return [n for n in self.names if n.startswith(f"{stack}.block.{index}.") and n != self.tables[stack]]
+
+    def last_of_stack(self, layer: int) -> bool:
+        return layer in (self.n_encoder - 1, self.n_layers - 1)
+
+    def block_names(self, layer: int) -> list[str]:
+        """A block's parameters (its stack's final norm with the last; its stack's position table apart: table)."""
+        stack, _ = self.stack_of(layer)
+        return self._own(layer) + (self.final_norms[stack] if self.last_of_stack(layer) else [])
+
+    def table(self, layer: int) -> str:
+        """The relative position table that block `layer` reads (its stack's block 0's)."""
+        return self.tables[self.stack_of(layer)[0]]
+
+    @property
+    def pixels(self) -> bool:
+        return False
+
+    @property
+    def logits_axes(self) -> tuple:
+        return (None, None, None)  # one row per decoder token: no axis moves
+
+    @property
+    def output_axes(self) -> dict[str, tuple]:
+        return {"output.logits": self.logits_axes}
+
+    # --- what the blocks are given ---
+
+    def layer_kwargs(self, kwargs: dict, stock: bool = False) -> list[dict]:
+        """Each block's keyword arguments besides its hidden state, position bias and encoder output, when the
+        model runs on `kwargs` (model inputs): a dry run of each stack's own forward on zero embeddings, stopped at
+        its first block (every block of a stack is given the same)."""
+        found = {}
+        encoder_embeds = torch.zeros((*kwargs["input_ids"].shape, self.geometry.d_model), dtype=self.dtype)
+        decoder_ids = kwargs["decoder_input_ids"]
+        calls = {"encoder": {"inputs_embeds": encoder_embeds, "attention_mask": kwargs.get("attention_mask")},
+                 "decoder": {"inputs_embeds": torch.zeros((*decoder_ids.shape, self.geometry.d_model),
+                                                          dtype=self.dtype),
+                             "attention_mask": kwargs.get("decoder_attention_mask"),
+                             "encoder_hidden_states": encoder_embeds,
+                             "encoder_attention_mask": kwargs.get("attention_mask"), "use_cache": False}}
+        for stack, call in calls.items():
+            module = self._stack(stack, stock)
+            sink: list = [None]
+            recorder = _Recorder(sink, 0, module.block[0], stop=True)
+            with self._swapped(module, {"block": torch.nn.ModuleList([recorder])}), contextlib.suppress(_Stop):
+                module(**call)
+            found[stack] = {k: v for k, v in sink[0].items()
+                            if k not in ("position_bias", "encoder_hidden_states", "encoder_decoder_position_bias")}
+        return [found[self.stack_of(layer)[0]] for layer in range(self.n_layers)]
+
+    # --- running the stages ---
+
+    def embedding_weights(self, looked_up: list[int]) -> dict[str, torch.Tensor]:
+        return {self.embed_name: self.reader.rows(self.embed_name, looked_up, self.dtype)}
+
+    def embed(self, weights: dict[str, torch.Tensor], looked_up: list[int], kwargs: dict, stock: bool = False
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The embedding stage: (the encoder's first block input, the decoder's), each stack's own token lookup
+        (tied to the shared table) and dropout on its ids, with the looked-up rows of `weights` only."""
+        position = {token: i for i, token in enumerate(looked_up)}
+        rows = weights[self.embed_name]
+        found = []
+        for stack, ids in (("encoder", kwargs["input_ids"]), ("decoder", kwargs["decoder_input_ids"])):
+            module = self._stack(stack, stock)
+            local = ids.clone().apply_(position.__getitem__)
+            found.append(module.dropout(functional_call(module.embed_tokens, {"weight": rows}, args=(local,))))
+        return found[0], found[1]
+
+    def position_bias(self, layer: int, table: torch.Tensor, length: int, stock: bool = False) -> torch.Tensor:
+        """The relative position bias [1, heads, length, length] that block `layer`'s self-attention adds: its
+        stack's block 0 attention's own compute_bias, on `table`."""
+        stack, _ = self.stack_of(layer)
+        attention = self._stack(stack, stock).block[0].layer[0].SelfAttention
+        with self._swapped(attention, {"relative_attention_bias": _Rows(table)}):
+            return attention.compute_bias(length, length, device=table.device)
+
+    def block(self, layer: int, weights: dict[str, torch.Tensor], hidden: torch.Tensor, kwargs: dict,
+              table: torch.Tensor, encoder_out: torch.Tensor | None = None, stock: bool = False):
+        """(the block's output, normed when it is its stack's last; its self-attention probabilities; a decoder
+        block's cross-attention probabilities, else None). Probabilities are None for the stock model."""
+        stack, index = self.stack_of(layer)
+        base = self._stack(stack, stock)
+        module = base.block[index]
+        prefix = f"{stack}.block.{index}."
+        local = {n[len(prefix):]: w for n, w in weights.items() if n.startswith(prefix)}
+        box: dict = {}
+        handles = [module.layer[0].register_forward_hook(lambda m, a, out: box.__setitem__("attn", out[-1]))]
+        if stack == "decoder":
+            handles.append(module.layer[1].register_forward_hook(lambda m, a, out: box.__setitem__("cross", out[-1])))
+        call = {**kwargs, "position_bias": self.position_bias(layer, table, hidden.shape[1], stock)}
+        if stack == "decoder":
+            call["encoder_hidden_states"] = encoder_out
+        try:
+            out = functional_call(module, local, args=(hidden,), kwargs=call, strict=False)[0]
+        finally:
+            for handle in handles:
+                handle.remove()
+        if self.last_of_stack(layer):
+            norm = f"{stack}.final_layer_norm."
+            out = base.dropout(functional_call(base.final_layer_norm, {n[len(norm):]: weights[n]
+                                                                       for n in self.final_norms[stack]},
+                                               args=(out,), strict=False))
+        return out, box.get("attn"), box.get("cross")
+
+    def head(self, chunk: dict[str, torch.Tensor], whole: dict[str, torch.Tensor], normed: torch.Tensor,
+             stock: bool = False) -> dict[str, torch.Tensor]:
+        """The logits of the vocabulary rows in `chunk` on the decoder's normed output (scaled first where the
+        stock forward scales it); `whole` is empty (T5's head has no other parameter)."""
+        if self.scale_output:
+            normed = normed * (self.config.d_model ** -0.5)
+        return {"output.logits": functional_call(self._head_module(stock), {"weight": chunk[self.head_name]},
+                                                 args=(normed,), strict=False)}
+
+    def _head_module(self, stock: bool = False) -> torch.nn.Module:
+        return (self.stock if stock else self.model).lm_head
+
+    @property
+    def primary(self) -> str:
+        return "output.logits"
+
+    def head_chunk(self, start: int, stop: int) -> dict[str, torch.Tensor]:
+        """Vocabulary rows start..stop-1 of the head's weight (T5's head has no bias)."""
+        return {self.head_name: self.reader.row_range(self.head_name, start, stop, self.dtype)}
+
+    def head_chunks(self, largest_block_bytes: int) -> list[tuple[int, int]]:
+        """Vocabulary row ranges of the head, each no larger than `largest_block_bytes`."""
+        vocab, width = self.reader.entries[self.head_name].shape
+        rows = max(1, largest_block_bytes // (width * self.dtype.itemsize))
+        return [(start, min(start + rows, vocab)) for start in range(0, vocab, rows)]
+
+    def embedding_bytes(self, looked_up: list[int]) -> int:
+        return len(looked_up) * self.geometry.d_model * self.dtype.itemsize
+
+    def stage_weights(self, layer: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """A block's weights and its stack's position table, in the checked dtype."""
+        return self.read(self.block_names(layer)), self.reader.read(self.table(layer), self.dtype)
+
+
+@dataclass
+class EncoderDecoderRun:
+    """The original run: the whole-model trace's forward records, each block's inputs, the encoder's output."""
+
+    block_inputs: list[torch.Tensor] = field(default_factory=list)
+    records: dict[str, torch.Tensor] = field(default_factory=dict)
+    scales: Scales = field(default_factory=Scales)
+    looked_up: list[int] = field(default_factory=list)
+    stock_outputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    encoder_out: torch.Tensor | None = None  # the encoder's normed output: every decoder block's cross input
+    pixel_bytes: int = 0
+
+    @property
+    def stock_logits(self) -> torch.Tensor | None:
+        return self.stock_outputs.get("output.logits")
+
+
+def block_tensor_names(model: EncoderDecoderModel, layer: int) -> dict[str, str]:
+    """A block stage's traced names: its output, attention (and cross-attention), its input's gradient (the
+    encoder's first block's input is the model's input; the decoder's first block's is the decoder embedding)."""
+    stack, index = model.stack_of(layer)
+    first = {"encoder": "grad.input", "decoder": "grad.decoder.embed"}[stack]
+    names = {"hidden": f"blocks.{layer}.hidden", "attn": f"blocks.{layer}.attn",
+             "grad_in": f"grad.blocks.{layer - 1}.hidden" if index else first}
+    if stack == "decoder":
+        names["cross"] = f"blocks.{layer}.cross_attn"
+    return names
+
+
+def model_ids(kwargs: dict) -> list[int]:
+    """The shared table's rows an input looks up, encoder's and decoder's ids together, ascending."""
+    return sorted(set(kwargs["input_ids"].flatten().tolist()) | set(kwargs["decoder_input_ids"].flatten().tolist()))
+
+
+def forward_pass(model: EncoderDecoderModel, inputs: dict, controls: list[Control] = (), stock: bool = True,
+                 head_chunks: list[tuple[int, int]] | None = None, progress=None
+                 ) -> tuple[EncoderDecoderRun, list[ControlRun]]:
+    """The original run (and, with `stock`, transformers' own forward beside it), each control compared at every
+    stage on the original's input there until it breaks (stream.forward.forward_pass, for two stacks)."""
+    g, dtype = model.geometry, model.dtype
+    kwargs = model_inputs(inputs, g, Scramble(), dtype)
+    layer_kwargs = model.layer_kwargs(kwargs)
+    run = EncoderDecoderRun(looked_up=model_ids(kwargs))
+    embedding = model.embedding_weights(run.looked_up)
+    embeds = model.embed(embedding, run.looked_up, kwargs)
+    _keep(run, "embed", embeds[0])
+    _keep(run, "decoder.embed", embeds[1])
+    if stock:
+        stock_kwargs = oracle.stock_kwargs(inputs, g, dtype)
+        stock_layers = model.layer_kwargs(stock_kwargs, stock=True)
+        stock_embeds = model.embed(embedding, run.looked_up, stock_kwargs, stock=True)
+    runs = []
+    for control in controls:
+        control_kwargs = model_inputs(inputs, g, control.scramble, dtype)
+        runs.append(ControlRun(control, control.scramble.inverse(), model.layer_kwargs(control_kwargs),
+                               control_kwargs))
+    for c in runs:
+        moved = transform_params(embedding, model.spec, c.control.scramble, model.claims)
+        for name, original, out in zip(("embed", "decoder.embed"), embeds, model.embed(moved, run.looked_up, c.kwargs),
+                                       strict=True):
+            axes = TOKEN_RESID if name == "embed" else DECODER_RESID
+            c.tally.add(name, original, apply_axes(out, axes, c.inverse))
+        c.judge(["embed", "decoder.embed"], run.scales, "the embeddings")
+    del embedding
+    hidden, stock_hidden = embeds[0], stock_embeds[0] if stock else None
+    stock_encoder = None
+    for layer in range(model.n_layers):
+        stack, index = model.stack_of(layer)
+        if progress:
+            progress(layer / (model.n_layers + 1), f"original run: {stack} block {index}")
+        if stack == "decoder" and index == 0:
+            hidden, stock_hidden = embeds[1], stock_embeds[1] if stock else None
+        encoder_out = run.encoder_out if stack == "decoder" else None
+        weights, table = model.stage_weights(layer)
+        out, attention, cross = model.block(layer, weights, hidden, layer_kwargs[layer], table, encoder_out)
+        names = block_tensor_names(model, layer)
+        found = {names["hidden"]: out, names["attn"]: attention, **({names["cross"]: cross} if cross is not None
+                                                                     else {})}
+        for name, tensor in found.items():
+            _keep(run, name, tensor)
+        axes = {names["hidden"]: hidden_axes(stack), names["attn"]: attention_axes(layer, stack),
+                names.get("cross"): cross_axes(layer)}
+        for c in runs:
+            if c.broken_at:
+                continue
+            scramble = c.control.scramble
+            moved = transform_params(weights, model.spec, scramble, model.claims)
+            moved_table = transform_param(table, model.claims[model.table(layer)], scramble)
+            moved_encoder = None if encoder_out is None else apply_axes(encoder_out, TOKEN_RESID, scramble)
+            c_found = model.block(layer, moved, apply_axes(hidden, hidden_axes(stack), scramble),
+                                  c.layer_kwargs[layer], moved_table, moved_encoder)
+            for (name, original), tensor in zip(found.items(), c_found, strict=False):
+                c.tally.add(name, original, apply_axes(tensor, axes[name], c.inverse, layer))
+            c.judge(list(found), run.scales, f"block {layer}")
+        if stock:
+            stock_hidden = model.block(layer, weights, stock_hidden, stock_layers[layer], table, stock_encoder,
+                                       stock=True)[0]
+            if layer == model.n_encoder - 1:
+                stock_encoder = stock_hidden
+        run.block_inputs.append(hidden)
+        hidden = out
+        if layer == model.n_encoder - 1:
+            run.encoder_out = out
+        del weights, table
+    if progress:
+        progress(model.n_layers / (model.n_layers + 1), "original run: the head")
+    pieces, stock_pieces = [], []
+    for start, stop in head_chunks or [(0, model.reader.entries[model.head_name].shape[0])]:
+        chunk = model.head_chunk(start, stop)
+        logits = model.head(chunk, {}, hidden)["output.logits"]
+        pieces.append(logits)
+        if stock:
+            stock_pieces.append(model.head(chunk, {}, stock_hidden, stock=True)["output.logits"])
+        for c in runs:
+            if not c.broken_at:
+                moved = transform_params(chunk, model.spec, c.control.scramble, model.claims)
+                c_logits = model.head(moved, {}, apply_axes(hidden, DECODER_RESID, c.control.scramble))
+                c.tally.add("output.logits", logits, apply_axes(c_logits["output.logits"], model.logits_axes,
+                                                                c.inverse))
+        del chunk
+    _keep(run, "output.logits", torch.cat(pieces, dim=-1))
+    for c in runs:
+        if not c.broken_at:
+            c.judge(["output.logits"], run.scales, "the head")
+    if stock:
+        run.stock_outputs = {"output.logits": torch.cat(stock_pieces, dim=-1)}
+    return run, runs
+
+
+def measure_break(model: EncoderDecoderModel, inputs: dict, scramble: Scramble, run: EncoderDecoderRun) -> float:
+    """verify.check.measure_break, streamed: the transformed model's forward, stage by stage on its own activations
+    (an element that is no symmetry moves them: the break it causes is what is measured), un-scrambled and compared
+    with the original run's forward records; the worst relative error."""
+    from perm_core.stream.tally import Tally
+
+    g, dtype = model.geometry, model.dtype
+    kwargs = model_inputs(inputs, g, scramble, dtype)
+    layer_kwargs = model.layer_kwargs(kwargs)
+    inverse = scramble.inverse()
+    tally = Tally()
+    moved = transform_params(model.embedding_weights(run.looked_up), model.spec, scramble, model.claims)
+    embeds = model.embed(moved, run.looked_up, kwargs)
+    tally.add("embed", run.records["embed"], apply_axes(embeds[0], TOKEN_RESID, inverse))
+    tally.add("decoder.embed", run.records["decoder.embed"], apply_axes(embeds[1], DECODER_RESID, inverse))
+    hidden, encoder_out = embeds[0], None
+    for layer in range(model.n_layers):
+        stack, index = model.stack_of(layer)
+        if stack == "decoder" and index == 0:
+            hidden = embeds[1]
+        weights, table = model.stage_weights(layer)
+        weights = transform_params(weights, model.spec, scramble, model.claims)
+        table = transform_param(table, model.claims[model.table(layer)], scramble)
+        out, attention, cross = model.block(layer, weights, hidden, layer_kwargs[layer], table, encoder_out)
+        names = block_tensor_names(model, layer)
+        tally.add(names["hidden"], run.records[names["hidden"]], apply_axes(out, hidden_axes(stack), inverse))
+        tally.add(names["attn"], run.records[names["attn"]],
+                  apply_axes(attention, attention_axes(layer, stack), inverse, layer))
+        if cross is not None:
+            tally.add(names["cross"], run.records[names["cross"]], apply_axes(cross, cross_axes(layer), inverse, layer))
+        hidden = out
+        if layer == model.n_encoder - 1:
+            encoder_out = out
+        del weights, table
+    for start, stop in [(0, model.reader.entries[model.head_name].shape[0])]:
+        chunk = transform_params(model.head_chunk(start, stop), model.spec, scramble, model.claims)
+        logits = model.head(chunk, {}, hidden)["output.logits"]
+        tally.add("output.logits", run.records["output.logits"][..., start:stop],
+                  apply_axes(logits, model.logits_axes, inverse))
+    return tally.worst_relative(run.scales.final({}, dtype), {})
+
+
+def _keep(run: EncoderDecoderRun, name: str, tensor: torch.Tensor) -> None:
+    run.records[name] = tensor.detach()
+    run.scales.add(name, run.records[name])

@@ -1,0 +1,322 @@
+"""The streamed check of an encoder-decoder (T5ForConditionalGeneration): stream.check's proof, verdicts and report
+over stream.encoder_decoder's stages, from the head back to the shared token table.
+
+Backward, the chain of stages is not a single line: every decoder block's cross-attention reads the encoder's normed
+output, and every block of a stack reads its stack's relative position table (block 0's). So besides the gradient
+at its hidden input, a decoder block's stage gives a gradient at the encoder's output, and every block's stage one
+at its stack's table. These are sums over the stages that read them: the decoder is streamed in reverse first,
+each stage adding its part (the original's, and each element's un-scrambled), then the encoder's output gradient
+(the whole-model trace's grad.blocks.{last encoder block}.hidden) and the decoder's table gradient are complete and
+compared, and the encoder is streamed in reverse on that gradient; its table's gradient is compared after its
+block 0. Each stage is still checked on the original's own input and output gradient, so the induction of
+stream.check holds stage by stage, and a part that one stage gets wrong shows in the sum it is added to.
+
+The whole-model check measures a symmetry the architecture lacks (T5's tokens: its relative position bias reads
+sequence order) by the break of its element; streamed, the transformed model runs stage by stage on its own
+activations, and its forward records are compared with the original run's (encoder_decoder.measure_break).
+
+Round-off allowances are not measured here (stream.allowance reruns one stack's block stages): a tensor over its
+dtype's base tolerance fails, and the report's notes say so.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from perm_core.engine import symmetries
+from perm_core.engine.spec import Scramble, transform_param
+from perm_core.engine.tokens import model_inputs, n_tokens
+from perm_core.fast.param_cache import tensor_bytes
+from perm_core.run.malloc import give_freed_memory_back
+from perm_core.run.trace import TOKEN_RESID
+from perm_core.stream.encoder_decoder import (
+    DECODER_RESID,
+    EncoderDecoderModel,
+    EncoderDecoderRun,
+    attention_axes,
+    block_tensor_names,
+    cross_axes,
+    forward_pass,
+    hidden_axes,
+    measure_break,
+)
+from perm_core.stream.memory import MemoryBound, StagePeaks, reset_peak, resident_bytes
+from perm_core.stream.report import StreamedReport, control_result, movement
+from perm_core.stream.reverse import Element, _completed, _handed, _leaf, head_stage
+from perm_core.stream.stages import StreamingUnsupportedError
+from perm_core.verify.check import KEY_BIAS_REASON, NotSymmetry, VacuousCheckError, _cannot_move, _summarize
+from perm_core.verify.oracle import OracleResult
+from perm_core.verify.tolerances import ROUNDOFF_CAP, ROUNDOFF_SAFETY, TOLERANCE, judged, relative_error
+
+
+class Sums:
+    """Gradients that several stages add to (a stack's position table, the encoder's output): the original's and
+    each element's un-scrambled, compared once complete."""
+
+    def __init__(self, run: EncoderDecoderRun, elements: dict[str, Element]):
+        self.run, self.elements = run, elements
+        self.parts: dict[str | None, dict[str, torch.Tensor]] = {None: {}, **{label: {} for label in elements}}
+
+    def add(self, owner: str | None, found: dict[str, torch.Tensor]) -> None:
+        """Add a stage's parts (owner None: the original's)."""
+        mine = self.parts[owner]
+        for name, tensor in found.items():
+            mine[name] = tensor if name not in mine else mine[name] + tensor
+
+    def compare(self, name: str) -> torch.Tensor | None:
+        """The original's complete sum (None before any stage added to it), each element's compared with it."""
+        total = self.parts[None].pop(name, None)
+        if total is None:
+            return None
+        self.run.scales.add(name, total)
+        for label, element in self.elements.items():
+            element.tally.add(name, total, self.parts[label].pop(name))
+        return total
+
+
+def _run_stage(model: EncoderDecoderModel, layer: int, weights: dict[str, torch.Tensor], table: torch.Tensor,
+               hidden: torch.Tensor, encoder_out: torch.Tensor | None, grad_out: torch.Tensor | None, kwargs: dict,
+               backward: bool, found, element: Element | None = None) -> dict[str, torch.Tensor]:
+    """One run of block `layer` with `weights` and its stack's position `table` on `hidden` (and a decoder block's
+    `encoder_out`), moved by `element` if one is given (stream.reverse._run_block, with two more inputs): its
+    tensors, restored to the original's frame, handed to found(name, tensor) as they are made. Returns, backward,
+    its parts of the sums: the table's gradient and a decoder block's gradient at the encoder's output."""
+    stack, _ = model.stack_of(layer)
+    names = block_tensor_names(model, layer)
+    axes = hidden_axes(stack)
+    moved = element.moved if element is not None else lambda t, axes, layer=None: t
+    restored = element.restored if element is not None else lambda t, axes, layer=None: t.detach()
+    leaves = {n: _leaf(w, backward) for n, w in weights.items()}
+    weights.clear()  # the leaves are the only copy
+    table = _leaf(table, backward)
+    handles = [w.register_post_accumulate_grad_hook(_handed(found, n, model.claims[n], restored))
+               for n, w in leaves.items()] if backward else []
+    try:
+        inputs = _leaf(moved(hidden, axes), backward)
+        encoder = None if encoder_out is None else _leaf(moved(encoder_out, TOKEN_RESID), backward)
+        out, attention, cross = model.block(layer, leaves, inputs, kwargs, table, encoder)
+        found(names["hidden"], restored(out, axes))
+        found(names["attn"], restored(attention, attention_axes(layer, stack), layer))
+        if cross is not None:
+            found(names["cross"], restored(cross, cross_axes(layer), layer))
+        if not backward:
+            return {}
+        extra = [table] + ([encoder] if encoder is not None else [])
+        torch.autograd.backward(out, moved(grad_out, axes), inputs=[inputs, *extra, *leaves.values()])
+        found(names["grad_in"], restored(inputs.grad, axes))
+        claim = model.claims[model.table(layer)]
+        parts = {f"grad.param.{model.table(layer)}": restored(table.grad, claim.rule.axes, claim.layer)}
+        if encoder is not None:
+            parts[f"grad.blocks.{model.n_encoder - 1}.hidden"] = restored(encoder.grad, TOKEN_RESID)
+        return parts
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def block_stage(model: EncoderDecoderModel, layer: int, run: EncoderDecoderRun, elements: dict[str, Element],
+                backward: bool, grad_out: torch.Tensor | None, original_kwargs: dict, sums: Sums
+                ) -> torch.Tensor | None:
+    """Compare block `layer` under every element; its parts of the sums added to `sums`. Returns the original's
+    gradient at its hidden input."""
+    stack, _ = model.stack_of(layer)
+    names = model.block_names(layer)
+    table_name = model.table(layer)
+    tensor_names = block_tensor_names(model, layer)
+    hidden = run.block_inputs[layer]
+    encoder_out = run.encoder_out if stack == "decoder" else None
+    original = {tensor_names[k]: run.records[tensor_names[k]] for k in ("hidden", "attn", "cross")
+                if k in tensor_names}
+
+    def keep(name: str, tensor: torch.Tensor) -> None:
+        if name.startswith("grad."):  # the forward's are the original run's records already
+            original[name] = tensor
+            run.scales.add(name, tensor)
+
+    if backward:
+        weights, table = model.stage_weights(layer)
+        sums.add(None, _run_stage(model, layer, weights, table, hidden, encoder_out, grad_out, original_kwargs,
+                                  True, keep))
+    grad_in = original.get(tensor_names["grad_in"])
+    claims = model.claims
+    for label, element in elements.items():
+        weights = {n: transform_param(model.reader.read(n, model.dtype), claims[n], element.scramble) for n in names}
+        table = transform_param(model.reader.read(table_name, model.dtype), claims[table_name], element.scramble)
+        sums.add(label, _run_stage(model, layer, weights, table, hidden, encoder_out, grad_out,
+                                   element.layer_kwargs[layer], backward,
+                                   lambda name, tensor, tally=element.tally: tally.add(name, original[name], tensor),
+                                   element))
+    return grad_in
+
+
+def embedding_stage(model: EncoderDecoderModel, run: EncoderDecoderRun, elements: dict[str, Element],
+                    backward: bool, grads: tuple[torch.Tensor, torch.Tensor] | None, stash: dict,
+                    kwargs: dict) -> None:
+    """Compare both embedding outputs (the encoder's and the decoder's) and the shared table's gradient at the
+    looked-up rows (a tied head's rows completed). `grads`: the original's at the encoder's first block input and
+    at the decoder's."""
+    name = model.embed_name
+    rows = model.embedding_weights(run.looked_up)[name]
+    claim = model.claims[name]
+    original = None
+    if backward:
+        leaf = _leaf(rows, True)
+        torch.autograd.backward(list(model.embed({name: leaf}, run.looked_up, kwargs)), list(grads), inputs=[leaf])
+        original = _completed(leaf.grad, stash.get("original"), run.looked_up)
+        run.scales.add(f"grad.param.{name}", original)
+    for label, element in elements.items():
+        leaf = _leaf(transform_param(rows, claim, element.scramble), backward)
+        embeds = model.embed({name: leaf}, run.looked_up, element.kwargs)
+        element.tally.add("embed", run.records["embed"], element.restored(embeds[0], TOKEN_RESID))
+        element.tally.add("decoder.embed", run.records["decoder.embed"], element.restored(embeds[1], DECODER_RESID))
+        if backward:
+            torch.autograd.backward(list(embeds), [element.moved(grads[0], TOKEN_RESID),
+                                                   element.moved(grads[1], DECODER_RESID)], inputs=[leaf])
+            restored = _completed(element.restored(leaf.grad, claim.rule.axes, claim.layer), stash.get(label),
+                                  run.looked_up)
+            element.tally.add(f"grad.param.{name}", original, restored)
+        del leaf, embeds
+
+
+def stream_check(directory, inputs: dict, names: list[str], key_of: dict[str, int], model_name: str = "",
+                 backward: bool = True, include_combined: bool = True, dtype: torch.dtype = torch.float64,
+                 progress=None) -> StreamedReport:
+    """stream.check.stream_check for an encoder-decoder checkpoint (the module docstring)."""
+    give_freed_memory_back()
+    model = EncoderDecoderModel(directory, dtype)
+    g = model.geometry
+    model.layer_kwargs(model_inputs(inputs, g, Scramble(), dtype))  # transformers' lazy imports happen here
+    peak_reset = reset_peak()
+    baseline = resident_bytes()
+    count = n_tokens(inputs, g)
+    judge = SimpleNamespace(tolerance=TOLERANCE.get(dtype, TOLERANCE[torch.float32]), dtype=dtype,
+                            movable_tokens=g.movable_tokens(count), places=places(model))
+    report = StreamedReport(model_name or str(directory), model.family.name, str(dtype).split(".")[-1],
+                            {name: key_of[name] for name in names})
+    not_holding = g.not_holding()
+    missing = [name for name in names if name in not_holding]
+    names = [name for name in names if name not in not_holding]
+    if "tokens" in names and judge.movable_tokens < 2:
+        report.checks.extend(_cannot_move(judge, "tokens", backward))
+        names.remove("tokens")
+    restrictions = g.restrictions()
+    report.restricted = {name: restrictions[name] for name in names if name in restrictions}
+    steps = names + (["all"] if include_combined and len(names) > 1 else [])
+    controls = {name: symmetries.controls(name, key_of[name], g, count) for name in names}
+    for name, found in controls.items():
+        if not found:
+            raise VacuousCheckError(f"the {name} symmetry has no negative control on {model.family.name}")
+    largest = max(model.bytes_of([*model.block_names(layer), model.table(layer)]) for layer in range(model.n_layers))
+    chunks = model.head_chunks(largest // 4)
+    report.head_chunks = len(chunks)
+
+    stages = StagePeaks(baseline, peak_reset)
+    run, control_runs = forward_pass(model, inputs, [c for found in controls.values() for c in found],
+                                     head_chunks=chunks, progress=progress)
+    stages.end("original run and controls")
+    report.oracle = _oracle(model, inputs, run, chunks)
+    stages.end("oracle")
+    for name in missing:
+        scramble = symmetries.build_many({name: key_of[name]}, g, count)
+        report.not_symmetries.append(NotSymmetry(name, not_holding[name], measure_break(model, inputs, scramble, run)))
+    if missing:
+        stages.end("symmetries it lacks")
+    elements = {}
+    for name in steps:
+        keys = {n: key_of[n] for n in names} if name == "all" else {name: key_of[name]}
+        elements[name] = Element(model, inputs, symmetries.build_many(keys, g, count))
+        if elements[name].scramble.tokens is not None:  # the decoder's tokens never move: no stage moves them
+            raise StreamingUnsupportedError("streaming an encoder-decoder checks no token permutation")
+    transforms = tensor_bytes([[(e.scramble, e.inverse, e.layer_kwargs) for e in elements.values()], control_runs])
+    floor_reasons = {f"grad.param.{n}": KEY_BIAS_REASON for n, c in model.claims.items()
+                     if c.rule.tag == "attn.k" and len(model.reader.entries[n].shape) == 1 and not g.rope}
+    grad, stash = head_stage(model, run, elements, backward, chunks)
+    stages.end("head")
+    original_inputs = model_inputs(inputs, g, Scramble(), dtype)
+    original_kwargs = model.layer_kwargs(original_inputs)
+    sums = Sums(run, elements)
+    decoder_grad = None
+    for layer in reversed(range(model.n_layers)):
+        if layer == model.n_encoder - 1:  # the decoder is done: its sums are complete
+            sums.compare(f"grad.param.{model.tables['decoder']}")
+            grad = sums.compare(f"grad.blocks.{layer}.hidden")
+        if progress:
+            progress(1.0 - (layer + 1) / (model.n_layers + 1), f"checking block {layer}")
+        grad = block_stage(model, layer, run, elements, backward, grad, original_kwargs[layer], sums)
+        if layer == model.n_encoder:
+            decoder_grad, grad = grad, None
+        stages.end(f"block {layer}")
+    sums.compare(f"grad.param.{model.tables['encoder']}")
+    embedding_stage(model, run, elements, backward, (grad, decoder_grad) if backward else None, stash,
+                    original_inputs)
+    stages.end("embedding")
+
+    scales = run.scales.final(floor_reasons, dtype)
+    by_symmetry = {name: [r for r in control_runs if r.control.symmetry == name] for name in names}
+    for name in steps:
+        errors = judged(elements[name].tally.differences(scales), dtype, floor_reasons)
+        moved, what = movement(model, elements[name].scramble, judge.movable_tokens)
+        for direction in ("forward", "backward") if backward else ("forward",):
+            mine = [e for e in errors if e.name.startswith("grad.") == (direction == "backward")]
+            report.checks.append(_summarize(judge, name, direction, mine, moved, what))
+        report.controls.extend(control_result(r, scales, floor_reasons) for r in by_symmetry.get(name, []))
+    base = judge.tolerance
+    over = sorted({e.name for c in report.checks for e in c.tensors if e.finite and not e.max_rel_error <= base})
+    if over:
+        report.notes.append("round-off allowances are not measured in an encoder-decoder's streamed check: over its "
+                            f"dtype's base tolerance, {', '.join(over)} fails here (the whole-model check would "
+                            "measure its round-off, tolerances.py, before failing)")
+    stages.end("comparisons")
+    report.memory = _memory(model, run, count, largest, baseline, peak_reset, stages, transforms, len(elements))
+    if progress:
+        progress(1.0, "done")
+    return report
+
+
+def places(model: EncoderDecoderModel) -> dict:
+    """What first_break needs: the decoder's blocks come after the encoder's (verify.check.Subject.places)."""
+    return {"n_layers": model.n_layers,
+            "parameter_layers": {name: claim.layer for name, claim in model.claims.items()},
+            "embedding_parameters": frozenset(n for n, c in model.claims.items() if c.rule.tag == "embedding"),
+            "first_decoder_layer": model.n_encoder}
+
+
+def _oracle(model: EncoderDecoderModel, inputs: dict, run: EncoderDecoderRun,
+            chunks: list[tuple[int, int]]) -> OracleResult:
+    """verify.oracle.consult, streamed: the stock forward's logits against the traced ones, with the allowance of
+    their measured round-off where the stock code's own arithmetic needs it (T5's layer norm in float32)."""
+    name = "output.logits"
+    error = relative_error(run.stock_outputs[name], run.records[name])
+    base = TOLERANCE.get(model.dtype, TOLERANCE[torch.float32])
+    tolerance = base
+    if not error <= base and error != float("inf"):
+        other = torch.float32 if model.dtype == torch.float64 else torch.float64
+        rerun, _ = forward_pass(EncoderDecoderModel(model.reader.directory, other, model.reader), inputs,
+                                stock=False, head_chunks=chunks)
+        exact, rounded = run.records[name], rerun.records[name]
+        if other == torch.float64:
+            exact, rounded = rounded, exact
+        roundoff = relative_error(exact.to(torch.float64), rounded.to(torch.float64))
+        tolerance = min(max(base, ROUNDOFF_SAFETY * roundoff), ROUNDOFF_CAP)
+    return OracleResult(name, error, tolerance, model.stock_attention)
+
+
+def _memory(model: EncoderDecoderModel, run: EncoderDecoderRun, count: int, largest: int, baseline, peak_reset,
+            stages: StagePeaks, transforms: int, n_elements: int) -> MemoryBound:
+    """stream.check's bound, for two stacks: a block's activations counted over both stacks' tokens (a decoder
+    block's cross-attention reads every encoder token), every block's input and the encoder's output kept, the
+    encoder output's gradient summed for the original and each element, and the logits with their gradient."""
+    g, itemsize = model.geometry, model.dtype.itemsize
+    decoder_tokens = run.records["decoder.embed"].shape[1]
+    tokens = count + decoder_tokens
+    vocab = model.reader.entries[model.head_name].shape[0]
+    per_block = tokens * (12 * g.d_model + 4 * g.d_mlp + 4 * g.n_heads * tokens) * 4
+    kept = tokens * g.d_model * 2 * model.n_layers + count * g.d_model * (2 + n_elements)
+    activations = itemsize * (per_block + kept + decoder_tokens * vocab * 4)
+    rows = model.embedding_bytes(run.looked_up) * 3
+    tensor = max(model.bytes_of([name]) for layer in range(model.n_layers)
+                 for name in [*model.block_names(layer), model.table(layer)])
+    return MemoryBound(largest, tensor, activations, rows, transforms, 0, 0, baseline=baseline, peak=stages.peak,
+                       peak_since_start=peak_reset, stages=stages.stages, stages_after=stages.after)

@@ -1,0 +1,259 @@
+"""The layer-streamed check and scramble of an encoder-decoder (T5ForConditionalGeneration, perm_core.stream's
+encoder_decoder stages): the same verdicts and per-tensor errors as the whole-model check, the original run equal to
+transformers' own forward, a planted spec bug in a middle encoder block and in a middle decoder block found and named
+by both, a control that does not break failing the report, scrambled shards equal to the whole-model scramble's, and
+memory bounded by the largest block."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from perm_core.engine.spec import Rule
+from perm_core.models.random_models import build_random_model, random_inputs, randomize_
+from perm_core.run.numerics import use_exact_numerics
+from perm_core.stream.check import stream_check
+from perm_core.stream.shards import ShardReader
+from perm_core.stream.stages import StreamingUnsupportedError
+from perm_core.verify.check import check
+from tests.unit.test_cli import cli_here
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+# T5 v1.1's layout (gated GELU, no scaling before the head), and t5-small's (the decoder's output scaled by
+# d_model**-0.5 before its tied head)
+VARIANTS = {"v1.1": {}, "scaled": {"scale_decoder_outputs": True}}
+
+
+def saved(tmp_path, seed: int = 0, shard: str = "40KB", cls: str = "T5ForConditionalGeneration", **config):
+    """A random T5 (norms, embeddings and position tables far from init), written as sharded float32 safetensors;
+    returns (the model in float64, its inputs, the directory)."""
+    model, _ = build_random_model("t5", seed=seed, model_class=cls)
+    if config:
+        for name, value in config.items():
+            setattr(model.config, name, value)
+        model = type(model)(model.config)
+        randomize_(model, seed)
+        use_exact_numerics(model.eval())
+    directory = tmp_path / "t5"
+    model.save_pretrained(directory, max_shard_size=shard)
+    model = model.to(torch.float64)
+    return model, random_inputs("t5", model, seed), directory
+
+
+def by_name(result) -> dict:
+    return {t.name: t for t in result.tensors}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_streamed_and_whole_model_checks_agree(variant, tmp_path):
+    model, inputs, directory = saved(tmp_path, **VARIANTS[variant])
+    assert len(ShardReader(directory).files) > 2  # really sharded
+    whole = check(model, inputs)  # every symmetry: tokens does not hold on T5 (its relative position bias)
+    streamed = stream_check(directory, inputs)
+    assert whole.passed and streamed.passed
+    assert [(c.symmetry, c.direction) for c in streamed.checks] == [(c.symmetry, c.direction) for c in whole.checks]
+    for mine, theirs in zip(streamed.checks, whole.checks, strict=True):
+        assert by_name(mine).keys() == by_name(theirs).keys()  # every traced tensor, parameter gradients included
+        assert mine.moved == pytest.approx(theirs.moved) and mine.moved_what == theirs.moved_what
+        for name, error in by_name(mine).items():
+            theirs_error = by_name(theirs)[name]
+            assert error.passed and error.floor_reason == theirs_error.floor_reason, name
+            assert abs(error.max_rel_error - theirs_error.max_rel_error) < 1e-13, name
+        assert 0 < mine.max_rel_error < 1e-13 and mine.first_break == theirs.first_break == ""
+    names = {n for c in streamed.checks for n in by_name(c)}
+    assert {"grad.blocks.1.hidden", "blocks.2.cross_attn", "grad.decoder.embed", "grad.input",
+            "grad.param.decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"} <= names
+    assert [(c.symmetry, c.name, c.broken) for c in streamed.controls] == [
+        (c.symmetry, c.name, c.broken) for c in whole.controls]
+    assert all(c.broken and c.max_rel_error > 1e-3 for c in streamed.controls)
+    # tokens: measured as the whole-model check measures it, the transformed model run on its own activations
+    assert [(n.symmetry, n.broken) for n in streamed.not_symmetries] == [("tokens", True)]
+    assert streamed.not_symmetries[0].max_rel_error == pytest.approx(whole.not_symmetries[0].max_rel_error, rel=1e-9)
+    assert streamed.oracle.passed and streamed.oracle.max_rel_error == pytest.approx(whole.oracle.max_rel_error)
+    assert streamed.oracle.tolerance == pytest.approx(whole.oracle.tolerance, rel=1e-6)
+    assert streamed.restricted == whole.restricted and "heads" in streamed.restricted and not streamed.notes
+    document = json.loads(json.dumps(streamed.to_json(), allow_nan=False))
+    assert set(document) == set(whole.to_json()) | {"streamed"}
+    assert "each stage" in document["streamed"]["proof"] and document["streamed"]["memory"]["bound_bytes"] > 0
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_streamed_original_run_is_transformers_own_forward(variant, tmp_path, monkeypatch):
+    """Both embeddings, every encoder and decoder block's output (each stack's last normed), their attention and
+    cross-attention probabilities and the logits, as transformers' whole forward gives them."""
+    from perm_core.stream.encoder_decoder import EncoderDecoderModel, forward_pass
+
+    model, inputs, directory = saved(tmp_path, **VARIANTS[variant])
+    with torch.no_grad():
+        out = model(**inputs, output_hidden_states=True, output_attentions=True)
+    streamed = EncoderDecoderModel(directory, torch.float64)
+    assert (streamed.n_encoder, streamed.n_layers, streamed.scale_output) == (2, 4, variant == "scaled")
+    run, _ = forward_pass(streamed, inputs)
+    records = run.records
+    expected = {"embed": out.encoder_hidden_states[0], "decoder.embed": out.decoder_hidden_states[0],
+                "output.logits": out.logits,
+                **{f"blocks.{i}.hidden": h for i, h in enumerate(out.encoder_hidden_states[1:])},
+                **{f"blocks.{i + 2}.hidden": h for i, h in enumerate(out.decoder_hidden_states[1:])},
+                **{f"blocks.{i}.attn": a for i, a in enumerate(out.encoder_attentions)},
+                **{f"blocks.{i + 2}.attn": a for i, a in enumerate(out.decoder_attentions)},
+                **{f"blocks.{i + 2}.cross_attn": a for i, a in enumerate(out.cross_attentions)}}
+    assert set(records) == set(expected)
+    for name, theirs in expected.items():
+        assert (records[name] - theirs).abs().max() <= 1e-12 * theirs.abs().max(), name
+    # the stock modules' run too, with their own arithmetic (T5's layer norm's variance in float32)
+    assert (run.stock_logits - out.logits).abs().max() <= 1e-5 * out.logits.abs().max()
+
+    # the controls: the decoder's position table left out (the encoder's run is still the stock one, the
+    # decoder's is not), and the head without (or with) the scaling the stock forward applies
+    stage_weights = EncoderDecoderModel.stage_weights
+    monkeypatch.setattr(EncoderDecoderModel, "stage_weights", lambda self, layer: (
+        lambda found: (found[0], torch.zeros_like(found[1]) if self.stack_of(layer)[0] == "decoder" else found[1]))(
+        stage_weights(self, layer)))
+    wrong, _ = forward_pass(streamed, inputs, stock=False)
+    assert (wrong.records["blocks.1.hidden"] - expected["blocks.1.hidden"]).abs().max() == 0
+    for name in ("blocks.2.hidden", "blocks.3.attn", "output.logits"):
+        assert (wrong.records[name] - expected[name]).abs().max() > 1e-3 * expected[name].abs().max(), name
+    monkeypatch.undo()
+    streamed.scale_output = not streamed.scale_output
+    wrong, _ = forward_pass(streamed, inputs, stock=False)
+    assert (wrong.records["blocks.3.hidden"] - expected["blocks.3.hidden"]).abs().max() == 0
+    assert (wrong.records["output.logits"] - out.logits).abs().max() > 0.5 * out.logits.abs().max()
+
+
+def plant(monkeypatch, bug: Rule) -> None:
+    """A spec bug: `bug` claims its parameters before T5's own rules do."""
+    from perm_core.families import t5
+
+    rules = t5.FAMILY.rules
+    monkeypatch.setattr(t5, "FAMILY", dataclasses.replace(t5.FAMILY, rules=lambda g: (bug, *rules(g))))
+
+
+# three encoder and three decoder blocks: encoder block 1 is trace block 1, decoder block 1 is trace block 4. Each
+# bug claims a middle block's MLP output projection's input axis as untouched: an MLP permutation moves that block's
+# hidden neurons but not the weight that reads them
+BUGS = {
+    "encoder": (1, "encoder.block.1.layer.1.DenseReluDense.wo.weight",
+                Rule(r"encoder\.block\.(?P<layer>1)\.layer\.1\.DenseReluDense\.wo\.weight", ("resid", None),
+                     "mlp.out")),
+    "decoder": (4, "decoder.block.1.layer.2.DenseReluDense.wo.weight",
+                Rule(r"decoder\.block\.(?P<layer>1)\.layer\.2\.DenseReluDense\.wo\.weight", ("resid", None),
+                     "mlp.out", 3)),
+}
+
+
+@pytest.mark.parametrize("stack", BUGS)
+def test_a_spec_bug_in_a_middle_block_is_found_and_named_by_both(stack, monkeypatch, tmp_path):
+    layer, parameter, rule = BUGS[stack]
+    model, inputs, directory = saved(tmp_path, seed=3, num_layers=3, num_decoder_layers=3)
+    clean = stream_check(directory, inputs, ["mlp"], key=4)
+    assert clean.passed and all(c.first_break == "" for c in clean.checks)  # the control: no bug, nothing named
+    plant(monkeypatch, rule)
+    whole = check(model, inputs, ["mlp"], key=4)
+    streamed = stream_check(directory, inputs, ["mlp"], key=4)
+    for report in (whole, streamed):
+        forward, backward = report.checks
+        assert not report.passed and not forward.passed and not backward.passed
+        assert forward.first_break == f"blocks.{layer}.hidden"
+        stage = {s.where: s.error_over_tolerance for s in forward.stages}
+        assert stage["embeddings"] <= 1 and stage[f"block {layer - 1}"] <= 1 and stage[f"block {layer}"] > 1e6
+        assert f"grad.param.{parameter}" in {t.name for t in backward.tensors if not t.passed}
+    # streamed, each block is checked on the original's own input, so every other block is still exact (the
+    # decoder's blocks too, where the bug is the encoder's: they read the original's encoder output)
+    assert all(s.error_over_tolerance <= 1 for s in streamed.checks[0].stages
+               if s.where.startswith("block ") and s.where != f"block {layer}")
+    # and backward, only the planted block's own tensors break, and the sums its stage adds to: its stack's
+    # position table's gradient and, for a decoder block, the encoder output's
+    failing = {t.name for t in streamed.checks[1].tensors if not t.passed}
+    assert streamed.checks[1].first_break in failing and f"grad.param.{parameter}" in failing
+    own = f"grad.param.{stack}.block.1."
+    table = f"grad.param.{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
+    sums = {table, *(["grad.blocks.2.hidden"] if stack == "decoder" else [])}
+    input_grad = f"grad.blocks.{layer - 1}.hidden"
+    assert all(n.startswith(own) or n in {input_grad, *sums} for n in failing)
+    assert input_grad in failing
+
+
+def test_a_control_that_does_not_break_fails_the_streamed_report(monkeypatch, tmp_path):
+    from perm_core.engine import symmetries
+
+    _, inputs, directory = saved(tmp_path)
+    real = symmetries.controls
+
+    def with_a_symmetry_posing_as_control(name, key, g, n_tokens=None):
+        found = real(name, key, g, n_tokens)
+        same = symmetries.Control(name, "the_symmetry_itself", "no near miss at all",
+                                  lambda: symmetries.build(name, key, g, n_tokens))
+        return [*found, same]
+
+    monkeypatch.setattr(symmetries, "controls", with_a_symmetry_posing_as_control)
+    report = stream_check(directory, inputs, ["channels"], key=2)
+    posing = next(c for c in report.controls if c.name == "the_symmetry_itself")
+    assert not posing.broken and posing.max_rel_error < 1e-13 and not report.passed
+    assert all(c.broken for c in report.controls if c is not posing) and all(c.passed for c in report.checks)
+
+
+def test_streamed_scramble_writes_the_same_shards_as_the_whole_model_scramble(tmp_path, capsys):
+    from transformers import AutoModelForSeq2SeqLM
+
+    _, inputs, directory = saved(tmp_path, shard="30KB")
+    common = ("scramble", str(directory), "--symmetry", "channels", "--symmetry", "heads", "--key", "7")
+    assert cli_here(capsys, *common, "--stream", "--out", str(tmp_path / "streamed")).returncode == 0
+    assert cli_here(capsys, *common, "--out", str(tmp_path / "whole")).returncode == 0
+    source, streamed, whole = (ShardReader(tmp_path / d) for d in ("t5", "streamed", "whole"))
+    assert streamed.files == source.files and json.loads((tmp_path / "streamed" / "key.json").read_text())["key"] == 7
+    assert {n: e.file for n, e in streamed.entries.items()} == {n: e.file for n, e in source.entries.items()}
+    assert sorted(streamed.names()) == sorted(whole.names())
+    for name in streamed.names():
+        assert torch.equal(streamed.read(name), whole.read(name)), name
+    moved = [n for n in source.names() if not torch.equal(source.read(n), streamed.read(n))]
+    assert len(moved) > len(source.names()) // 2  # the control: the weights did change
+    original, scrambled = (AutoModelForSeq2SeqLM.from_pretrained(tmp_path / d).double().eval()
+                           for d in ("t5", "streamed"))
+    with torch.no_grad():
+        a, b = (model(**inputs).logits for model in (original, scrambled))
+    # the scrambled weights are rounded once to float32 (a rotation changes every digit): their function is the
+    # original's to float32 round-off through four blocks, not closer
+    assert (a - b).abs().max() / a.abs().max() < 1e-5
+
+
+def test_memory_is_bounded_by_the_largest_block(tmp_path):
+    from perm_core.stream.memory import FIRST_USE_BYTES
+    from tests.unit.test_cli import cli
+
+    _, _, directory = saved(tmp_path, shard="8MB", d_model=512, d_kv=64, num_heads=8, d_ff=2048, num_layers=5,
+                            num_decoder_layers=5)
+    result = cli("check", str(directory), "--stream", "--symmetry", "channels", "--json")  # a fresh process
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["passed"] and [n["symmetry"] for n in report["not_symmetries"]] == []
+    memory = report["streamed"]["memory"]
+    weights = sum(e.numel * 8 for e in ShardReader(directory).entries.values())  # the whole model in float64
+    # a decoder block: self- and cross-attention (8 x 512 x 512) and a gated MLP (3 x 512 x 2048), in float64
+    assert memory["largest_block_bytes"] > 40 * 2**20 and memory["first_use_bytes"] == FIRST_USE_BYTES
+    assert memory["peak_since_start"] and memory["held_bytes"] <= memory["bound_bytes"]
+    assert memory["held_bytes"] < weights and memory["bound_bytes"] - memory["first_use_bytes"] < weights / 2
+    assert memory["held_bytes"] > memory["largest_block_bytes"]  # the measure is real: a block in float64 was held
+    parts = (3 * memory["largest_block_bytes"] + 2 * memory["largest_tensor_bytes"] + memory["activation_bytes"]
+             + memory["embedding_rows_bytes"] + memory["transforms_bytes"] + memory["head_whole_bytes"]
+             + memory["allowance_bytes"] + memory["first_use_bytes"])
+    assert memory["transforms_bytes"] > 0 and memory["bound_bytes"] == parts
+    stages = memory["stage_held_bytes"]
+    assert {"original run and controls", "head", "block 0", "block 9", "embedding"} <= set(stages)
+    assert max(stages.values()) == memory["held_bytes"]
+    # a decoder block's stage holds its gradients and a transformed copy of its weights at once
+    assert stages["block 7"] > 2 * memory["largest_block_bytes"] and stages["embedding"] < stages["block 7"]
+
+
+def test_other_t5_classes_are_refused_with_one_line(tmp_path, capsys):
+    model, _ = build_random_model("t5", model_class="T5Model")
+    model.save_pretrained(tmp_path / "base")
+    inputs = random_inputs("t5", model)
+    with pytest.raises(StreamingUnsupportedError, match=r"T5ForConditionalGeneration \(t5\); this checkpoint is "
+                                                        "T5Model"):
+        stream_check(tmp_path / "base", inputs, ["channels"])
+    result = cli_here(capsys, "check", str(tmp_path / "base"), "--stream")
+    assert result.returncode == 2 and "this checkpoint is T5Model" in result.stderr and not result.stdout
