@@ -55,11 +55,9 @@ class Allowances:
 
     @property
     def other_model(self):
-        if self._other_model is None:
-            from perm_core.stream.layout import StreamedModel
-
+        if self._other_model is None:  # the same class (one stack's stages, or an encoder-decoder's)
             m = self.model
-            self._other_model = StreamedModel(m.reader.directory, self.other, m.reader)
+            self._other_model = type(m)(m.reader.directory, self.other, m.reader)
         return self._other_model
 
     @property
