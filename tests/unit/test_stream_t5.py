@@ -287,3 +287,20 @@ def test_a_stage_over_its_base_tolerance_is_judged_with_its_measured_round_off(t
     monkeypatch.setattr(Allowances, "measure", lambda self, *args, **kwargs: None)  # no allowance measured
     bare = stream_check(directory, inputs, ["channels"])
     assert not bare.allowances and over <= {t.name for c in bare.checks for t in c.tensors if not t.passed}
+
+
+def test_every_tensor_of_the_checkpoint_is_a_parameter_some_stage_runs(tmp_path):
+    """A tensor that is no parameter of the class is an error in one line, as for one stack's checkpoints (the
+    control: the same directory without it checks)."""
+    from safetensors.torch import save_file
+
+    from perm_core.stream.shards import CheckpointError
+
+    _, inputs, directory = saved(tmp_path)
+    assert stream_check(directory, inputs, ["channels"], backward=False).passed
+    save_file({"decoder.block.1.layer.2.surprise.weight": torch.ones(2, 2)}, directory / "extra.safetensors")
+    index = json.loads((directory / "model.safetensors.index.json").read_text())
+    index["weight_map"]["decoder.block.1.layer.2.surprise.weight"] = "extra.safetensors"
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match="holds decoder.block.1.layer.2.surprise.weight, which is no parameter"):
+        stream_check(directory, inputs, ["channels"])
