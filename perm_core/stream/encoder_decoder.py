@@ -26,6 +26,7 @@ import contextlib
 import copy
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -40,7 +41,7 @@ from perm_core.stream.forward import ControlRun
 from perm_core.stream.layout import StreamedModel, _Recorder, _Stop
 from perm_core.stream.shards import CheckpointError, ShardReader
 from perm_core.stream.stages import ENCODER_DECODERS, StreamingUnsupportedError, supported_summary
-from perm_core.stream.tally import Scales
+from perm_core.stream.tally import Scales, Tally
 from perm_core.verify import oracle
 
 DECODER_RESID = (None, None, "resid")  # the decoder's tokens never move (engine.tokens)
@@ -48,12 +49,13 @@ STACKS = ("encoder", "decoder")
 
 
 def is_encoder_decoder(directory) -> bool:
-    """Whether a checkpoint directory's config names an encoder-decoder (read before anything is built)."""
+    """Whether a checkpoint directory's config names an encoder-decoder (read before anything is built; an
+    unreadable one is not, and the stages that read it say why)."""
     try:
-        raw = json.loads((ShardReader(directory).directory / "config.json").read_text())
+        raw = json.loads((Path(directory).expanduser() / "config.json").read_text())
     except (OSError, ValueError):
         return False
-    return bool(raw.get("is_encoder_decoder"))
+    return isinstance(raw, dict) and bool(raw.get("is_encoder_decoder"))
 
 
 def streamed_model(directory, dtype: torch.dtype, reader: ShardReader | None = None) -> StreamedModel:
@@ -317,7 +319,6 @@ class EncoderDecoderRun:
     looked_up: list[int] = field(default_factory=list)
     stock_outputs: dict[str, torch.Tensor] = field(default_factory=dict)
     encoder_out: torch.Tensor | None = None  # the encoder's normed output: every decoder block's cross input
-    pixel_bytes: int = 0
 
     @property
     def stock_logits(self) -> torch.Tensor | None:
@@ -440,8 +441,6 @@ def measure_break(model: EncoderDecoderModel, inputs: dict, scramble: Scramble, 
     """verify.check.measure_break, streamed: the transformed model's forward, stage by stage on its own activations
     (an element that is no symmetry moves them: the break it causes is what is measured), un-scrambled and compared
     with the original run's forward records; the worst relative error."""
-    from perm_core.stream.tally import Tally
-
     g, dtype = model.geometry, model.dtype
     kwargs = model_inputs(inputs, g, scramble, dtype)
     layer_kwargs = model.layer_kwargs(kwargs)
