@@ -123,29 +123,28 @@ class StreamedModel:
         self.norm_names = [] if self.layout.norm_opens_head else norm_names
         self.head_norm_names = norm_names if self.layout.norm_opens_head else []
         blocks = f"{self.prefix}{self.layout.blocks}."
-        # the head's parameters by their names in the head module (a tied one under its stored name); a headless
-        # model's are its pooler's
+        # the head stage's parameters: each of its modules' (a headless model's pooler's), by the module's path in
+        # the class and the parameter's name in it (a tied one under its stored name)
         stored = {id(p): name for name, p in self.model.named_parameters()}
-        head = self._head_module()
-        self.head_locals = {} if head is None else {
-            local: stored[id(p)] for local, p in head.named_parameters(remove_duplicate=False)}
+        self.head_params = {path: {local: stored[id(p)] for local, p in module.named_parameters(remove_duplicate=False)}
+                            for path, module in self._head_modules().items()}
+        head_names = list(dict.fromkeys(n for params in self.head_params.values() for n in params.values()))
         # the embedding stage's parameters: the base's own outside its blocks, final norm and pooler, the token
         # table first
         self.embedding_names = [n for n in [self.embed_name] if n is not None] + [
             n for n in self.names if n.startswith(self.prefix) and not n.startswith(blocks)
-            and n not in norm_names and n != self.embed_name and n not in self.head_locals.values()]
-        self.head_chunked, self.head_name = [], None  # a headless model's head has no vocabulary rows
-        if self.layout.head is not None:
-            output = f"{self.layout.head_output}." if self.layout.head_output else ""
-            self.head_chunked = list(dict.fromkeys(
-                n for local, n in self.head_locals.items()
-                if local.startswith(output) and local.count(".") == output.count(".")))
-            self.head_name = self.head_locals[f"{output}weight"]  # the rows per vocabulary entry
-            self.head_chunked.sort(key=lambda n: n != self.head_name)
-        self.head_whole = self.head_norm_names + [n for n in dict.fromkeys(self.head_locals.values())
-                                                  if n not in self.head_chunked]
+            and n not in norm_names and n != self.embed_name and n not in head_names]
+        # each head's rows per vocabulary entry (or label): its last module's head_output, weight and bias, read in
+        # chunks, the first head's weight first (a headless model has none); the head's other parameters whole
+        output = f"{self.layout.head_output}." if self.layout.head_output else ""
+        last = [self.head_params[head.modules[-1]] for head in self.layout.heads]
+        self.head_name = last[0][f"{output}weight"] if last else None
+        self.head_chunked = sorted(dict.fromkeys(
+            n for params in last for local, n in params.items()
+            if local.startswith(output) and local.count(".") == output.count(".")), key=lambda n: n != self.head_name)
+        self.head_whole = self.head_norm_names + [n for n in head_names if n not in self.head_chunked]
         self.tied = self.head_name is not None and self.head_name == self.embed_name
-        staged = set(self.embedding_names) | set(norm_names) | set(self.head_locals.values())
+        staged = set(self.embedding_names) | set(norm_names) | set(head_names)
         unstaged = [n for n in self.names if n not in staged and not n.startswith(blocks)]
         vocab = self.reader.entries[self.head_name].shape[0] if self.head_name is not None else 0
         if (unstaged or (table is not None and self.embed_name not in self.names)
@@ -154,11 +153,13 @@ class StreamedModel:
             raise StreamingUnsupportedError(f"{self.cls_name} has {', '.join(unstaged) or 'a layout'} that no "
                                             "stage of a streamed check runs")
 
-    def _head_module(self, stock: bool = False) -> torch.nn.Module | None:
-        """The head (a headless model's pooler in its base; None where it has neither)."""
-        if self.layout.head is not None:
-            return _attr(self.stock if stock else self.model, self.layout.head)
-        return _attr(self._base(stock), self.layout.pooler) if self.layout.pooler is not None else None
+    def _head_modules(self, stock: bool = False) -> dict[str, torch.nn.Module]:
+        """Every module the head stage runs, by its path in the class: the heads' (a headless model's pooler)."""
+        paths = [path for head in self.layout.heads for path in head.modules]
+        if self.layout.pooler is not None:
+            paths.append(f"{self.prefix}{self.layout.pooler}")
+        model = self.stock if stock else self.model
+        return {path: _attr(model, path) for path in dict.fromkeys(paths)}
 
     def _rename_stored(self) -> None:
         """The checkpoint's tensors under the class's parameter names, as transformers renames them on loading (its
@@ -213,11 +214,6 @@ class StreamedModel:
     def pixels(self) -> bool:
         """An image model: its input is pixels, its embedding stage looks up no rows."""
         return self.embed_name is None
-
-    @property
-    def logits_axes(self) -> tuple:
-        """The head output's axis roles: a token axis, unless the head reads one token (ViT's [CLS])."""
-        return (None, None) if self.layout.head_token is not None else (None, "tokens", None)
 
     def embedding_weights(self, looked_up: list[int]) -> dict[str, torch.Tensor]:
         """The embedding stage's weights: the token table's looked-up rows, its other parameters whole."""
@@ -336,11 +332,14 @@ class StreamedModel:
 
     @property
     def output_axes(self) -> dict[str, tuple]:
-        """The head stage's outputs, named as the whole-model trace names them, with their axis roles: the logits;
-        a headless model's last hidden state and its pooled output (where it has a pooler or pools a token)."""
-        if self.layout.head is not None:
-            return {"output.logits": self.logits_axes}
-        pooled = self.layout.pooler is not None or self.layout.head_token is not None
+        """The head stage's outputs, named as the whole-model trace names them, with their axis roles: each head's
+        (a token axis, unless it reads one token), their mean first where it is the logits; a headless model's last
+        hidden state and its pooled output (where it has a pooler or pools a token)."""
+        if self.layout.heads:
+            axes = {h.output: (None, None) if h.token is not None else (None, "tokens", None)
+                    for h in self.layout.heads}
+            return {"output.logits": next(iter(axes.values())), **axes} if self.layout.logits_mean else axes
+        pooled = self.layout.pooler is not None or self.layout.pooled_token is not None
         return {"output.last_hidden": (None, "tokens", "resid"), **({"output.pooler": (None, "resid")} if pooled
                                                                      else {})}
 
@@ -351,24 +350,35 @@ class StreamedModel:
 
     def head(self, chunk: dict[str, torch.Tensor], whole: dict[str, torch.Tensor], normed: torch.Tensor,
              stock: bool = False) -> dict[str, torch.Tensor]:
-        """The head stage's outputs (output_axes): the logits of the vocabulary rows of `chunk` (a head_chunk), the
-        head's other parameters `whole` (the final norm's among them where it opens the head; then `normed` is the
-        last block's own output); a headless model's last hidden state and pooled output (its pooler's parameters
-        in `whole`)."""
+        """The head stage's outputs (output_axes): each head's modules run in order, its rows those of `chunk` (a
+        head_chunk), its other parameters `whole` (the final norm's among them where it opens the head; then
+        `normed` is the last block's own output); a headless model's last hidden state and pooled output (its
+        pooler's parameters in `whole`)."""
         if self.head_norm_names:
             normed = self._final_norm(whole, self.head_norm_names, normed, stock)
-        given = {local: chunk[n] if n in chunk else whole[n] for local, n in self.head_locals.items()}
-        module = self._head_module(stock)
-        if self.layout.head is None:
+        modules = self._head_modules(stock)
+
+        def run(path: str, hidden: torch.Tensor) -> torch.Tensor:
+            given = {local: chunk[n] if n in chunk else whole[n] for local, n in self.head_params[path].items()}
+            return functional_call(modules[path], given, args=(hidden,), strict=False)
+
+        if not self.layout.heads:
             outputs = {"output.last_hidden": normed}
-            if module is not None:  # the pooler reads its token itself
-                outputs["output.pooler"] = functional_call(module, given, args=(normed,), strict=False)
-            elif self.layout.head_token is not None:
-                outputs["output.pooler"] = normed[:, self.layout.head_token]
+            if self.layout.pooler is not None:  # the pooler reads its token itself
+                outputs["output.pooler"] = run(f"{self.prefix}{self.layout.pooler}", normed)
+            elif self.layout.pooled_token is not None:
+                outputs["output.pooler"] = normed[:, self.layout.pooled_token]
             return outputs
-        if self.layout.head_token is not None:
-            normed = normed[:, self.layout.head_token]
-        return {"output.logits": functional_call(module, given, args=(normed,), strict=False)}
+        outputs = {}
+        for head in self.layout.heads:
+            hidden = normed if head.token is None else normed[:, head.token]
+            for path in head.modules:
+                hidden = run(path, hidden)
+            outputs[head.output] = hidden
+        if self.layout.logits_mean:  # as the class computes it: (a + b) / 2
+            pieces = list(outputs.values())
+            outputs = {"output.logits": sum(pieces[1:], pieces[0]) / len(pieces), **outputs}
+        return outputs
 
     def head_chunks(self, largest_block_bytes: int) -> list[tuple[int, int]]:
         """Vocabulary row ranges of the head, each no larger than the largest block: the head never sets the
