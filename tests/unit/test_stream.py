@@ -67,22 +67,20 @@ def same_errors(streamed, whole) -> None:
         for name, error in by_name(mine).items():
             theirs_error = by_name(theirs)[name]
             assert error.passed and error.floor_reason == theirs_error.floor_reason, name
-            if error.floor_reason:  # an exact zero (BERT's, ViT's key-bias gradient): judged on a floor, absolute
-                assert abs(error.max_abs_error - theirs_error.max_abs_error) < 1e-15, name
+            if error.floor_reason:  # an exact zero (BERT's, ViT's key-bias gradient): judged on a floor, absolute;
+                # what is left in it is round-off noise (RoBERTa's: 2.5e-15 streamed, 9.2e-16 whole), so the two
+                # agree to tens of eps, not to the bit
+                assert abs(error.max_abs_error - theirs_error.max_abs_error) < 1e-14, name
             else:
                 assert abs(error.max_rel_error - theirs_error.max_rel_error) < 1e-13, name
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_streamed_and_whole_model_checks_agree(case, tmp_path):
-    family = case.partition(":")[0]
     model, inputs, directory = saved(case, tmp_path)
     assert len(ShardReader(directory).files) > 2  # really sharded
-    every = ("llama", "gemma3", "gpt2", "vit", "deit", "dinov2")
-    symmetries = None if family in every else ("tokens", "heads", "rotation")
-    kwargs = {} if symmetries is None else {"symmetry_names": symmetries}
-    whole = check(model, inputs, **kwargs)
-    streamed = stream_check(directory, inputs, **kwargs)
+    whole = check(model, inputs)
+    streamed = stream_check(directory, inputs)
     assert whole.passed and streamed.passed
     same_errors(streamed, whole)
     for mine, theirs in zip(streamed.checks, whole.checks, strict=True):
