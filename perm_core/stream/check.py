@@ -37,7 +37,7 @@ from perm_core.stream.memory import MemoryBound, StagePeaks, reset_peak, residen
 from perm_core.stream.report import PROOF, StreamedReport, control_result, movement
 from perm_core.stream.reverse import Element, block_stage, block_stage_tensors, embedding_stage, head_stage
 from perm_core.stream.stages import StreamingUnsupportedError
-from perm_core.verify.check import KEY_BIAS_REASON, VacuousCheckError, _cannot_move, _summarize
+from perm_core.verify.check import KEY_BIAS_REASON, VacuousCheckError, cannot_move, summarize
 from perm_core.verify.oracle import OracleResult
 from perm_core.verify.tolerances import ROUNDOFF_CAP, ROUNDOFF_SAFETY, TOLERANCE, relative_error
 
@@ -72,7 +72,7 @@ def stream_check(directory, inputs: dict, symmetry_names=symmetries.SYMMETRIES, 
     report = StreamedReport(model_name or str(directory), model.family.name, str(dtype).split(".")[-1],
                             {name: key_of[name] for name in names})
     if "tokens" in names and judge.movable_tokens < 2:
-        report.checks.extend(_cannot_move(judge, "tokens", backward))
+        report.checks.extend(cannot_move(judge, "tokens", backward))
         names.remove("tokens")
     restrictions = g.restrictions()
     report.restricted = {name: restrictions[name] for name in names if name in restrictions}
@@ -118,7 +118,7 @@ def stream_check(directory, inputs: dict, symmetry_names=symmetries.SYMMETRIES, 
         moved, what = movement(model, elements[name].scramble, judge.movable_tokens)
         for direction in ("forward", "backward") if backward else ("forward",):
             mine = [e for e in errors if e.name.startswith("grad.") == (direction == "backward")]
-            report.checks.append(_summarize(judge, name, direction, mine, moved, what))
+            report.checks.append(summarize(judge, name, direction, mine, moved, what))
         report.controls.extend(control_result(r, scales, floor_reasons) for r in by_symmetry.get(name, []))
     report.allowances = allowance.used
     report.notes.extend(_allowance_notes(allowance, model, report))

@@ -38,7 +38,7 @@ from perm_core.run.numerics import use_exact_numerics
 from perm_core.run.stateless import functional_call
 from perm_core.run.trace import TOKEN_RESID
 from perm_core.stream.forward import ControlRun
-from perm_core.stream.layout import StreamedModel, _Recorder, _Stop
+from perm_core.stream.layout import BlockRecorder, StopAtBlock, StreamedModel
 from perm_core.stream.shards import CheckpointError, ShardReader
 from perm_core.stream.stages import ENCODER_DECODERS, StreamingUnsupportedError, supported_summary
 from perm_core.stream.tally import Scales, Tally
@@ -214,8 +214,8 @@ class EncoderDecoderModel(StreamedModel):
         for stack, call in calls.items():
             module = self._stack(stack, stock)
             sink: list = [None]
-            recorder = _Recorder(sink, 0, module.block[0], stop=True)
-            with self._swapped(module, {"block": torch.nn.ModuleList([recorder])}), contextlib.suppress(_Stop):
+            recorder = BlockRecorder(sink, 0, module.block[0], stop=True)
+            with self._swapped(module, {"block": torch.nn.ModuleList([recorder])}), contextlib.suppress(StopAtBlock):
                 module(**call)
             found[stack] = {k: v for k, v in sink[0].items()
                             if k not in ("position_bias", "encoder_hidden_states", "encoder_decoder_position_bias")}

@@ -46,10 +46,10 @@ from perm_core.stream.encoder_decoder import (
 )
 from perm_core.stream.memory import MemoryBound, StagePeaks, reset_peak, resident_bytes
 from perm_core.stream.report import StreamedReport, control_result, movement
-from perm_core.stream.reverse import Element, _completed, _handed, _leaf, head_stage
+from perm_core.stream.reverse import Element, as_leaf, gradient_hook, head_stage, with_head_rows
 from perm_core.stream.stages import StreamingUnsupportedError
 from perm_core.stream.tally import Tally
-from perm_core.verify.check import KEY_BIAS_REASON, NotSymmetry, VacuousCheckError, _cannot_move, _summarize
+from perm_core.verify.check import KEY_BIAS_REASON, NotSymmetry, VacuousCheckError, cannot_move, summarize
 from perm_core.verify.oracle import OracleResult
 from perm_core.verify.tolerances import ROUNDOFF_CAP, ROUNDOFF_SAFETY, TOLERANCE, relative_error
 
@@ -91,14 +91,14 @@ def _run_stage(model: EncoderDecoderModel, layer: int, weights: dict[str, torch.
     axes = hidden_axes(stack)
     moved = element.moved if element is not None else lambda t, axes, layer=None: t
     restored = element.restored if element is not None else lambda t, axes, layer=None: t.detach()
-    leaves = {n: _leaf(w, backward) for n, w in weights.items()}
+    leaves = {n: as_leaf(w, backward) for n, w in weights.items()}
     weights.clear()  # the leaves are the only copy
-    table = _leaf(table, backward)
-    handles = [w.register_post_accumulate_grad_hook(_handed(found, n, model.claims[n], restored))
+    table = as_leaf(table, backward)
+    handles = [w.register_post_accumulate_grad_hook(gradient_hook(found, n, model.claims[n], restored))
                for n, w in leaves.items()] if backward else []
     try:
-        inputs = _leaf(moved(hidden, axes), backward)
-        encoder = None if encoder_out is None else _leaf(moved(encoder_out, TOKEN_RESID), backward)
+        inputs = as_leaf(moved(hidden, axes), backward)
+        encoder = None if encoder_out is None else as_leaf(moved(encoder_out, TOKEN_RESID), backward)
         out, attention, cross = model.block(layer, leaves, inputs, kwargs, table, encoder)
         found(names["hidden"], restored(out, axes))
         found(names["attn"], restored(attention, attention_axes(layer, stack), layer))
@@ -213,19 +213,19 @@ def embedding_stage(model: EncoderDecoderModel, run: EncoderDecoderRun, elements
     claim = model.claims[name]
     original = None
     if backward:
-        leaf = _leaf(rows, True)
+        leaf = as_leaf(rows, True)
         torch.autograd.backward(list(model.embed({name: leaf}, run.looked_up, kwargs)), list(grads), inputs=[leaf])
-        original = _completed(leaf.grad, stash.get("original"), run.looked_up)
+        original = with_head_rows(leaf.grad, stash.get("original"), run.looked_up)
         run.scales.add(f"grad.param.{name}", original)
     for label, element in elements.items():
-        leaf = _leaf(transform_param(rows, claim, element.scramble), backward)
+        leaf = as_leaf(transform_param(rows, claim, element.scramble), backward)
         embeds = model.embed({name: leaf}, run.looked_up, element.kwargs)
         element.tally.add("embed", run.records["embed"], element.restored(embeds[0], TOKEN_RESID))
         element.tally.add("decoder.embed", run.records["decoder.embed"], element.restored(embeds[1], DECODER_RESID))
         if backward:
             torch.autograd.backward(list(embeds), [element.moved(grads[0], TOKEN_RESID),
                                                    element.moved(grads[1], DECODER_RESID)], inputs=[leaf])
-            restored = _completed(element.restored(leaf.grad, claim.rule.axes, claim.layer), stash.get(label),
+            restored = with_head_rows(element.restored(leaf.grad, claim.rule.axes, claim.layer), stash.get(label),
                                   run.looked_up)
             element.tally.add(f"grad.param.{name}", original, restored)
         del leaf, embeds
@@ -250,7 +250,7 @@ def stream_check(directory, inputs: dict, names: list[str], key_of: dict[str, in
     missing = [name for name in names if name in not_holding]
     names = [name for name in names if name not in not_holding]
     if "tokens" in names and judge.movable_tokens < 2:
-        report.checks.extend(_cannot_move(judge, "tokens", backward))
+        report.checks.extend(cannot_move(judge, "tokens", backward))
         names.remove("tokens")
     restrictions = g.restrictions()
     report.restricted = {name: restrictions[name] for name in names if name in restrictions}
@@ -312,7 +312,7 @@ def stream_check(directory, inputs: dict, names: list[str], key_of: dict[str, in
         moved, what = movement(model, elements[name].scramble, judge.movable_tokens)
         for direction in ("forward", "backward") if backward else ("forward",):
             mine = [e for e in errors if e.name.startswith("grad.") == (direction == "backward")]
-            report.checks.append(_summarize(judge, name, direction, mine, moved, what))
+            report.checks.append(summarize(judge, name, direction, mine, moved, what))
         report.controls.extend(control_result(r, scales, floor_reasons) for r in by_symmetry.get(name, []))
     report.allowances = allowance.used
     report.notes.extend(_allowance_notes(allowance, model, report))

@@ -35,11 +35,11 @@ def _attr(module, path: str):
     return module
 
 
-class _Stop(Exception):
+class StopAtBlock(Exception):
     """Ends a dry run or an embedding stage at the block it has what it needs of."""
 
 
-class _Recorder(torch.nn.Module):
+class BlockRecorder(torch.nn.Module):
     """Stands in for a block in a dry run: keeps what it is given besides its hidden state (positional arguments
     named as the block's own forward names them), and the hidden state itself; stops the run where told."""
 
@@ -64,7 +64,7 @@ class _Recorder(torch.nn.Module):
         self.sink[self.index] = recorded
         self.hidden = hidden_states
         if self.stop:
-            raise _Stop
+            raise StopAtBlock
         return hidden_states
 
 
@@ -238,7 +238,7 @@ class StreamedModel:
         base = self._base(stock)
         sink: list = [None] * self.n_layers
         blocks = self._blocks(stock)
-        recorders = torch.nn.ModuleList(_Recorder(sink, i, layer, stop=i == self.n_layers - 1)
+        recorders = torch.nn.ModuleList(BlockRecorder(sink, i, layer, stop=i == self.n_layers - 1)
                                         for i, layer in enumerate(blocks))
         zeros = {self._local(n): torch.zeros(self.reader.entries[n].shape, dtype=self.dtype)
                  for n in self.embedding_names if n != self.embed_name}
@@ -247,7 +247,7 @@ class StreamedModel:
             embeds = torch.zeros((*ids.shape, self.geometry.d_model), dtype=self.dtype)
             kwargs = {**{k: v for k, v in kwargs.items() if k != "input_ids"}, "inputs_embeds": embeds,
                       "use_cache": False}
-        with self._swapped(base, {self.layout.blocks: recorders}), contextlib.suppress(_Stop):
+        with self._swapped(base, {self.layout.blocks: recorders}), contextlib.suppress(StopAtBlock):
             functional_call(base, zeros, args=(), kwargs=kwargs, strict=False)
         return sink
 
@@ -278,11 +278,11 @@ class StreamedModel:
         the first block's input."""
         base = self._base(stock)
         sink: list = [None]
-        first = _Recorder(sink, 0, self._blocks(stock)[0], stop=True)
+        first = BlockRecorder(sink, 0, self._blocks(stock)[0], stop=True)
         if self.pixels:
             given = {self._local(n): w for n, w in weights.items()}
             with self._swapped(base, {self.layout.blocks: torch.nn.ModuleList([first])}), \
-                    contextlib.suppress(_Stop):
+                    contextlib.suppress(StopAtBlock):
                 functional_call(base, given, args=(), kwargs=kwargs, strict=False)
             return first.hidden
         table = copy.deepcopy(_attr(base, self.layout.token_embedding))  # meta: costs nothing
@@ -297,7 +297,7 @@ class StreamedModel:
         if hasattr(table, "scalar_embed_scale"):  # Gemma 3 scales its embeddings by a buffer
             given[f"{self.layout.token_embedding}.embed_scale"] = torch.tensor(table.scalar_embed_scale)
         swapped = {self.layout.blocks: torch.nn.ModuleList([first]), self.layout.token_embedding: table}
-        with self._swapped(base, swapped), contextlib.suppress(_Stop):
+        with self._swapped(base, swapped), contextlib.suppress(StopAtBlock):
             functional_call(base, given, args=(), kwargs={**kwargs, "use_cache": False}, strict=False)
         return first.hidden
 

@@ -40,7 +40,8 @@ class Element:
         return apply_axes(tensor.detach(), axes, self.inverse, layer, self.patch_size)
 
 
-def _leaf(tensor: torch.Tensor, grad: bool) -> torch.Tensor:
+def as_leaf(tensor: torch.Tensor, grad: bool) -> torch.Tensor:
+    """A stage's input cut from what made it: the stage's backward stops at it (and fills its .grad if asked)."""
     return tensor.detach().requires_grad_(grad)
 
 
@@ -55,11 +56,11 @@ def head_stage(model: StreamedModel, run: OriginalRun, elements: dict[str, Eleme
     logits = run.records[primary]  # what the invariant loss reads (a headless model's last hidden state)
     claims = model.claims
     stash: dict = {}
-    whole = {n: _leaf(w, backward) for n, w in model.read(model.head_whole).items()}
-    moved_whole = {label: {n: _leaf(transform_param(w, claims[n], element.scramble), backward)
+    whole = {n: as_leaf(w, backward) for n, w in model.read(model.head_whole).items()}
+    moved_whole = {label: {n: as_leaf(transform_param(w, claims[n], element.scramble), backward)
                            for n, w in whole.items()} for label, element in elements.items()}
     if backward:
-        leaf = _leaf(logits, True)
+        leaf = as_leaf(logits, True)
         grad_logits = torch.autograd.grad(invariant_loss(leaf), leaf)[0]
         grad_top = torch.zeros_like(top)
         moved_grad_top = {label: torch.zeros_like(top) for label in elements}
@@ -73,7 +74,7 @@ def head_stage(model: StreamedModel, run: OriginalRun, elements: dict[str, Eleme
 
         grads = {}
         if backward:
-            weights, inputs = {n: _leaf(w, True) for n, w in chunk.items()}, _leaf(top, True)
+            weights, inputs = {n: as_leaf(w, True) for n, w in chunk.items()}, as_leaf(top, True)
             torch.autograd.backward(model.head(weights, whole, inputs)[primary], piece(grad_logits),
                                     inputs=[*weights.values(), *whole.values(), inputs])
             grad_top += inputs.grad
@@ -84,8 +85,8 @@ def head_stage(model: StreamedModel, run: OriginalRun, elements: dict[str, Eleme
                 run.scales.add(f"grad.param.{name}", grads[name])
             del weights
         for label, element in elements.items():
-            weights = {n: _leaf(transform_param(w, claims[n], element.scramble), backward) for n, w in chunk.items()}
-            inputs = _leaf(element.moved(top, TOKEN_RESID), backward)
+            weights = {n: as_leaf(transform_param(w, claims[n], element.scramble), backward) for n, w in chunk.items()}
+            inputs = as_leaf(element.moved(top, TOKEN_RESID), backward)
             outputs = model.head(weights, moved_whole[label], inputs)
             for name, out in outputs.items():
                 element.tally.add(name, piece(run.records[name]), element.restored(out, axes[name]))
@@ -154,12 +155,12 @@ def _run_block(model: StreamedModel, layer: int, weights: dict[str, torch.Tensor
     out_name, attn_name, in_name = _block_tensor_names(model, layer)
     moved = element.moved if element is not None else lambda t, axes, layer=None: t
     restored = element.restored if element is not None else lambda t, axes, layer=None: t.detach()
-    leaves = {n: _leaf(w, backward) for n, w in weights.items()}
+    leaves = {n: as_leaf(w, backward) for n, w in weights.items()}
     weights.clear()  # the leaves are the only copy
-    handles = [w.register_post_accumulate_grad_hook(_handed(found, n, model.claims[n], restored))
+    handles = [w.register_post_accumulate_grad_hook(gradient_hook(found, n, model.claims[n], restored))
                for n, w in leaves.items()] if backward else []
     try:
-        inputs = _leaf(moved(hidden, TOKEN_RESID), backward)
+        inputs = as_leaf(moved(hidden, TOKEN_RESID), backward)
         out, attention = model.block(layer, leaves, inputs, kwargs)
         found(out_name, restored(out, TOKEN_RESID))
         found(attn_name, restored(attention, attention_axes(layer), layer))
@@ -171,7 +172,9 @@ def _run_block(model: StreamedModel, layer: int, weights: dict[str, torch.Tensor
             handle.remove()
 
 
-def _handed(found, name: str, claim, restored):
+def gradient_hook(found, name: str, claim, restored):
+    """A hook for a parameter leaf: hands its gradient, un-scrambled by `restored`, to found("grad.param.NAME", ...)
+    as backward fills it, and drops it from the leaf."""
     def hook(leaf: torch.Tensor) -> None:
         grad, leaf.grad = leaf.grad, None
         found(f"grad.param.{name}", restored(grad, claim.rule.axes, claim.layer))
@@ -247,7 +250,7 @@ def embedding_stage(model: StreamedModel, run: OriginalRun, elements: dict[str, 
     weights = model.embedding_weights(run.looked_up)
     originals: dict[str, torch.Tensor] = {}
     if backward:
-        leaves = {n: _leaf(w, True) for n, w in weights.items()}
+        leaves = {n: as_leaf(w, True) for n, w in weights.items()}
         kwargs, pixels = _with_pixels(model, kwargs, True)
         torch.autograd.backward(model.embed(leaves, run.looked_up, kwargs), grad_out,
                                 inputs=list(leaves.values()) + pixels)
@@ -258,12 +261,13 @@ def embedding_stage(model: StreamedModel, run: OriginalRun, elements: dict[str, 
             if leaf.grad is None and name != model.embed_name:  # unused (DINOv2's mask token): the whole-model
                 continue  # trace records no gradient for it either
             grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
-            originals[name] = _completed(grad, stash.get("original"), run.looked_up) if name == model.embed_name \
+            originals[name] = with_head_rows(grad, stash.get("original"), run.looked_up) if name == model.embed_name \
                 else grad
             run.scales.add(f"grad.param.{name}", originals[name])
         del leaves
     for label, element in elements.items():
-        leaves = {n: _leaf(transform_param(w, model.claims[n], element.scramble), backward) for n, w in weights.items()}
+        leaves = {n: as_leaf(transform_param(w, model.claims[n], element.scramble), backward)
+                  for n, w in weights.items()}
         kwargs, pixels = _with_pixels(model, element.kwargs, backward)
         out = model.embed(leaves, run.looked_up, kwargs)
         element.tally.add("embed", run.records["embed"], element.restored(out, TOKEN_RESID))
@@ -278,7 +282,7 @@ def embedding_stage(model: StreamedModel, run: OriginalRun, elements: dict[str, 
                 grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
                 restored = element.restored(grad, claim.rule.axes, claim.layer)
                 if name == model.embed_name:
-                    restored = _completed(restored, stash.get(label), run.looked_up)
+                    restored = with_head_rows(restored, stash.get(label), run.looked_up)
                 element.tally.add(f"grad.param.{name}", originals[name], restored)
         del leaves, out
 
@@ -288,11 +292,12 @@ def _with_pixels(model: StreamedModel, kwargs: dict, grad: bool) -> tuple[dict, 
     leaf in a list; text inputs as they are, and an empty list."""
     if not (model.pixels and grad):
         return kwargs, []
-    pixels = _leaf(kwargs["pixel_values"], True)
+    pixels = as_leaf(kwargs["pixel_values"], True)
     return {**kwargs, "pixel_values": pixels}, [pixels]
 
 
-def _completed(grad_rows: torch.Tensor, head_rows: dict | None, looked_up: list[int]) -> torch.Tensor:
+def with_head_rows(grad_rows: torch.Tensor, head_rows: dict | None, looked_up: list[int]) -> torch.Tensor:
+    """The looked-up rows' gradient with a tied head's part added (head_rows: token -> its row's gradient)."""
     if not head_rows:
         return grad_rows
     return grad_rows + torch.stack([head_rows[token] for token in looked_up])

@@ -430,7 +430,9 @@ def _inverse_of_spaces(scramble: Scramble, records: dict[str, Record]) -> Scramb
     return Scramble(spaces, scramble.tokens).inverse()
 
 
-def _summarize(subject: Subject, symmetry, direction, errors, moved, moved_what, note="") -> CheckResult:
+def summarize(subject: Subject, symmetry, direction, errors, moved, moved_what, note="") -> CheckResult:
+    """One symmetry's verdict in one direction from its tensors' errors, by the verdict rules (a streamed check
+    judges its stages' errors through it too)."""
     if not errors and not note:
         raise VacuousCheckError(f"the {direction} check of {symmetry} compared no tensors")
     non_finite = [e.name for e in errors if not e.finite]
@@ -484,7 +486,7 @@ def check_scramble(subject: Subject, scramble: Scramble, label: str, original: d
     results = []
     for direction in ("forward", "backward") if backward else ("forward",):
         mine = [e for e in errors if e.name.startswith("grad.") == (direction == "backward")]
-        results.append(_summarize(subject, label, direction, mine, moved, what))
+        results.append(summarize(subject, label, direction, mine, moved, what))
     return results
 
 
@@ -576,11 +578,12 @@ def measure_break(subject: Subject, scramble: Scramble, original: dict[str, Reco
     return worst_rel(errors)
 
 
-def _cannot_move(subject: Subject, name: str, backward: bool) -> list[CheckResult]:
+def cannot_move(subject: Subject, name: str, backward: bool) -> list[CheckResult]:
+    """The results of a tokens check on an input with too few movable tokens: nothing to check, said so."""
     note = (f"the input has {subject.movable_tokens} movable token(s): the tokens symmetry cannot move "
             "anything, so there is nothing to check")
     directions = ("forward", "backward") if backward else ("forward",)
-    return [_summarize(subject, name, d, [], 0.0, "", note) for d in directions]
+    return [summarize(subject, name, d, [], 0.0, "", note) for d in directions]
 
 
 def check(model, inputs: dict, symmetry_names=symmetries.SYMMETRIES, key: int | Mapping[str, int] = 0,
@@ -602,7 +605,7 @@ def check(model, inputs: dict, symmetry_names=symmetries.SYMMETRIES, key: int | 
     missing = [name for name in names if name in not_holding]
     names = [name for name in names if name not in not_holding]
     if "tokens" in names and subject.movable_tokens < 2:
-        report.checks.extend(_cannot_move(subject, "tokens", backward))
+        report.checks.extend(cannot_move(subject, "tokens", backward))
         names.remove("tokens")
     restrictions = subject.geometry.restrictions()
     report.restricted = {name: restrictions[name] for name in names if name in restrictions}

@@ -18,13 +18,13 @@ from perm_core.explore.exploration import Exploration
 from perm_core.families import bert as bert_family
 from perm_core.families import family_of
 from perm_core.models.random_models import build_random_model, random_inputs
-from perm_core.verify.check import KEY_BIAS_REASON, Subject, VacuousCheckError, _summarize, check
+from perm_core.verify.check import KEY_BIAS_REASON, Subject, VacuousCheckError, check, summarize
 from perm_core.verify.tolerances import json_safe, tensor_errors, worst
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-# What _summarize reads of a subject, for checks judged without a model
+# What summarize reads of a subject, for checks judged without a model
 FLOAT64_SUBJECT = types.SimpleNamespace(tolerance=1e-9, dtype=torch.float64, places={"n_layers": 2})
 
 
@@ -45,7 +45,7 @@ def test_non_finite_fails_wherever_it_sits(bad, position):
     errors = tensor_errors(original, restored)
     assert [e.name for e in errors if not e.finite] == [name]
     assert worst(e.max_rel_error for e in errors) == math.inf
-    result = _summarize(FLOAT64_SUBJECT, "channels", "forward", errors, moved=1.0, moved_what="x")
+    result = summarize(FLOAT64_SUBJECT, "channels", "forward", errors, moved=1.0, moved_what="x")
     assert not result.passed and "non-finite" in result.note and name in result.note
     assert result.non_finite == [name]
 
@@ -172,7 +172,7 @@ def test_an_empty_check_is_an_error():
     with pytest.raises(VacuousCheckError):
         check(model, random_inputs("vit", model, seed=3), symmetry_names=[])
     with pytest.raises(VacuousCheckError):
-        _summarize(FLOAT64_SUBJECT, "channels", "forward", [], 1.0, "x")
+        summarize(FLOAT64_SUBJECT, "channels", "forward", [], 1.0, "x")
 
 
 def test_a_dropped_control_is_an_error(monkeypatch):
