@@ -23,23 +23,21 @@ dry run of each stack's own forward stopped at its first block.
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from perm_core.engine.spec import Scramble, UnclaimedParameterError, apply_axes, transform_param, transform_params
+from perm_core.engine.spec import Scramble, apply_axes, transform_param, transform_params
 from perm_core.engine.symmetries import Control
 from perm_core.engine.tokens import model_inputs
 from perm_core.families import family_by_name
-from perm_core.run.numerics import use_exact_numerics
 from perm_core.run.stateless import functional_call
 from perm_core.run.trace import TOKEN_RESID
 from perm_core.stream.forward import ControlRun
 from perm_core.stream.layout import BlockRecorder, StopAtBlock, StreamedModel
-from perm_core.stream.shards import CheckpointError, ShardReader
+from perm_core.stream.shards import ShardReader
 from perm_core.stream.stages import ENCODER_DECODERS, StreamingUnsupportedError, supported_summary
 from perm_core.stream.tally import Scales, Tally
 from perm_core.verify import oracle
@@ -100,11 +98,7 @@ class EncoderDecoderModel(StreamedModel):
         import transformers
         from transformers import AutoConfig
 
-        self.reader = reader or ShardReader(directory)
-        try:
-            raw = json.loads((self.reader.directory / "config.json").read_text())
-        except (OSError, ValueError) as error:
-            raise CheckpointError(f"{self.reader.directory}/config.json is not readable JSON ({error})") from None
+        raw = self._read_config(directory, reader)
         architectures = raw.get("architectures") or []
         name = architectures[0] if architectures and isinstance(architectures[0], str) else ""
         found = [f for f, c in ENCODER_DECODERS.items() if c == name]
@@ -116,27 +110,9 @@ class EncoderDecoderModel(StreamedModel):
         cls = getattr(transformers, name)
         self.family, self.layout = family.for_class(name), None
         self.config = AutoConfig.from_pretrained(self.reader.directory, local_files_only=True)
-        self.dtype, self.cls_name = dtype, cls.__name__
-        self.geometry = self.family.geometry(self.config)
-        self.spec = self.family.spec(self.config)
-        with torch.device("meta"):
-            self.model = cls(self.config).to(dtype).eval()
-            self.stock = cls(copy.deepcopy(self.config)).to(dtype).eval()
-        use_exact_numerics(self.model)
-        try:
-            self.stock.set_attn_implementation("sdpa")
-            self.stock_attention = "sdpa"
-        except (ValueError, ImportError):
-            self.stock.set_attn_implementation("eager")
-            self.stock_attention = "eager"
+        self._instantiate(cls, dtype)
         self.prefix = ""
-        self.names = [n for n, _ in self.model.named_parameters()]
-        self._rename_stored()
-        self._check_names()
-        try:
-            self.claims = self.spec.claim_all(self.names)
-        except UnclaimedParameterError as error:
-            raise CheckpointError(str(error)) from None
+        self._claim_parameters()
         g = self.geometry
         self.n_layers, self.n_encoder = g.n_layers, g.n_layers - g.n_decoder_layers
         stored = {id(p): n for n, p in self.model.named_parameters()}

@@ -74,28 +74,12 @@ class StreamedModel:
     def __init__(self, directory, dtype: torch.dtype, reader: ShardReader | None = None):
         from transformers import AutoConfig
 
-        self.reader = reader or ShardReader(directory)
-        try:
-            raw = json.loads((self.reader.directory / "config.json").read_text())
-        except (OSError, ValueError) as error:
-            raise CheckpointError(f"{self.reader.directory}/config.json is not readable JSON ({error})") from None
+        raw = self._read_config(directory, reader)
         self.family, cls, self.layout = family_for(raw)
         self.config = AutoConfig.from_pretrained(self.reader.directory, local_files_only=True)
         if getattr(self.config, "final_logit_softcapping", None) is not None:
             raise StreamingUnsupportedError("streaming does not run heads with logit soft-capping")
-        self.dtype, self.cls_name = dtype, cls.__name__
-        self.geometry = self.family.geometry(self.config)
-        self.spec = self.family.spec(self.config)
-        with torch.device("meta"):
-            self.model = cls(self.config).to(dtype).eval()
-            self.stock = cls(copy.deepcopy(self.config)).to(dtype).eval()  # its own attention setting
-        use_exact_numerics(self.model)
-        try:
-            self.stock.set_attn_implementation("sdpa")
-            self.stock_attention = "sdpa"
-        except (ValueError, ImportError):
-            self.stock.set_attn_implementation("eager")
-            self.stock_attention = "eager"
+        self._instantiate(cls, dtype)
         for meta in (self.model, self.stock):  # buffers computed at construction must be real
             for path in self.layout.built:
                 module = _attr(_attr(meta, self.layout.base), path)
@@ -107,13 +91,7 @@ class StreamedModel:
                     owner, _, leaf = name.rpartition(".")
                     setattr(_attr(module, owner) if owner else module, leaf, buffer)
         self.prefix = f"{self.layout.base}." if self.layout.base else ""
-        self.names = [name for name, _ in self.model.named_parameters()]
-        self._rename_stored()
-        self._check_names()
-        try:
-            self.claims = self.spec.claim_all(self.names)
-        except UnclaimedParameterError as error:
-            raise CheckpointError(str(error)) from None
+        self._claim_parameters()
         self.n_layers = self.geometry.n_layers
         table = self.layout.token_embedding
         self.embed_name = f"{self.prefix}{table}.weight" if table is not None else None  # None: pixels
@@ -152,6 +130,43 @@ class StreamedModel:
                 or any(self.reader.entries[n].shape[0] != vocab for n in self.head_chunked)):
             raise StreamingUnsupportedError(f"{self.cls_name} has {', '.join(unstaged) or 'a layout'} that no "
                                             "stage of a streamed check runs")
+
+    def _read_config(self, directory, reader: ShardReader | None) -> dict:
+        """Opens the checkpoint (self.reader) and returns its config.json as read, before any class is chosen."""
+        self.reader = reader or ShardReader(directory)
+        try:
+            return json.loads((self.reader.directory / "config.json").read_text())
+        except (OSError, ValueError) as error:
+            raise CheckpointError(f"{self.reader.directory}/config.json is not readable JSON ({error})") from None
+
+    def _instantiate(self, cls: type, dtype: torch.dtype) -> None:
+        """`cls` on the meta device twice, from self.config and self.family: the traced copy under exact numerics
+        (perm_core.run.numerics) and the stock copy with its own attention setting, sdpa where transformers has it
+        for the class, else eager (stock_attention says which; the oracle reports it)."""
+        self.dtype, self.cls_name = dtype, cls.__name__
+        self.geometry = self.family.geometry(self.config)
+        self.spec = self.family.spec(self.config)
+        with torch.device("meta"):
+            self.model = cls(self.config).to(dtype).eval()
+            self.stock = cls(copy.deepcopy(self.config)).to(dtype).eval()  # its own attention setting
+        use_exact_numerics(self.model)
+        try:
+            self.stock.set_attn_implementation("sdpa")
+            self.stock_attention = "sdpa"
+        except (ValueError, ImportError):
+            self.stock.set_attn_implementation("eager")
+            self.stock_attention = "eager"
+
+    def _claim_parameters(self) -> None:
+        """The class's parameter names (self.names), the checkpoint's tensors renamed to them and checked against
+        them, and each one's claim by the family's spec: a parameter no rule claims is a checkpoint error here."""
+        self.names = [name for name, _ in self.model.named_parameters()]
+        self._rename_stored()
+        self._check_names()
+        try:
+            self.claims = self.spec.claim_all(self.names)
+        except UnclaimedParameterError as error:
+            raise CheckpointError(str(error)) from None
 
     def _head_modules(self, stock: bool = False) -> dict[str, torch.nn.Module]:
         """Every module the head stage runs, by its path in the class: the heads' (a headless model's pooler)."""
