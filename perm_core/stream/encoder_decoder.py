@@ -35,12 +35,11 @@ from perm_core.engine.tokens import model_inputs
 from perm_core.families import family_by_name
 from perm_core.run.stateless import functional_call
 from perm_core.run.trace import TOKEN_RESID
-from perm_core.stream.forward import ControlRun
+from perm_core.stream.forward import ControlRun, control_runs, stock_start
 from perm_core.stream.layout import BlockRecorder, StopAtBlock, StreamedModel
 from perm_core.stream.shards import ShardReader
 from perm_core.stream.stages import ENCODER_DECODERS, StreamingUnsupportedError, supported_summary
 from perm_core.stream.tally import Scales, Tally
-from perm_core.verify import oracle
 
 DECODER_RESID = (None, None, "resid")  # the decoder's tokens never move (engine.tokens)
 STACKS = ("encoder", "decoder")
@@ -332,14 +331,8 @@ def forward_pass(model: EncoderDecoderModel, inputs: dict, controls: list[Contro
     _keep(run, "embed", embeds[0])
     _keep(run, "decoder.embed", embeds[1])
     if stock:
-        stock_kwargs = oracle.stock_kwargs(inputs, g, dtype)
-        stock_layers = model.layer_kwargs(stock_kwargs, stock=True)
-        stock_embeds = model.embed(embedding, run.looked_up, stock_kwargs, stock=True)
-    runs = []
-    for control in controls:
-        control_kwargs = model_inputs(inputs, g, control.scramble, dtype)
-        runs.append(ControlRun(control, control.scramble.inverse(), model.layer_kwargs(control_kwargs),
-                               control_kwargs))
+        stock_layers, stock_embeds = stock_start(model, inputs, embedding, run.looked_up)
+    runs = control_runs(model, inputs, controls)
     for c in runs:
         moved = transform_params(embedding, model.spec, c.control.scramble, model.claims)
         for name, original, out in zip(("embed", "decoder.embed"), embeds, model.embed(moved, run.looked_up, c.kwargs),

@@ -78,14 +78,8 @@ def forward_pass(model: StreamedModel, inputs: dict, controls: list[Control] = (
     hidden = model.embed(embedding, run.looked_up, kwargs)
     _keep(run, "embed", hidden)
     if stock:
-        stock_kwargs = oracle.stock_kwargs(inputs, g, dtype)
-        stock_layers = model.layer_kwargs(stock_kwargs, stock=True)
-        stock_hidden = model.embed(embedding, run.looked_up, stock_kwargs, stock=True)
-    runs = []
-    for control in controls:
-        scramble = control.scramble
-        control_kwargs = model_inputs(inputs, g, scramble, dtype)
-        runs.append(ControlRun(control, scramble.inverse(), model.layer_kwargs(control_kwargs), control_kwargs))
+        stock_layers, stock_hidden = stock_start(model, inputs, embedding, run.looked_up)
+    runs = control_runs(model, inputs, controls)
     for c in runs:
         moved = transform_params(embedding, model.spec, c.control.scramble, model.claims)
         restored = apply_axes(model.embed(moved, run.looked_up, c.kwargs), TOKEN_RESID, c.inverse)
@@ -144,6 +138,24 @@ def forward_pass(model: StreamedModel, inputs: dict, controls: list[Control] = (
     if stock:
         run.stock_outputs = {name: _joined(stock_pieces, name) for name in axes}
     return run, runs
+
+
+def stock_start(model: StreamedModel, inputs: dict, embedding: dict[str, torch.Tensor], looked_up: list[int]
+                ) -> tuple[list[dict], object]:
+    """transformers' own forward, begun beside the original run (the oracle): what each of its blocks is given, and
+    its embedding stage's output on the same embedding weights (a tuple where the model embeds two stacks)."""
+    kwargs = oracle.stock_kwargs(inputs, model.geometry, model.dtype)
+    return model.layer_kwargs(kwargs, stock=True), model.embed(embedding, looked_up, kwargs, stock=True)
+
+
+def control_runs(model: StreamedModel, inputs: dict, controls: list[Control]) -> list[ControlRun]:
+    """Each negative control, not yet run: its inverse, model inputs and what each of its blocks is given."""
+    runs = []
+    for control in controls:
+        scramble = control.scramble
+        kwargs = model_inputs(inputs, model.geometry, scramble, model.dtype)
+        runs.append(ControlRun(control, scramble.inverse(), model.layer_kwargs(kwargs), kwargs))
+    return runs
 
 
 def _vocab(model: StreamedModel) -> int:
