@@ -46,9 +46,16 @@ from perm_core.stream.encoder_decoder import (
 )
 from perm_core.stream.memory import MemoryBound, StagePeaks, reset_peak, resident_bytes
 from perm_core.stream.report import StreamedReport, control_result, movement
-from perm_core.stream.reverse import Element, as_leaf, gradient_hook, head_stage, with_head_rows
+from perm_core.stream.reverse import (
+    Element,
+    as_leaf,
+    cast,
+    gradient_hook,
+    head_stage,
+    measure_roundoff,
+    with_head_rows,
+)
 from perm_core.stream.stages import StreamingUnsupportedError
-from perm_core.stream.tally import Tally
 from perm_core.verify.check import KEY_BIAS_REASON, NotSymmetry, VacuousCheckError, cannot_move, summarize
 from perm_core.verify.oracle import OracleResult
 from perm_core.verify.tolerances import ROUNDOFF_CAP, ROUNDOFF_SAFETY, TOLERANCE, relative_error
@@ -155,12 +162,12 @@ def block_stage(model: EncoderDecoderModel, layer: int, run: EncoderDecoderRun, 
     grad_in = original.get(tensor_names["grad_in"])
     claims = model.claims
 
-    def transformed(element: Element, dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """The element's transform of the block's weights and of its stack's table, in `dtype`."""
-        return ({n: transform_param(model.reader.read(n, model.dtype), claims[n], element.scramble).to(dtype)
-                 for n in names},
-                transform_param(model.reader.read(table_name, model.dtype), claims[table_name],
-                                element.scramble).to(dtype))
+    def transformed(element: Element | None, dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """The block's weights and its stack's table moved by `element`'s scramble (None: as stored), in `dtype`."""
+        def one(n: str) -> torch.Tensor:
+            stored = model.reader.read(n, model.dtype)
+            return (stored if element is None else transform_param(stored, claims[n], element.scramble)).to(dtype)
+        return {n: one(n) for n in names}, one(table_name)
 
     for label, element in elements.items():
         sums.add(label, _run_stage(model, layer, *transformed(element, model.dtype), hidden, encoder_out, grad_out,
@@ -169,36 +176,13 @@ def block_stage(model: EncoderDecoderModel, layer: int, run: EncoderDecoderRun, 
                                    element))
     if allowance is None:
         return grad_in
-    other = allowance.other
 
-    def cast(tensor: torch.Tensor | None) -> torch.Tensor | None:
-        return None if tensor is None else tensor.to(other)
+    def run_once(on: EncoderDecoderModel, transform: Element | None, dtype: torch.dtype, element: Element | None,
+                 kwargs: dict, found) -> None:  # its parts of the sums are not measured (the module docstring)
+        _run_stage(on, layer, *transformed(transform, dtype), cast(hidden, dtype), cast(encoder_out, dtype),
+                   cast(grad_out, dtype), kwargs, backward, found, element)
 
-    def original_roundoff() -> Tally:
-        """The original block rerun in the other dtype (its weights, table, inputs and output gradient cast)."""
-        tally = Tally()
-        weights = {n: model.reader.read(n, model.dtype).to(other) for n in names}
-        _run_stage(allowance.other_model, layer, weights, model.reader.read(table_name, model.dtype).to(other),
-                   cast(hidden), cast(encoder_out), cast(grad_out), allowance.original_kwargs[layer], backward,
-                   lambda n, t: tally.add(n, original[n], t))
-        return tally
-
-    def drop_originals() -> None:  # the element's round-off is measured between its own two runs
-        for name in [n for n in original if n.startswith("grad.param.")]:
-            del original[name]
-
-    def element_roundoff(label: str) -> Tally:
-        """The element's transformed block, rerun in the other dtype and un-scrambled, against its checked run."""
-        kept, tally = {}, Tally()
-        mine, theirs = elements[label], allowance.other_element(label)
-        _run_stage(allowance.other_model, layer, *transformed(mine, other), cast(hidden), cast(encoder_out),
-                   cast(grad_out), theirs.layer_kwargs[layer], backward, kept.__setitem__, theirs)
-        _run_stage(model, layer, *transformed(mine, model.dtype), hidden, encoder_out, grad_out,
-                   mine.layer_kwargs[layer], backward, lambda n, t: tally.add(n, kept.pop(n), t), mine)
-        return tally
-
-    allowance.measure(f"block {layer}", stage_tensors(model, layer, backward), run.scales, original_roundoff,
-                      element_roundoff, drop_originals)
+    measure_roundoff(allowance, layer, elements, original, run.scales, stage_tensors(model, layer, backward), run_once)
     return grad_in
 
 

@@ -201,26 +201,48 @@ def block_stage(model: StreamedModel, layer: int, run: OriginalRun, elements: di
         _run_block(model, layer, model.read(names), hidden, grad_out, original_kwargs, True, keep)
     grad_in = original.get(in_name)
 
-    def transformed(element: Element, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-        return {n: transform_param(model.reader.read(n, model.dtype), model.claims[n], element.scramble).to(dtype)
-                for n in names}
+    def transformed(element: Element | None, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """The block's weights moved by `element`'s scramble (None: as stored), in `dtype`."""
+        return {n: (w if element is None else transform_param(w, model.claims[n], element.scramble)).to(dtype)
+                for n, w in ((n, model.reader.read(n, model.dtype)) for n in names)}
 
     for element in elements.values():
         _run_block(model, layer, transformed(element, model.dtype), hidden, grad_out, element.layer_kwargs[layer],
                    backward, lambda name, tensor, tally=element.tally: tally.add(name, original[name], tensor), element)
     if allowance is None:
         return grad_in
-    other = allowance.other
 
-    def cast(tensor: torch.Tensor | None) -> torch.Tensor | None:
-        return None if tensor is None else tensor.to(other)
+    def run_once(on: StreamedModel, transform: Element | None, dtype: torch.dtype, element: Element | None,
+                 kwargs: dict, found) -> None:
+        _run_block(on, layer, transformed(transform, dtype), cast(hidden, dtype), cast(grad_out, dtype), kwargs,
+                   backward, found, element)
+
+    measure_roundoff(allowance, layer, elements, original, run.scales, block_stage_tensors(model, layer, backward),
+                     run_once)
+    return grad_in
+
+
+def cast(tensor: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """`tensor` in `dtype` (itself where it is in `dtype` already); None stays None."""
+    return None if tensor is None else tensor.to(dtype)
+
+
+def measure_roundoff(allowance: Allowances, layer: int, elements: dict[str, Element], original: dict[str, torch.Tensor],
+                     scales, names: list[str], run_once) -> None:
+    """Block `layer`'s stage's round-off, measured where a tensor of `names` needs it (stream.allowance), the same
+    rule for every streamed path: the original block rerun in the other dtype against its checked tensors
+    (`original`, by name; its parameters' gradients dropped before the elements'), and each element's transformed
+    block rerun in the other dtype against its own checked run. run_once(on, transform, dtype, element, kwargs,
+    found) runs the stage once on model `on`: its weights moved by `transform`'s scramble (None: as stored) and its
+    inputs, both in `dtype`, moved and restored by `element` (None: the original's frame), each tensor handed to
+    found(name, tensor)."""
+    other, checked = allowance.other, allowance.model
 
     def original_roundoff() -> Tally:
-        """The original block rerun in the other dtype (its weights, input and output gradient cast)."""
+        """The original block rerun in the other dtype (its weights, inputs and output gradient cast)."""
         tally = Tally()
-        weights = {n: model.reader.read(n, model.dtype).to(other) for n in names}
-        _run_block(allowance.other_model, layer, weights, cast(hidden), cast(grad_out),
-                   allowance.original_kwargs[layer], backward, lambda n, t: tally.add(n, original[n], t))
+        run_once(allowance.other_model, None, other, None, allowance.original_kwargs[layer],
+                 lambda n, t: tally.add(n, original[n], t))
         return tally
 
     def drop_originals() -> None:  # the element's round-off is measured between its own two runs
@@ -231,15 +253,12 @@ def block_stage(model: StreamedModel, layer: int, run: OriginalRun, elements: di
         """The element's transformed block, rerun in the other dtype and un-scrambled, against its checked run."""
         kept, tally = {}, Tally()
         mine, theirs = elements[label], allowance.other_element(label)
-        _run_block(allowance.other_model, layer, transformed(mine, other), cast(hidden), cast(grad_out),
-                   theirs.layer_kwargs[layer], backward, kept.__setitem__, theirs)
-        _run_block(model, layer, transformed(mine, model.dtype), hidden, grad_out, mine.layer_kwargs[layer], backward,
-                   lambda n, t: tally.add(n, kept.pop(n), t), mine)
+        run_once(allowance.other_model, mine, other, theirs, theirs.layer_kwargs[layer], kept.__setitem__)
+        run_once(checked, mine, checked.dtype, mine, mine.layer_kwargs[layer],
+                 lambda n, t: tally.add(n, kept.pop(n), t))
         return tally
 
-    allowance.measure(f"block {layer}", block_stage_tensors(model, layer, backward), run.scales, original_roundoff,
-                      element_roundoff, drop_originals)
-    return grad_in
+    allowance.measure(f"block {layer}", names, scales, original_roundoff, element_roundoff, drop_originals)
 
 
 def embedding_stage(model: StreamedModel, run: OriginalRun, elements: dict[str, Element], backward: bool,
