@@ -160,6 +160,10 @@ class EncoderDecoderModel(StreamedModel):
         return self.tables[self.stack_of(layer)[0]]
 
     @property
+    def first_decoder_layer(self) -> int:
+        return self.n_encoder  # the decoder's blocks come after the encoder's
+
+    @property
     def pixels(self) -> bool:
         return False
 

@@ -22,15 +22,12 @@ report's notes say where that made a tensor fail.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import torch
 
 from perm_core.engine import symmetries
 from perm_core.engine.spec import Scramble, transform_param
-from perm_core.engine.tokens import model_inputs, n_tokens
+from perm_core.engine.tokens import model_inputs
 from perm_core.fast.param_cache import tensor_bytes
-from perm_core.run.malloc import give_freed_memory_back
 from perm_core.run.trace import TOKEN_RESID
 from perm_core.stream.allowance import Allowances
 from perm_core.stream.encoder_decoder import (
@@ -44,8 +41,9 @@ from perm_core.stream.encoder_decoder import (
     hidden_axes,
     measure_break,
 )
-from perm_core.stream.memory import MemoryBound, StagePeaks, reset_peak, resident_bytes
-from perm_core.stream.report import StreamedReport, control_result, movement
+from perm_core.stream.memory import MemoryBound, StagePeaks
+from perm_core.stream.plan import opened, plan_check
+from perm_core.stream.report import StreamedReport, allowance_notes, floor_reasons
 from perm_core.stream.reverse import (
     Element,
     as_leaf,
@@ -56,9 +54,7 @@ from perm_core.stream.reverse import (
     with_head_rows,
 )
 from perm_core.stream.stages import StreamingUnsupportedError
-from perm_core.verify.check import KEY_BIAS_REASON, NotSymmetry, VacuousCheckError, cannot_move, summarize
-from perm_core.verify.oracle import OracleResult
-from perm_core.verify.tolerances import ROUNDOFF_CAP, ROUNDOFF_SAFETY, TOLERANCE, relative_error
+from perm_core.verify.check import NotSymmetry
 
 
 class Sums:
@@ -219,55 +215,29 @@ def stream_check(directory, inputs: dict, names: list[str], key_of: dict[str, in
                  backward: bool = True, include_combined: bool = True, dtype: torch.dtype = torch.float64,
                  progress=None) -> StreamedReport:
     """stream.check.stream_check for an encoder-decoder checkpoint (the module docstring)."""
-    give_freed_memory_back()
-    model = EncoderDecoderModel(directory, dtype)
+    model, stages = opened(EncoderDecoderModel, directory, inputs, dtype)
     g = model.geometry
-    model.layer_kwargs(model_inputs(inputs, g, Scramble(), dtype))  # transformers' lazy imports happen here
-    peak_reset = reset_peak()
-    baseline = resident_bytes()
-    count = n_tokens(inputs, g)
-    judge = SimpleNamespace(tolerance=TOLERANCE.get(dtype, TOLERANCE[torch.float32]), dtype=dtype,
-                            movable_tokens=g.movable_tokens(count), places=places(model))
-    report = StreamedReport(model_name or str(directory), model.family.name, str(dtype).split(".")[-1],
-                            {name: key_of[name] for name in names})
     not_holding = g.not_holding()
     missing = [name for name in names if name in not_holding]
-    names = [name for name in names if name not in not_holding]
-    if "tokens" in names and judge.movable_tokens < 2:
-        report.checks.extend(cannot_move(judge, "tokens", backward))
-        names.remove("tokens")
-    restrictions = g.restrictions()
-    report.restricted = {name: restrictions[name] for name in names if name in restrictions}
-    steps = names + (["all"] if include_combined and len(names) > 1 else [])
-    controls = {name: symmetries.controls(name, key_of[name], g, count) for name in names}
-    for name, found in controls.items():
-        if not found:
-            raise VacuousCheckError(f"the {name} symmetry has no negative control on {model.family.name}")
+    plan = plan_check(model, directory, inputs, names, key_of, model_name, backward, include_combined, missing)
+    report, count = plan.report, plan.count
     largest = max(model.bytes_of([*model.block_names(layer), model.table(layer)]) for layer in range(model.n_layers))
     chunks = model.head_chunks(largest // 4)
     report.head_chunks = len(chunks)
 
-    stages = StagePeaks(baseline, peak_reset)
-    run, control_runs = forward_pass(model, inputs, [c for found in controls.values() for c in found],
-                                     head_chunks=chunks, progress=progress)
-    stages.end("original run and controls")
-    report.oracle = _oracle(model, inputs, run, chunks)
-    stages.end("oracle")
+    run, control_runs = plan.original_run(model, inputs, chunks, forward_pass, stages, progress)
     for name in missing:
         scramble = symmetries.build_many({name: key_of[name]}, g, count)
         report.not_symmetries.append(NotSymmetry(name, not_holding[name], measure_break(model, inputs, scramble, run)))
     if missing:
         stages.end("symmetries it lacks")
-    elements = {}
-    for name in steps:
-        keys = {n: key_of[n] for n in names} if name == "all" else {name: key_of[name]}
-        elements[name] = Element(model, inputs, symmetries.build_many(keys, g, count))
-        if elements[name].scramble.tokens is not None:  # the decoder's tokens never move: no stage moves them
-            raise StreamingUnsupportedError("streaming an encoder-decoder checks no token permutation")
+    scrambles = plan.scrambles(g)
+    if any(scramble.tokens is not None for scramble in scrambles.values()):  # the decoder's tokens never move:
+        raise StreamingUnsupportedError("streaming an encoder-decoder checks no token permutation")  # no stage does
+    elements = {name: Element(model, inputs, scramble) for name, scramble in scrambles.items()}
     transforms = tensor_bytes([[(e.scramble, e.inverse, e.layer_kwargs) for e in elements.values()], control_runs])
-    floor_reasons = {f"grad.param.{n}": KEY_BIAS_REASON for n, c in model.claims.items()
-                     if c.rule.tag == "attn.k" and len(model.reader.entries[n].shape) == 1 and not g.rope}
-    allowance = Allowances(model, inputs, elements, floor_reasons, make_element=Element)
+    floor = floor_reasons(model)
+    allowance = Allowances(model, inputs, elements, floor, make_element=Element)
     grad, stash = head_stage(model, run, elements, backward, chunks)
     stages.end("head")
     original_inputs = model_inputs(inputs, g, Scramble(), dtype)
@@ -289,72 +259,17 @@ def stream_check(directory, inputs: dict, names: list[str], key_of: dict[str, in
                     original_inputs)
     stages.end("embedding")
 
-    scales = run.scales.final(floor_reasons, dtype)
-    by_symmetry = {name: [r for r in control_runs if r.control.symmetry == name] for name in names}
-    for name in steps:
-        errors = allowance.judged(name, elements[name].tally.differences(scales))
-        moved, what = movement(model, elements[name].scramble, judge.movable_tokens)
-        for direction in ("forward", "backward") if backward else ("forward",):
-            mine = [e for e in errors if e.name.startswith("grad.") == (direction == "backward")]
-            report.checks.append(summarize(judge, name, direction, mine, moved, what))
-        report.controls.extend(control_result(r, scales, floor_reasons) for r in by_symmetry.get(name, []))
-    report.allowances = allowance.used
-    report.notes.extend(_allowance_notes(allowance, model, report))
+    plan.verdicts(model, elements, allowance, control_runs, run.scales.final(floor, dtype), floor, backward)
+    report.notes.extend(allowance_notes(allowance, model, report, stage_tensors, "the blocks' own tensors",
+                                        "the embedding, the head or in a sum over blocks"))
     stages.end("comparisons")
-    report.memory = _memory(model, run, count, largest, baseline, peak_reset, stages, transforms, len(elements))
+    report.memory = _memory(model, run, count, largest, stages, transforms, len(elements))
     if progress:
         progress(1.0, "done")
     return report
 
 
-def _allowance_notes(allowance: Allowances, model: EncoderDecoderModel, report: StreamedReport) -> list[str]:
-    """Where a block's measured round-off was used, and where a tensor over its base tolerance was not measured:
-    the embedding's, the head's, and the sums several stages add to (stream.check's notes, for two stacks)."""
-    other = str(allowance.other).split(".")[-1]
-    notes = [f"{u['stage']}: {len(u['over_base_tolerance'])} tensor(s) over the base tolerance, judged with the "
-             f"stage's round-off measured by a rerun in {other} ({', '.join(u['measured'])})" for u in allowance.used]
-    if not allowance.enabled:
-        return notes
-    measured = {n for u in allowance.used for n in stage_tensors(model, int(u["stage"].split()[1]))}
-    base = TOLERANCE.get(model.dtype, TOLERANCE[torch.float32])
-    unmeasured = sorted({e.name for c in report.checks for e in c.tensors
-                         if e.finite and not e.max_rel_error <= base and e.name not in measured})
-    if unmeasured:
-        notes.append("round-off allowances are measured at the blocks' own tensors only: over its dtype's base "
-                     f"tolerance at the embedding, the head or in a sum over blocks, {', '.join(unmeasured)} fails "
-                     "here (the whole-model check would measure its round-off, tolerances.py, before failing)")
-    return notes
-
-
-def places(model: EncoderDecoderModel) -> dict:
-    """What first_break needs: the decoder's blocks come after the encoder's (verify.check.Subject.places)."""
-    return {"n_layers": model.n_layers,
-            "parameter_layers": {name: claim.layer for name, claim in model.claims.items()},
-            "embedding_parameters": frozenset(n for n, c in model.claims.items() if c.rule.tag == "embedding"),
-            "first_decoder_layer": model.n_encoder}
-
-
-def _oracle(model: EncoderDecoderModel, inputs: dict, run: EncoderDecoderRun,
-            chunks: list[tuple[int, int]]) -> OracleResult:
-    """verify.oracle.consult, streamed: the stock forward's logits against the traced ones, with the allowance of
-    their measured round-off where the stock code's own arithmetic needs it (T5's layer norm in float32)."""
-    name = "output.logits"
-    error = relative_error(run.stock_outputs[name], run.records[name])
-    base = TOLERANCE.get(model.dtype, TOLERANCE[torch.float32])
-    tolerance = base
-    if not error <= base and error != float("inf"):
-        other = torch.float32 if model.dtype == torch.float64 else torch.float64
-        rerun, _ = forward_pass(EncoderDecoderModel(model.reader.directory, other, model.reader), inputs,
-                                stock=False, head_chunks=chunks)
-        exact, rounded = run.records[name], rerun.records[name]
-        if other == torch.float64:
-            exact, rounded = rounded, exact
-        roundoff = relative_error(exact.to(torch.float64), rounded.to(torch.float64))
-        tolerance = min(max(base, ROUNDOFF_SAFETY * roundoff), ROUNDOFF_CAP)
-    return OracleResult(name, error, tolerance, model.stock_attention)
-
-
-def _memory(model: EncoderDecoderModel, run: EncoderDecoderRun, count: int, largest: int, baseline, peak_reset,
+def _memory(model: EncoderDecoderModel, run: EncoderDecoderRun, count: int, largest: int,
             stages: StagePeaks, transforms: int, n_elements: int) -> MemoryBound:
     """stream.check's bound, for two stacks: a block's activations counted over both stacks' tokens (a decoder
     block's cross-attention reads every encoder token), every block's input and the encoder's output kept, the
@@ -371,5 +286,6 @@ def _memory(model: EncoderDecoderModel, run: EncoderDecoderRun, count: int, larg
                  for name in [*model.block_names(layer), model.table(layer)])
     # a float32 check's float64 rerun (the only one wider than the check): a block, two tensors and activations
     allowance = 2 * (largest + 2 * tensor + per_block * itemsize) if model.dtype == torch.float32 else 0
-    return MemoryBound(largest, tensor, activations, rows, transforms, 0, allowance, baseline=baseline,
-                       peak=stages.peak, peak_since_start=peak_reset, stages=stages.stages, stages_after=stages.after)
+    return MemoryBound(largest, tensor, activations, rows, transforms, 0, allowance,
+                       baseline=stages.baseline, peak=stages.peak, peak_since_start=stages.can_reset,
+                       stages=stages.stages, stages_after=stages.after)

@@ -168,6 +168,19 @@ class StreamedModel:
         except UnclaimedParameterError as error:
             raise CheckpointError(str(error)) from None
 
+    @property
+    def first_decoder_layer(self) -> int | None:
+        """The trace's first decoder block (None: one stack, no decoder)."""
+        return None
+
+    def places(self) -> dict:
+        """What first_break needs (verify.check.Subject.places): the blocks, each parameter's block, the embedding's
+        parameters, and where a decoder's blocks begin."""
+        return {"n_layers": self.n_layers,
+                "parameter_layers": {name: claim.layer for name, claim in self.claims.items()},
+                "embedding_parameters": frozenset(n for n, c in self.claims.items() if c.rule.tag == "embedding"),
+                "first_decoder_layer": self.first_decoder_layer}
+
     def _head_modules(self, stock: bool = False) -> dict[str, torch.nn.Module]:
         """Every module the head stage runs, by its path in the class: the heads' (a headless model's pooler)."""
         paths = [path for head in self.layout.heads for path in head.modules]

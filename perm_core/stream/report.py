@@ -1,20 +1,27 @@
 """The report of a streamed check and what every streamed path (one stack, stream.check; an encoder-decoder,
 stream.encoder_decoder_check) builds it from: the verdicts of verify.check, with the proof the streamed check
 rests on, its memory and its round-off allowances; a control's result; how far an element moves what it acts on.
+
+The rules both paths share are written here once: the notes on round-off allowances, the tensors judged against a
+floor (floor_reasons) and the oracle, each told what differs (the path's forward pass, the tensors a block's stage
+compares, where its round-off is not measured). What a check plans and its verdicts: stream.plan.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from perm_core.engine.spec import Scramble, transform_param
+from perm_core.stream.allowance import Allowances
 from perm_core.stream.forward import ControlRun
 from perm_core.stream.layout import StreamedModel
 from perm_core.stream.memory import MemoryBound
-from perm_core.verify.check import ControlResult, Report, most_moved
-from perm_core.verify.tolerances import MOVED_AT, relative_error
+from perm_core.verify.check import KEY_BIAS_REASON, ControlResult, Report, most_moved
+from perm_core.verify.oracle import OracleResult
+from perm_core.verify.tolerances import MOVED_AT, ROUNDOFF_CAP, ROUNDOFF_SAFETY, TOLERANCE, relative_error
 
 PROOF = ("each stage (the embedding, every block, the head) was checked on the original run's own input there, "
          "and backward on the original's gradient at its output, both transformed as the element says: each stage "
@@ -67,3 +74,56 @@ def movement(model: StreamedModel, scramble: Scramble, movable_tokens: int) -> t
             if moved[f"weight {name}"] >= MOVED_AT:
                 break
     return most_moved(moved)
+
+
+def floor_reasons(model: StreamedModel) -> dict[str, str]:
+    """The gradients judged against a floor, and why (verify.check.KEY_BIAS_REASON): a key bias's, zero in exact
+    arithmetic where no rotary embedding turns the keys, so only round-off is left to compare."""
+    return {f"grad.param.{n}": KEY_BIAS_REASON for n, c in model.claims.items()
+            if c.rule.tag == "attn.k" and len(model.reader.entries[n].shape) == 1 and not model.geometry.rope}
+
+
+def allowance_notes(allowance: Allowances, model: StreamedModel, report: StreamedReport,
+                    stage_tensors: Callable[[StreamedModel, int], list[str]], measured_at: str, not_at: str
+                    ) -> list[str]:
+    """Where a block's measured round-off was used, and where a tensor over its base tolerance was at a place whose
+    round-off is not measured. stage_tensors(model, layer): the tensors block `layer`'s stage compares itself;
+    `measured_at`, `not_at`: the path's words for where round-off is measured and where it is not."""
+    other = str(allowance.other).split(".")[-1]
+    notes = [f"{u['stage']}: {len(u['over_base_tolerance'])} tensor(s) over the base tolerance, judged with the "
+             f"stage's round-off measured by a rerun in {other} ({', '.join(u['measured'])})" for u in allowance.used]
+    if not allowance.enabled:
+        return notes
+    measured = {n for u in allowance.used for n in stage_tensors(model, int(u["stage"].split()[1]))}
+    base = TOLERANCE.get(model.dtype, TOLERANCE[torch.float32])
+    unmeasured = sorted({e.name for c in report.checks for e in c.tensors
+                         if e.finite and not e.max_rel_error <= base and e.name not in measured})
+    if unmeasured:
+        notes.append(f"round-off allowances are measured at {measured_at} only: over its dtype's base tolerance at "
+                     f"{not_at}, {', '.join(unmeasured)} fails here (the whole-model check would measure its "
+                     "round-off, tolerances.py, before failing)")
+    return notes
+
+
+def oracle(model: StreamedModel, inputs: dict, run, chunks: list[tuple[int, int]], forward_pass) -> OracleResult:
+    """verify.oracle.consult, streamed: the stock forward's outputs (the logits; a headless model's last hidden state
+    and pooled output) against the traced ones, the worst reported, and where the stock code's own arithmetic needs
+    it (T5's layer norm in float32), the allowance of that output's measured round-off: the path's `forward_pass`
+    rerun in the other of float32 and float64, by a model of the same class on the same reader."""
+    name, error = next(iter(model.output_axes)), 0.0
+    for output in model.output_axes:
+        found = relative_error(run.stock_outputs[output], run.records[output])
+        if not found <= error:
+            name, error = output, found
+    base = TOLERANCE.get(model.dtype, TOLERANCE[torch.float32])
+    tolerance = base
+    if not error <= base and error != float("inf"):
+        other = torch.float32 if model.dtype == torch.float64 else torch.float64
+        rerun, _ = forward_pass(type(model)(model.reader.directory, other, model.reader), inputs, stock=False,
+                                head_chunks=chunks)
+        exact, rounded = run.records[name], rerun.records[name]
+        if other == torch.float64:
+            exact, rounded = rounded, exact
+        roundoff = relative_error(exact.to(torch.float64), rounded.to(torch.float64))
+        tolerance = min(max(base, ROUNDOFF_SAFETY * roundoff), ROUNDOFF_CAP)
+    return OracleResult(name, error, tolerance, model.stock_attention)

@@ -1,0 +1,110 @@
+"""What both streamed paths (one stack, stream.check; an encoder-decoder, stream.encoder_decoder_check) run in the
+same order, written once: the model opened with the memory baseline taken (opened), what the check judges settled
+before any stage runs (plan_check), the original run with its controls and the oracle (Plan.original_run), and the
+verdicts from the elements' tallies (Plan.verdicts). What differs is passed in: the model's class, the path's
+forward pass, the symmetries it measures apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+
+from perm_core.engine import symmetries
+from perm_core.engine.spec import Scramble
+from perm_core.engine.symmetries import Control
+from perm_core.engine.tokens import model_inputs, n_tokens
+from perm_core.run.malloc import give_freed_memory_back
+from perm_core.stream.allowance import Allowances
+from perm_core.stream.forward import ControlRun
+from perm_core.stream.layout import StreamedModel
+from perm_core.stream.memory import StagePeaks, reset_peak, resident_bytes
+from perm_core.stream.report import StreamedReport, control_result, movement, oracle
+from perm_core.verify.check import VacuousCheckError, cannot_move, summarize
+from perm_core.verify.tolerances import TOLERANCE
+
+
+def opened(model_class: type[StreamedModel], directory, inputs: dict, dtype: torch.dtype
+           ) -> tuple[StreamedModel, StagePeaks]:
+    """The checkpoint's model, and the stages' peaks counted from here: the interpreter, torch, transformers and
+    the meta-device model are the baseline."""
+    # Blocks of 1 MiB and more get their own mappings, returned to the system when freed: resident memory is then
+    # what is alive, not what glibc kept of earlier stages (process-wide, as the app server sets it).
+    give_freed_memory_back()
+    model = model_class(directory, dtype)
+    model.layer_kwargs(model_inputs(inputs, model.geometry, Scramble(), dtype))  # transformers' lazy imports
+    peak_reset = reset_peak()  # before the baseline is read: the peak is never below it
+    return model, StagePeaks(resident_bytes(), peak_reset)
+
+
+@dataclass
+class Plan:
+    """What a streamed check judges, settled before any stage runs (plan_check)."""
+
+    report: StreamedReport
+    judge: SimpleNamespace  # verify.check.summarize's subject: tolerance, dtype, movable tokens, places
+    key_of: dict[str, int]
+    names: list[str]  # the symmetries checked stage by stage: neither one lacked nor tokens that cannot move
+    steps: list[str]  # each of names, then "all" (every one of them at once) where there are two or more
+    controls: dict[str, list[Control]]  # by symmetry in names, none empty
+    count: int  # the input's tokens
+
+    def scrambles(self, geometry) -> dict[str, Scramble]:
+        """Each step's element: its symmetries' keys, built on the input's tokens."""
+        return {step: symmetries.build_many({n: self.key_of[n] for n in self.names} if step == "all"
+                                            else {step: self.key_of[step]}, geometry, self.count)
+                for step in self.steps}
+
+    def original_run(self, model: StreamedModel, inputs: dict, chunks: list[tuple[int, int]], forward_pass,
+                     stages: StagePeaks, progress=None):
+        """The path's forward_pass (the original run, every control riding along, the stock forward beside it) and
+        the oracle into the report, each ending its stage. Returns the run and the ControlRuns."""
+        run, control_runs = forward_pass(model, inputs, [c for found in self.controls.values() for c in found],
+                                         head_chunks=chunks, progress=progress)
+        stages.end("original run and controls")
+        self.report.oracle = oracle(model, inputs, run, chunks, forward_pass)
+        stages.end("oracle")
+        return run, control_runs
+
+    def verdicts(self, model: StreamedModel, elements: dict, allowance: Allowances, control_runs: list[ControlRun],
+                 scales: dict, floor_reasons: dict[str, str], backward: bool) -> None:
+        """Each step's verdicts into the report, forward and (with `backward`) backward apart, from its element's
+        tally judged with the stages' allowances, then its symmetry's controls; the allowances used with them."""
+        report = self.report
+        by_symmetry = {name: [r for r in control_runs if r.control.symmetry == name] for name in self.names}
+        for name in self.steps:
+            errors = allowance.judged(name, elements[name].tally.differences(scales))
+            moved, what = movement(model, elements[name].scramble, self.judge.movable_tokens)
+            for direction in ("forward", "backward") if backward else ("forward",):
+                mine = [e for e in errors if e.name.startswith("grad.") == (direction == "backward")]
+                report.checks.append(summarize(self.judge, name, direction, mine, moved, what))
+            report.controls.extend(control_result(r, scales, floor_reasons) for r in by_symmetry.get(name, []))
+        report.allowances = allowance.used
+
+
+def plan_check(model: StreamedModel, directory, inputs: dict, names: list[str], key_of: dict[str, int],
+               model_name: str, backward: bool, include_combined: bool, lacking: Collection[str] = ()) -> Plan:
+    """The report (its keys: every symmetry named, `lacking` ones too: the caller measures their break), the judge,
+    tokens that cannot move judged at once (verify.check.cannot_move), the restrictions, the steps and each
+    symmetry's negative controls: a symmetry with none is a VacuousCheckError."""
+    g, dtype = model.geometry, model.dtype
+    count = n_tokens(inputs, g)
+    judge = SimpleNamespace(tolerance=TOLERANCE.get(dtype, TOLERANCE[torch.float32]), dtype=dtype,
+                            movable_tokens=g.movable_tokens(count), places=model.places())
+    report = StreamedReport(model_name or str(directory), model.family.name, str(dtype).split(".")[-1],
+                            {name: key_of[name] for name in names})
+    names = [name for name in names if name not in lacking]
+    if "tokens" in names and judge.movable_tokens < 2:
+        report.checks.extend(cannot_move(judge, "tokens", backward))
+        names.remove("tokens")
+    restrictions = g.restrictions()
+    report.restricted = {name: restrictions[name] for name in names if name in restrictions}
+    steps = names + (["all"] if include_combined and len(names) > 1 else [])
+    controls = {name: symmetries.controls(name, key_of[name], g, count) for name in names}
+    for name, found in controls.items():
+        if not found:
+            raise VacuousCheckError(f"the {name} symmetry has no negative control on {model.family.name}")
+    return Plan(report, judge, key_of, names, steps, controls, count)
