@@ -338,7 +338,7 @@ def test_a_spec_bug_in_a_middle_block_is_found_and_named_by_both(bug, monkeypatc
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2", "bert", "vit", "roberta", "gpt_neox", "phi3", "deit",
-                                    "dinov2", "distilbert", *OTHER_CLASSES])
+                                    "dinov2", "distilbert", "t5", *OTHER_CLASSES])
 def test_a_control_that_does_not_break_fails_the_streamed_report(family, monkeypatch, tmp_path):
     from perm_core.engine import symmetries
 

@@ -1,8 +1,9 @@
 """The layer-streamed check and scramble of an encoder-decoder (T5ForConditionalGeneration, perm_core.stream's
 encoder_decoder stages): the same verdicts and per-tensor errors as the whole-model check, the original run equal to
 transformers' own forward, a planted spec bug in a middle encoder block and in a middle decoder block found and named
-by both, a control that does not break failing the report, scrambled shards equal to the whole-model scramble's, and
-memory bounded by the largest block."""
+by both, scrambled shards equal to the whole-model scramble's, and
+memory bounded by the largest block (a control that does not break failing the report: test_stream, with every
+streamed family)."""
 
 from __future__ import annotations
 
@@ -175,25 +176,6 @@ def test_a_spec_bug_in_a_middle_block_is_found_and_named_by_both(stack, monkeypa
     input_grad = f"grad.blocks.{layer - 1}.hidden"
     assert all(n.startswith(own) or n in {input_grad, *sums} for n in failing)
     assert input_grad in failing
-
-
-def test_a_control_that_does_not_break_fails_the_streamed_report(monkeypatch, tmp_path):
-    from perm_core.engine import symmetries
-
-    _, inputs, directory = saved(tmp_path)
-    real = symmetries.controls
-
-    def with_a_symmetry_posing_as_control(name, key, g, n_tokens=None):
-        found = real(name, key, g, n_tokens)
-        same = symmetries.Control(name, "the_symmetry_itself", "no near miss at all",
-                                  lambda: symmetries.build(name, key, g, n_tokens))
-        return [*found, same]
-
-    monkeypatch.setattr(symmetries, "controls", with_a_symmetry_posing_as_control)
-    report = stream_check(directory, inputs, ["channels"], key=2)
-    posing = next(c for c in report.controls if c.name == "the_symmetry_itself")
-    assert not posing.broken and posing.max_rel_error < 1e-13 and not report.passed
-    assert all(c.broken for c in report.controls if c is not posing) and all(c.passed for c in report.checks)
 
 
 def test_streamed_scramble_writes_the_same_shards_as_the_whole_model_scramble(tmp_path, capsys):
