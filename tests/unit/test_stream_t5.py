@@ -1,9 +1,8 @@
 """The layer-streamed check and scramble of an encoder-decoder (T5ForConditionalGeneration, perm_core.stream's
 encoder_decoder stages): the same verdicts and per-tensor errors as the whole-model check, the original run equal to
 transformers' own forward, a planted spec bug in a middle encoder block and in a middle decoder block found and named
-by both, scrambled shards equal to the whole-model scramble's, and
-memory bounded by the largest block (a control that does not break failing the report: test_stream, with every
-streamed family)."""
+by both, scrambled shards equal to the whole-model scramble's, and memory bounded by the largest block (a control
+that does not break failing the report: test_stream, with every streamed family)."""
 
 from __future__ import annotations
 
