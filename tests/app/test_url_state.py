@@ -46,11 +46,35 @@ def open_link(page: str, query: dict) -> AppTest:
 def test_a_link_restores_the_page_and_the_page_writes_its_state_back(page):
     query, expected = LINKS[page]
     at = open_link(page, query)
+    assert not [w.value for w in at.warning if "is not a valid value here" in w.value]
     for key, value in expected.items():
         assert at.session_state[key] == value, key
         published = at.query_params[key]
         published = published[0] if isinstance(published, list) else published
         assert published == query[key], key
+
+
+# A bad value in a link, on every page: the page names it (tests/e2e/test_bad_input.py opens two of these in Chromium)
+BAD_LINKS = {
+    "explore": ({"model": "no-such-model"}, ["model=no-such-model"]),
+    "explore ": ({"model": "digits-vit", "layer": "-1", "head": "-2"}, ["layer=-1", "head=-2"]),
+    "check": ({"model": "random:nope", "dtype": "float16"}, ["model=random:nope", "dtype=float16"]),
+    "backward": ({"bw_model": "no-such-model", "bw_image": "-1"}, ["bw_model=no-such-model", "bw_image=-1"]),
+    "rotation": ({"rotation_model": "evil", "rotation_layer": "-3", "rotation_head": "-1"},
+                 ["rotation_model=evil", "rotation_layer=-3"]),
+    "authorization": ({"au_model": "../../etc/passwd"}, ["au_model=../../etc/passwd"]),
+    "split_learning": ({"sl_epochs": "-1", "sl_key": "abc"}, ["sl_epochs=-1"]),
+    "fusion": ({"fusion_a": "no-such-model", "fusion_points": "-1"}, ["fusion_a=no-such-model", "fusion_points=-1"]),
+}
+
+
+@pytest.mark.parametrize("page", list(BAD_LINKS))
+def test_a_bad_link_says_what_it_ignored(page):
+    query, named = BAD_LINKS[page]
+    at = open_link(page.strip(), query)
+    warnings = [w.value for w in at.warning if "is not a valid value here" in w.value]
+    for field in named:  # (the control, valid links warning of nothing: test_a_link_restores_the_page...)
+        assert any(f"`{field}`" in w for w in warnings), (field, warnings)
 
 
 def test_a_mangled_link_falls_back_to_defaults_without_an_error():
