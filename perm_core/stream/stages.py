@@ -58,6 +58,7 @@ class StageLayout:
 _CAUSAL_LM = StageLayout("ForCausalLM", built=("rotary_emb",))  # embed_tokens -> layers -> norm -> lm_head
 _BERT = {"blocks": "encoder.layer", "attention": "attention.self", "token_embedding": "embeddings.word_embeddings",
          "final_norm": None, "built": ("embeddings",)}
+_DISTILBERT = {**_BERT, "blocks": "transformer.layer", "attention": "attention"}
 # pixels -> patch projection, [CLS] token (DeiT's distillation token beside it) and position table -> layers -> the
 # final layernorm (it opens the head: the trace's last hidden state is the last block's own output)
 _VIT = {"attention": "attention", "token_embedding": None, "final_norm": "layernorm", "norm_opens_head": True}
@@ -89,12 +90,10 @@ LAYOUTS: dict[str, tuple[StageLayout, ...]] = {
     "distilbert": (
         # embeddings (word rows, position table, a norm) -> transformer.layer (no final norm) -> the MLM head: four
         # modules on the class, its projector tied to the word embeddings with its own bias
-        StageLayout("DistilBertForMaskedLM", base="distilbert", blocks="transformer.layer", attention="attention",
-                    token_embedding="embeddings.word_embeddings", final_norm=None, built=("embeddings",),
+        StageLayout("DistilBertForMaskedLM", base="distilbert", **_DISTILBERT,
                     heads=(Head(("vocab_transform", "activation", "vocab_layer_norm", "vocab_projector")),)),
         # the same, headless: the last hidden state alone (no pooler)
-        StageLayout("DistilBertModel", base="", blocks="transformer.layer", attention="attention",
-                    token_embedding="embeddings.word_embeddings", final_norm=None, heads=(), built=("embeddings",))),
+        StageLayout("DistilBertModel", base="", heads=(), **_DISTILBERT)),
     # ViT's stages -> the classifier on the [CLS] token
     "vit": (StageLayout("ViTForImageClassification", base="vit", heads=_CLASSIFIER, **_VIT),),
     "deit": (
