@@ -4,7 +4,10 @@ laptop's window made wider; a wider window only adds room): at each width nothin
 legend and annotations by each other, a chart by another), no chart is blank, no exception. Widening without a
 reload is the harder case: plotly keeps the margins a chart pushed at the narrower width, and legends placed under a
 plot at a fraction of its height then landed on axis titles. Screenshots of every page at every width go to
-out/screenshots/ for a person to look at."""
+out/screenshots/ for a person to look at.
+
+The same page loads also check what each application page must show (its proofs, metrics and charts), so that no
+page is loaded twice in Chromium for it."""
 
 from pathlib import Path
 
@@ -119,12 +122,73 @@ ELEMENTS = """() => [document.querySelectorAll('[data-testid="stMain"] [data-tes
 def settle(page, timeout_ms: int = 300_000) -> None:
     waited, last, still = 0, None, 0
     while still < 3:
-        page.wait_for_timeout(500)
-        waited += 500
+        page.wait_for_timeout(250)
+        waited += 250
         count, running = page.evaluate(ELEMENTS)
         still = still + 1 if count == last and count > 0 and not running else 0
         last = count
         assert waited < timeout_ms, f"the page did not settle in {timeout_ms / 1000:.0f} s"
+
+
+def rotation_shows_its_proof(page) -> None:
+    """The proof, side-by-side heatmaps and the near misses."""
+    assert page.get_by_text("Rotated model is the same function").count() >= 1
+    assert page.get_by_text("broken, as it must be").count() >= 1
+    assert page.locator('[data-testid="stPlotlyChart"]').count() >= 8
+
+
+def split_learning_shows_its_measurements(page) -> None:
+    """It trained, attacked, and shows the table (every column in view) and the reconstructions."""
+    assert page.get_by_text("What the measurements say").count() == 1
+    assert page.locator(".js-plotly-plot .main-svg").count() >= 3
+    table = page.locator('[data-testid="stTable"]')
+    assert table.count() == 1 and "channels recovered" in table.inner_text()
+    labels = page.locator('[data-testid="stMetricLabel"]').all_inner_texts()
+    assert any("Scrambled: held-out" in label for label in labels)
+    assert page.get_by_text("Without protection the decoder's reconstructions reach SSIM").count() == 1
+
+
+def backward_shows_gradients_and_training(page) -> None:
+    """Gradient heatmaps, the error chart and the SGD lock-step, the gradients un-scrambled within 1e-9."""
+    assert page.get_by_text("gradients (the input's and every parameter's) un-scramble to the original").count() >= 1
+    assert page.get_by_text("the scrambled world's update equals the scrambled original update").count() >= 1
+    assert page.locator('[data-testid="stPlotlyChart"]').count() == 11
+    error_text = page.locator('[data-testid="stMetric"]').filter(has_text="Max relative gradient error")
+    assert float(error_text.locator('[data-testid="stMetricValue"]').inner_text()) < 1e-9
+
+
+def fusion_shows_methods_and_experiment(page) -> None:
+    """The four methods, the three alignments' proofs (plain averaging aligns nothing), the barrier curves; then the
+    experiment over seed pairs (tiny here: 32 wide, one epoch) with its sentence and four charts."""
+    assert page.get_by_text("Over 5 seed pairs, adding per-head rotations").count() == 1
+    alerts = page.locator('[data-testid="stAlert"]')
+    texts = [alerts.nth(i).inner_text() for i in range(alerts.count())]
+    assert sum("broken, as it must be" in text for text in texts) == 3  # the three alignments' proofs
+    assert sum("nothing to prove" in text or "no aligned B to prove" in text for text in texts) == 1  # averaging
+    assert page.locator('[data-testid="stPlotlyChart"]').count() == 8  # the pair's four, the experiment's four
+
+
+def authorization_shows_the_keys_worth(page) -> None:
+    """The right key restores the model exactly, no key does not, the attacker recovers the key (100 steps), and the
+    key's size in bits."""
+    assert page.get_by_text("The right key restores the model exactly").count() >= 1
+    assert page.get_by_text("The key is broken").count() >= 1
+    values = {}
+    for i in range(page.locator('[data-testid="stMetric"]').count()):
+        metric = page.locator('[data-testid="stMetric"]').nth(i)
+        values[metric.locator('[data-testid="stMetricLabel"]').inner_text().strip()] = metric.locator(
+            '[data-testid="stMetricValue"]').inner_text().strip()
+    percent = {label: float(value.rstrip("%")) / 100 for label, value in values.items() if value.endswith("%")}
+    assert percent["Right key"] > 0.95 and percent["No key"] < 0.3 and percent["Chance"] == 0.1
+    assert values["Key recovered"] == "exactly" and values["Attacker's unlocked model"] == values["Right key"]
+    assert page.get_by_text("Keys have up to 256 bits").count() == 1
+    assert page.get_by_text("64! orderings of the residual channels, 296 bits").count() == 1
+
+
+# What an application page must show, checked on the layout test's own load of it (at the first width)
+SHOWS = {"rotation": rotation_shows_its_proof, "split_learning": split_learning_shows_its_measurements,
+         "backward": backward_shows_gradients_and_training, "fusion": fusion_shows_methods_and_experiment,
+         "authorization": authorization_shows_the_keys_worth}
 
 
 @pytest.mark.parametrize("name", sorted(PAGES))
@@ -144,10 +208,14 @@ def test_every_page_is_readable_at_every_width(app_url, page, name):
             if name == "matrix":  # measured row by row on the first visit
                 page.locator("table.symmetry-matrix").wait_for(timeout=300_000)
         settle(page)
-        page.wait_for_timeout(1000)  # plotly draws after the script run ends, and again after a resize
+        page.wait_for_timeout(500)  # plotly draws after the script run ends, and again after a resize
         page.wait_for_function(DRAWN, timeout=120_000)  # every chart drawn: an undrawn one has no text to overlap
         assert page.locator('[data-testid="stException"]').count() == 0, (name, width)
-        page.screenshot(path=str(SCREENSHOTS / f"{name}-{width}.png"), full_page=True)
+        if width == WIDTHS[0] and name in SHOWS:
+            SHOWS[name](page)
+        screenshot = SCREENSHOTS / f"{name}-{width}.png"
+        page.screenshot(path=str(screenshot), full_page=True)
+        assert screenshot.stat().st_size > 20_000, (name, width)  # a page drawn, not a blank frame
         found = (page.evaluate(CLIPPED) + page.evaluate(OVERLAPS)
                  + [f"blank chart: {title}" for title in page.evaluate(BLANK)])
         if found:
