@@ -22,6 +22,20 @@ if "TRANSFORMER_SYMMETRY_CACHE" not in os.environ:
     os.environ["TRANSFORMER_SYMMETRY_CACHE"] = _private_cache
     atexit.register(shutil.rmtree, _private_cache, ignore_errors=True)
 
+# The e2e tests' one app server, shared by the xdist workers (tests/e2e/conftest.py): the first worker to need it
+# starts it and writes its address here; the process that made this folder (the controller) stops it at exit.
+if "TSE_TEST_SHARED_DIR" not in os.environ:
+    _shared = tempfile.mkdtemp(prefix="tse-test-shared-")
+    os.environ["TSE_TEST_SHARED_DIR"] = _shared
+
+    def _stop_shared_server(folder: str = _shared) -> None:
+        from tests.e2e.shared_server import stop_shared_server
+
+        stop_shared_server(Path(folder))
+        shutil.rmtree(folder, ignore_errors=True)
+
+    atexit.register(_stop_shared_server)
+
 # The session's cache (shared by the xdist workers and the e2e servers they start); fixtures that test a conversion
 # point TRANSFORMER_SYMMETRY_CACHE at a cache of their own for a while, and hand their result over with keep_converted.
 SESSION_CACHE = Path(os.environ["TRANSFORMER_SYMMETRY_CACHE"])

@@ -1,6 +1,6 @@
 """Real headless Chromium against the real app on a free loopback port.
 
-Fixtures: `app_url` (session: one streamlit server), `browser` (session), `page` (a fresh page
+Fixtures: `app_url` (one streamlit server for the whole run), `browser` (session), `page` (a fresh page
 per test), `wait_for_app(page)` (blocks until the script run finished), `shot(page, name)`.
 """
 
@@ -10,15 +10,11 @@ import os
 import random
 import shutil
 import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from perm_core.run.malloc import SERVER_ENVIRONMENT
+from tests.e2e.shared_server import shared_app_url
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -45,31 +41,12 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def app_url(tmp_path_factory):
-    port = _free_port()
-    log = tmp_path_factory.mktemp("server") / "streamlit.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", **SERVER_ENVIRONMENT}
-    cmd = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.address", "127.0.0.1",
-           "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
-           "--server.fileWatcherType", "none"]
-    with open(log, "w") as out:
-        server = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.time() + 90
-        while time.time() < deadline:
-            try:
-                urllib.request.urlopen(url + "/_stcore/health", timeout=2)
-                break
-            except OSError:
-                if server.poll() is not None:
-                    pytest.fail(f"streamlit exited: {log.read_text()[-2000:]}")
-                time.sleep(0.5)
-        else:
-            server.kill()
-            pytest.fail("streamlit did not become healthy in 90 s")
-        yield url
-        server.terminate()
-        server.wait(timeout=20)
+def app_url():
+    """The run's one app server (tests/e2e/shared_server.py), shared by every worker's e2e tests."""
+    try:
+        return shared_app_url(Path(os.environ["TSE_TEST_SHARED_DIR"]), _free_port())
+    except RuntimeError as error:
+        pytest.fail(str(error))
 
 
 @pytest.fixture(scope="session")

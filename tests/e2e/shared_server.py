@@ -1,0 +1,107 @@
+"""One app server for every e2e test of a run, shared by the pytest-xdist workers.
+
+Each worker's own server would load every model and compute every page's first run again; one server serves both
+workers' browsers as it serves a class. The first worker to ask starts it under a file lock in the run's shared
+folder (TSE_TEST_SHARED_DIR, made by tests/conftest.py in the process that starts the workers) and writes its
+address and pid there; later askers reuse it while it answers its health check. That first process stops it at
+exit (stop_shared_server), so it outlives every worker's tests.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from perm_core.run.malloc import SERVER_ENVIRONMENT
+
+ROOT = Path(__file__).resolve().parents[2]
+HEALTHY_WITHIN_S = 90
+
+
+def healthy(url: str) -> bool:
+    try:
+        urllib.request.urlopen(url + "/_stcore/health", timeout=5)
+    except OSError:
+        return False
+    return True
+
+
+def _start(folder: Path, port: int) -> dict:
+    log = folder / "streamlit.log"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **SERVER_ENVIRONMENT}
+    cmd = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.address", "127.0.0.1",
+           "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
+           "--server.fileWatcherType", "none"]
+    with open(log, "w") as out:  # the server writes on after the worker that started it has gone
+        server = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + HEALTHY_WITHIN_S
+    while not healthy(url):
+        if server.poll() is not None:
+            raise RuntimeError(f"streamlit exited: {log.read_text()[-2000:]}")
+        if time.time() > deadline:
+            server.kill()
+            raise RuntimeError(f"streamlit did not become healthy in {HEALTHY_WITHIN_S} s: {log.read_text()[-2000:]}")
+        time.sleep(0.5)
+    return {"url": url, "pid": server.pid, "log": str(log)}
+
+
+def shared_app_url(folder: Path, port: int) -> str:
+    """The run's server's address, starting it if no live one is recorded in `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "server.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the other worker waits here while the first one starts it
+        record = folder / "server.json"
+        if record.is_file():
+            known = json.loads(record.read_text())
+            if healthy(known["url"]):
+                return known["url"]
+            stop(known["pid"])  # one that stopped answering is replaced, not left running
+        started = _start(folder, port)
+        record.write_text(json.dumps(started))
+        return started["url"]
+
+
+def stop(pid: int, wait_s: float = 20) -> None:
+    """SIGTERM to the server's process group, SIGKILL after `wait_s`; nothing if it is gone."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return
+    deadline = time.time() + wait_s
+    while time.time() < deadline and not _gone(pid):
+        time.sleep(0.2)
+    if not _gone(pid):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _gone(pid: int) -> bool:
+    """Exited: no such process, or a zombie nobody has reaped yet (our own child in a run without workers is reaped
+    here; an orphan's zombie waits for init)."""
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return True
+    except ChildProcessError:
+        pass
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state in ("Z", "X")
+
+
+def stop_shared_server(folder: Path) -> None:
+    record = folder / "server.json"
+    if record.is_file():
+        stop(json.loads(record.read_text())["pid"])
