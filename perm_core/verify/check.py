@@ -529,10 +529,11 @@ def explain_unbroken(subject: Subject, control: symmetries.Control, result: Cont
     """A control that did not break is not informative (and does not fail the report) only when this checkpoint
     cannot tell it from the symmetry, shown, not assumed: its error here is round-off, some tensors are uniform,
     and on a copy with exactly those tensors randomized the same control breaks. Otherwise it stays NOT BROKEN."""
-    tolerance = subject.tolerance
+    if result.broken or not result.max_rel_error <= subject.tolerance:
+        return result  # a broken control, or one broken by more than round-off: nothing to explain
     skipped = control.scramble.skip_tags | {"norm"}  # what a control leaves out is named first
     uniform = sorted(uniform_tensors(subject.params), key=lambda n: subject.claims[n].rule.tag not in skipped)
-    if result.broken or not uniform or not result.max_rel_error <= tolerance:
+    if not uniform:
         return result
     varied = subject.with_params(randomized(subject.params, uniform))
     elsewhere = run_control(varied, control, varied.trace())
