@@ -56,6 +56,25 @@ with warnings.catch_warnings():
                 found.append(torch.sub(references[i], tensor).abs_().max().to(torch.float64))
         return torch.stack(found), tensors, references, indices
 
+    @torch.jit.script
+    def _gathered_difference_by_rows(tensor: Tensor, reference: Tensor, axes: list[int], indices: list[Tensor],
+                                     rows: int) -> Tensor:
+        """max |reference - tensor gathered along axes| of one large pair, `rows` rows of the gathered tensor at a
+        time: each slice is gathered from the tensor (its rows first, by their slice of the axis-0 index), compared
+        with the reference's same rows and dropped while it is still in cache; no whole gathered copy is made."""
+        maxima: list[Tensor] = []
+        for start in range(0, reference.shape[0], rows):
+            count = min(rows, reference.shape[0] - start)
+            piece = tensor.narrow(0, start, count)
+            for j in range(len(axes)):
+                if axes[j] == 0:
+                    piece = tensor.index_select(0, indices[j].narrow(0, start, count))
+            for j in range(len(axes)):
+                if axes[j] != 0:
+                    piece = _gather(piece, axes[j], indices[j])
+            maxima.append(torch.sub(reference.narrow(0, start, count), piece).abs_().max())
+        return torch.stack(maxima).max().to(torch.float64)
+
 
 Step = tuple[int, torch.Tensor]  # (axis, index): new[..., i, ...] = old[..., index[i], ...] along that axis
 
@@ -104,3 +123,16 @@ def gathered_differences(tensors: list[torch.Tensor], references: list[torch.Ten
     with torch.no_grad():
         found, _, _, _ = _gathered_differences(list(tensors), list(references), axes, indices)
     return found.tolist()
+
+
+def gathered_difference_by_rows(tensor: torch.Tensor, reference: torch.Tensor, steps: list[Step],
+                                slice_elements: int) -> float:
+    """max |reference - tensor gathered along its steps| of one large pair, compared about `slice_elements` at a
+    time (whole rows of axis 0): the same number as gathering the whole tensor and then comparing, since a gather
+    copies and max is exact, without the gathered copies (two of a weight's size for a weight gathered on both axes).
+    NaN propagates. The tensors must be non-empty, on the CPU, of one dtype and shape (after the gathers)."""
+    row = max(1, reference.numel() // reference.shape[0])
+    axes, indices = _plans([steps])
+    with torch.no_grad():
+        return _gathered_difference_by_rows(tensor, reference, axes[0], indices[0],
+                                            max(1, slice_elements // row)).item()

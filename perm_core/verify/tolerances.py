@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from perm_core.fast.batched_gathers import gathered_differences, on_cpu
+from perm_core.fast.batched_gathers import gathered_difference_by_rows, gathered_differences, on_cpu
 
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4}
 FLOOR = {torch.float64: 1e-6, torch.float32: 1e-2}
@@ -125,6 +125,10 @@ def relative_differences(reference: dict[str, torch.Tensor], other: dict[str, to
     for name, ref in reference.items():
         if name in differences:
             continue
+        by_rows = _by_rows(ref, other, name)
+        if by_rows is not None:
+            differences[name] = by_rows
+            continue
         # Fetched once: `other` may build each tensor when asked (verify.Unscrambled), and then frees it here.
         mine = other.get(name)
         if mine is None or mine.shape != ref.shape:
@@ -176,6 +180,24 @@ def _in_one_call(reference: dict[str, torch.Tensor], other) -> dict[str, float]:
     if not names or not on_cpu(tensors + references, steps):
         return {}
     return dict(zip(names, gathered_differences(tensors, references, steps), strict=True))
+
+
+def _by_rows(reference: torch.Tensor, other, name: str) -> float | None:
+    """max |a - b| of a large tensor that `other` un-scrambles by gathers (verify.Unscrambled), gathered and compared
+    a slice of rows at a time instead of un-scrambled whole first; None where that does not apply."""
+    steps_of = getattr(other, "gather_steps", None)
+    if steps_of is None or reference.numel() <= BATCH_ELEMENTS or name not in other:
+        return None
+    found = steps_of(name)
+    if found is None or not found[1] or not on_cpu([found[0], reference], [found[1]]):
+        return None
+    tensor, steps = found
+    shape = list(tensor.shape)
+    for axis, index in steps:
+        shape[axis] = index.numel()
+    if tuple(shape) != tuple(reference.shape) or tensor.dtype != reference.dtype:
+        return None
+    return gathered_difference_by_rows(tensor.detach(), reference.detach(), steps, CHUNK)
 
 
 def _batchable(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -10,7 +10,7 @@ import torch
 
 from perm_core.engine.transforms import Permutation
 from perm_core.explore.exploration import Exploration
-from perm_core.fast.batched_gathers import gather_many, gathered_differences
+from perm_core.fast.batched_gathers import gather_many, gathered_difference_by_rows, gathered_differences
 from perm_core.models.random_models import build_random_model, random_inputs
 from perm_core.run.threads import TorchWorkCalls
 from perm_core.verify import tolerances
@@ -56,6 +56,46 @@ def test_differences_are_compares_one_pair_numbers_nan_and_inf_included():
     assert math.isnan(found[2]) and math.isnan(expected[2])
     assert math.isnan(found[3]) and math.isnan(expected[3])  # inf - inf is NaN: never a pass
     assert found[4] == expected[4] == 0.0
+
+
+def test_a_large_pair_compared_by_rows_gives_the_whole_gathers_number():
+    """Slices of rows gathered and compared one at a time (no whole un-scrambled copy): the very max |a - b| of
+    gathering the whole tensor first, on weights gathered along either axis or both, a vector, a 3-D tensor and
+    slices of one row or less; NaN propagates; a wrong index (the negative control) gives another number."""
+    generator = torch.Generator().manual_seed(2)
+    cases = [((300, 70), (0, 1)), ((70, 300), (1,)), ((500, 9), (0,)), ((4000,), (0,)), ((6, 30, 40), (0, 2))]
+    for shape, axes in cases:
+        tensor = torch.randn(shape, generator=generator, dtype=torch.float64)
+        steps = [(axis, torch.randperm(shape[axis], generator=generator)) for axis in axes]
+        reference = one_by_one(tensor, steps) + 1e-12 * torch.randn(shape, generator=generator, dtype=torch.float64)
+        whole = tolerances._max_abs_difference(reference, one_by_one(tensor, steps))
+        assert whole > 0
+        for slice_elements in (1 << 19, 1000, 1):
+            assert gathered_difference_by_rows(tensor, reference, steps, slice_elements) == whole, (shape, axes)
+        with_nan = reference.clone()
+        with_nan.view(-1)[-1] = math.nan
+        assert math.isnan(gathered_difference_by_rows(tensor, with_nan, steps, 1000))
+        wrong = [(axis, index.roll(1)) for axis, index in steps]
+        assert gathered_difference_by_rows(tensor, reference, wrong, 1000) > 1e3 * whole
+
+
+def test_relative_differences_compare_a_large_unscrambled_tensor_by_rows(monkeypatch):
+    """compare's path for a large tensor that un-scrambles by gathers: it never asks for the whole un-scrambled
+    tensor, and gives the numbers of un-scrambling it whole."""
+    explorer = explored()
+    result = explorer.run({"tokens": 3, "channels": 5, "mlp": 2})
+    restored = explorer.subject.unscramble_lazily(result.scrambled, result.scramble)
+    reference = {n: r.tensor for n, r in explorer.original.items()}
+    scale = {n: 1.0 for n in reference}
+    monkeypatch.setattr(tolerances, "BATCH_ELEMENTS", 64)  # this small ViT's activations count as large here
+    monkeypatch.setattr(tolerances, "CHUNK", 64)
+    whole = {n: restored[n] for n in reference if n in restored}
+    asked = []
+    monkeypatch.setattr(type(restored), "__getitem__", lambda self, name: asked.append(name))
+    by_rows = tolerances.relative_differences(reference, restored, scale)
+    assert asked == [] and by_rows.keys() == whole.keys()
+    assert by_rows == {n: (d, d, True) for n, d in ((n, tolerances._max_abs_difference(reference[n], t))
+                                                    for n, t in whole.items())}
 
 
 def explored():
