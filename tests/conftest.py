@@ -76,14 +76,8 @@ def pytest_report_header(config):
 # takes the next file in this order as it finishes one). The files whose fixtures convert the large zoo models go
 # first, so that the e2e servers load those conversions instead of making their own; then the browser tests, the
 # longest files, while both workers are free; the many short unit files last, to even out the end of the run.
-# Within each directory the files that take longest (`pytest --durations=0`, summed per file) start first, the rest
-# in name order: a long file started last keeps one worker busy while the others have nothing left.
 _CONVERTS_FIRST = ("tests/unit/test_gemma3.py", "tests/unit/test_zoo.py")
 _DIRECTORY_ORDER = ("tests/e2e/", "tests/app/", "tests/unit/")
-_LONGEST_FIRST = ("tests/unit/test_stream.py", "tests/unit/test_zoo_check.py", "tests/unit/test_cli.py",
-                  "tests/unit/test_stream_t5.py", "tests/unit/test_dinov2.py", "tests/unit/test_memory_audit.py",
-                  "tests/unit/test_local_checkpoints.py", "tests/unit/test_head_classes.py",
-                  "tests/app/test_url_state.py", "tests/app/test_authorization_page.py")
 
 
 def _run_order(item) -> tuple[int, int]:
@@ -91,7 +85,7 @@ def _run_order(item) -> tuple[int, int]:
     if path in _CONVERTS_FIRST:
         return (0, _CONVERTS_FIRST.index(path))
     rank = next((i for i, prefix in enumerate(_DIRECTORY_ORDER) if path.startswith(prefix)), len(_DIRECTORY_ORDER))
-    return (1 + rank, _LONGEST_FIRST.index(path) if path in _LONGEST_FIRST else len(_LONGEST_FIRST))
+    return (1 + rank, 0)
 
 
 def pytest_collection_modifyitems(config, items):
