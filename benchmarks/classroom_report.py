@@ -19,9 +19,42 @@ from perm_core.run.malloc import SERVER_ENVIRONMENT
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def start_streamlit(port: int, log: Path, env: dict, script: Path = ROOT / "app.py", cwd: Path = ROOT,
+                    healthy_within_s: float = 120, own_session: bool = False) -> tuple[subprocess.Popen, str]:
+    """`streamlit run script` on 127.0.0.1:port as the app is served (offline, make run's malloc environment, then
+    `env`), logging to `log`; returns (the process, its URL) once it answers its health check. own_session: in a
+    process group of its own (it outlives the process that starts it). RuntimeError, with the log's tail, if it
+    exits or is not healthy in time (then it is killed)."""
+    cmd = [sys.executable, "-m", "streamlit", "run", str(script), "--server.address", "127.0.0.1",
+           "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
+           "--server.fileWatcherType", "none"]
+    with open(log, "w") as out:  # the child keeps its own handle: it writes on after this returns
+        process = subprocess.Popen(cmd, cwd=cwd, env={**os.environ, "HF_HUB_OFFLINE": "1", **SERVER_ENVIRONMENT, **env},
+                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=own_session)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + healthy_within_s
+    while not answers_health_check(url):
+        if process.poll() is not None:
+            raise RuntimeError(f"streamlit exited: {log.read_text()[-2000:]}")
+        if time.time() > deadline:
+            process.kill()
+            raise RuntimeError(f"streamlit did not become healthy in {healthy_within_s:.0f} s: "
+                               f"{log.read_text()[-2000:]}")
+        time.sleep(0.5)
+    return process, url
+
+
+def answers_health_check(url: str) -> bool:
+    try:
+        urllib.request.urlopen(url + "/_stcore/health", timeout=2)
+    except OSError:
+        return False
+    return True
+
+
 class ServerProcess:
-    """`streamlit run app.py` on a free loopback port, as tests/e2e/conftest.py starts it, logging to a file
-    (another script from another folder, for tests: without this repository's .streamlit/config.toml)."""
+    """`streamlit run app.py` on a free loopback port (start_streamlit, as the e2e tests' shared server), logging to a
+    file (another script from another folder, for tests: without this repository's .streamlit/config.toml)."""
 
     def __init__(self, log: Path, env: dict, script: Path = ROOT / "app.py", cwd: Path = ROOT):
         self.log, self.env, self.script, self.cwd = log, env, script, cwd
@@ -39,25 +72,11 @@ class ServerProcess:
     def __enter__(self) -> ServerProcess:
         from tests.e2e.conftest import _free_port
 
-        port = _free_port()
-        cmd = [sys.executable, "-m", "streamlit", "run", str(self.script), "--server.address", "127.0.0.1",
-               "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
-               "--server.fileWatcherType", "none"]
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", **SERVER_ENVIRONMENT, **self.env}
-        with open(self.log, "w") as out:
-            self.process = subprocess.Popen(cmd, cwd=self.cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
-        self.url = f"http://127.0.0.1:{port}"
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            try:
-                urllib.request.urlopen(self.url + "/_stcore/health", timeout=2)
-                return self
-            except OSError:
-                if self.process.poll() is not None:
-                    raise SystemExit(f"streamlit exited: {self.log.read_text()[-2000:]}") from None
-                time.sleep(0.5)
-        self.process.kill()
-        raise SystemExit("streamlit did not become healthy in 120 s")
+        try:
+            self.process, self.url = start_streamlit(_free_port(), self.log, self.env, self.script, self.cwd)
+        except RuntimeError as error:
+            raise SystemExit(str(error)) from None
+        return self
 
     def __exit__(self, *exc) -> None:
         self.stop()

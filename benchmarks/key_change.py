@@ -14,8 +14,8 @@ floor       1 + the time to copy (clone) every parameter the case must write, ov
 cache       the bytes the shared tensor cache (perm_core.fast.param_cache) holds at the end, against its bound
 check       (--check) `check` in float64, every symmetry both directions and every control (the float64 model
             already loaded; its load is reported apart), against a bare float32 forward; freed memory is kept
-            as the CLI keeps it (perm_core.run.malloc), and from
-            then on for every later model of the run too. Its floor: the check's scrambled runs plus the
+            as the CLI keeps it (perm_core.run.malloc), and from then on for every later model of the run too.
+            Its floor: the check's scrambled runs plus the
             original, each at least one float64 forward and backward of the stock model (nothing recorded),
             against the same bare float32 forward
 Text models run on 128 tokens, image models on one 224x224 image. Timings are medians; each ratio is

@@ -13,45 +13,18 @@ import fcntl
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
-from perm_core.run.malloc import SERVER_ENVIRONMENT
+from benchmarks.classroom_report import answers_health_check, start_streamlit
 
-ROOT = Path(__file__).resolve().parents[2]
 HEALTHY_WITHIN_S = 90
-
-
-def healthy(url: str) -> bool:
-    try:
-        urllib.request.urlopen(url + "/_stcore/health", timeout=5)
-    except OSError:
-        return False
-    return True
 
 
 def _start(folder: Path, port: int) -> dict:
     log = folder / "streamlit.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", **SERVER_ENVIRONMENT}
-    cmd = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.address", "127.0.0.1",
-           "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
-           "--server.fileWatcherType", "none"]
-    with open(log, "w") as out:  # the server writes on after the worker that started it has gone
-        server = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + HEALTHY_WITHIN_S
-    while not healthy(url):
-        if server.poll() is not None:
-            raise RuntimeError(f"streamlit exited: {log.read_text()[-2000:]}")
-        if time.time() > deadline:
-            server.kill()
-            raise RuntimeError(f"streamlit did not become healthy in {HEALTHY_WITHIN_S} s: {log.read_text()[-2000:]}")
-        time.sleep(0.5)
-    return {"url": url, "pid": server.pid, "log": str(log)}
+    process, url = start_streamlit(port, log, {}, healthy_within_s=HEALTHY_WITHIN_S, own_session=True)
+    return {"url": url, "pid": process.pid, "log": str(log)}
 
 
 def shared_app_url(folder: Path, port: int) -> str:
@@ -62,7 +35,7 @@ def shared_app_url(folder: Path, port: int) -> str:
         record = folder / "server.json"
         if record.is_file():
             known = json.loads(record.read_text())
-            if healthy(known["url"]):
+            if answers_health_check(known["url"]):
                 return known["url"]
             stop(known["pid"])  # one that stopped answering is replaced, not left running
         started = _start(folder, port)
