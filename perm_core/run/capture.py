@@ -76,15 +76,15 @@ def output_projection(subject, layer: int) -> str:
     raise ValueError(f"block {layer} of {subject.family.name} has no MLP output projection")
 
 
-def stopped_input(subject, params: dict, scramble, module_name: str) -> torch.Tensor:
-    """The module's input from one forward of `params` on the subject's input under `scramble`, stopped once it
-    reached the module (nothing after it is computed)."""
+def stopped_input(subject, params: dict, scramble, module_name: str, inputs: dict | None = None) -> torch.Tensor:
+    """The module's input from one forward of `params` on the subject's input (or `inputs`) under `scramble`,
+    stopped once it reached the module (nothing after it is computed)."""
     with capturing(subject.model, module_name, stop=True) as box:
         try:
             with torch.no_grad():
-                functional_call(subject.model, params, args=(),
-                                kwargs=model_inputs(subject.inputs, subject.geometry, scramble, subject.dtype),
-                                strict=False)
+                kwargs = model_inputs(subject.inputs if inputs is None else inputs, subject.geometry, scramble,
+                                      subject.dtype)
+                functional_call(subject.model, params, args=(), kwargs=kwargs, strict=False)
         except Captured:
             pass
     if "input" not in box:

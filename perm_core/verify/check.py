@@ -32,6 +32,7 @@ from perm_core.families import Family, Geometry, family_of
 from perm_core.run.capture import output_projection, stopped_input
 from perm_core.run.stateless import own_parameters
 from perm_core.run.trace import Record, run
+from perm_core.run.vocabulary import cut_to_rows_read
 from perm_core.verify import oracle
 from perm_core.verify.first_break import Stage, first_break, stages
 from perm_core.verify.oracle import OracleResult
@@ -557,9 +558,12 @@ def _early_break(subject: Subject, control: symmetries.Control) -> tuple[float, 
         return None
     module = output_projection(subject, EARLY_LAYER)
     original = subject.early_original(module)
-    needed = {n: p for n, p in subject.params.items() if subject.claims[n].layer in (None, *range(EARLY_LAYER + 1))}
+    # What the run reads before it stops: no head, and of the vocabulary table only the input's rows.
+    needed = {n: p for n, p in subject.params.items()
+              if subject.claims[n].layer in (None, *range(EARLY_LAYER + 1)) and subject.claims[n].rule.tag != "head"}
+    needed, inputs = cut_to_rows_read(subject.model, g, subject.inputs, needed, subject.claims)
     scrambled = stopped_input(subject, transform_params(needed, subject.spec, control.scramble, subject.claims),
-                              control.scramble, module)
+                              control.scramble, module, inputs)
     in_decoder = g.n_decoder_layers and EARLY_LAYER >= g.n_layers - g.n_decoder_layers  # decoder tokens stay
     record = Record(scrambled, (None, None if in_decoder else "tokens", ("mlp", EARLY_LAYER)), EARLY_LAYER)
     restored = apply_axes(record.tensor, record.axes, _inverse_of_spaces(control.scramble, {"early": record}),

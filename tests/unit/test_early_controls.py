@@ -11,6 +11,7 @@ import transformers
 from perm_core.engine import symmetries
 from perm_core.engine.symmetries import Control
 from perm_core.models.random_models import DEFAULT_CLASSES, build_random_model, random_config, random_inputs, randomize_
+from perm_core.run import vocabulary
 from perm_core.run.numerics import use_exact_numerics
 from perm_core.verify import check as check_module
 from perm_core.verify.check import BROKEN_AT, Subject, run_control
@@ -76,3 +77,62 @@ def test_a_one_block_model_runs_its_controls_in_full():
     assert check_module._early_break(subject, control) is None
     result = run_control(subject, control, original)
     assert result.measured_on == "every traced tensor" and result.broken
+
+
+def early_error_without_the_cut(monkeypatch, subject: Subject, control: Control) -> float:
+    with monkeypatch.context() as patch:
+        patch.setattr(check_module, "cut_to_rows_read", lambda model, geometry, inputs, params, claims:
+                      (params, inputs))
+        return check_module._early_break(subject, control)[0]
+
+
+@pytest.mark.parametrize("family", ("bert", "gpt2", "llama", "gemma3"))
+def test_the_early_measure_reads_only_the_inputs_rows_of_the_vocabulary_and_gives_the_same_error(
+        family, monkeypatch):
+    """The early measure transforms the vocabulary table cut to the rows the input reads (perm_core.run.vocabulary):
+    every control's error is the very number the whole table gives, and the cut is what runs."""
+    subject = subject_of(family)
+    ids = subject.inputs["input_ids"]
+    name = vocabulary.input_table_name(subject.model)
+    params, inputs = vocabulary.cut_to_rows_read(subject.model, subject.geometry, subject.inputs, subject.params,
+                                                 subject.claims)
+    assert params[name].shape[0] == len(ids.unique()) < subject.params[name].shape[0]
+    assert torch.equal(params[name][inputs["input_ids"]], subject.params[name][ids])  # the same rows, renumbered
+    names = [n for n in symmetries.SYMMETRIES if n not in subject.geometry.not_holding()]
+    for control in [c for n in names for c in symmetries.controls(n, 21, subject.geometry, subject.n_tokens)]:
+        assert check_module._early_break(subject, control)[0] == early_error_without_the_cut(
+            monkeypatch, subject, control), control.name
+
+
+def test_a_wrong_renumbering_of_the_cut_table_is_seen(monkeypatch):
+    """The negative control of the cut: ids that point at the wrong rows change the early input."""
+    subject = subject_of("gpt2")
+    control = next(c for c in symmetries.controls("channels", 21, subject.geometry) if c.name == "residual_rotation")
+    right = check_module._early_break(subject, control)[0]
+    cut = vocabulary.cut_to_rows_read
+
+    def shifted(*args):
+        params, inputs = cut(*args)
+        return params, {**inputs, "input_ids": (inputs["input_ids"] + 1) % inputs["input_ids"].max()}
+
+    monkeypatch.setattr(check_module, "cut_to_rows_read", shifted)
+    assert check_module._early_break(subject, control)[0] != right
+
+
+def test_the_cut_keeps_a_padding_row_the_lookup_needs_and_leaves_other_inputs_alone():
+    config = random_config("bert")
+    config.pad_token_id = config.vocab_size - 1  # beyond the rows the input reads: the lookup asks for it
+    model = randomize_(getattr(transformers, DEFAULT_CLASSES["bert"])(config).to(torch.float64), seed=4).eval()
+    use_exact_numerics(model)
+    subject = Subject(model, random_inputs("bert", model, seed=4))
+    name = vocabulary.input_table_name(model)
+    params, inputs = vocabulary.cut_to_rows_read(model, subject.geometry, subject.inputs, subject.params,
+                                                 subject.claims)
+    assert params[name].shape[0] == config.pad_token_id + 1
+    for element in (subject.build({"channels": 21}), subject.build({"heads": 21})):
+        assert check_module._early_break(subject, Control("channels", "intended", "", lambda e=element: e))[0] < 1e-12
+    for family in ("t5", "vit", "roberta"):  # decoder ids, pixels, position ids counted from the ids
+        other = subject_of(family)
+        params, inputs = vocabulary.cut_to_rows_read(other.model, other.geometry, other.inputs, other.params,
+                                                     other.claims)
+        assert params is other.params and inputs is other.inputs, family
