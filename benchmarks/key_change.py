@@ -90,10 +90,14 @@ def measure(name: str, repeats: int, with_check: bool) -> dict:
         with torch.no_grad():
             loaded.model(**bare_kwargs)
 
+    fresh_parts = []  # per timed fresh run: its own parts (Exploration.run's seconds)
+
     def fresh():
         TENSORS.clear()
         k = next(counter)
-        return explorer.run({s: k for s in SYMMETRIES})
+        result = explorer.run({s: k for s in SYMMETRIES})
+        fresh_parts.append(result.seconds)
+        return result
 
     def change(symmetry):
         return lambda: explorer.run({**base, symmetry: next(counter)})
@@ -129,6 +133,12 @@ def measure(name: str, repeats: int, with_check: bool) -> dict:
     for case in written:
         row[f"{case}_floor"] = 1 + row.pop(f"{case}_copy_ratio")
     row["cache_mb"] = TENSORS.bytes / 2**20
+    # A fresh key's parts: drawing its keys (apart, on new keys), building its parameters (the keys included),
+    # the traced forward and un-scrambling and comparing, each over the bare forward
+    keys_s = median_time(lambda: explorer.scramble_for({s: next(counter) for s in SYMMETRIES}), max(repeats, 3))
+    parts = {part: statistics.median(p[part] for p in fresh_parts[-repeats:]) / row["bare_s"]
+             for part in ("params", "trace", "compare")}
+    row["fresh_parts"] = {"keys": keys_s / row["bare_s"], "keys+params": parts.pop("params"), **parts}
     row["passed"] = explorer.run({s: next(counter) for s in SYMMETRIES}).passed
     if with_check:
         keep_freed_memory()  # as the CLI does; from here on for the whole process
@@ -147,8 +157,12 @@ def measure(name: str, repeats: int, with_check: bool) -> dict:
 
         forward_backward()
         passes = 1 + len({c.symmetry for c in report.checks if c.note == ""})  # the original and each step
-        row["check_floor"] = passes * median_time(forward_backward, 3) / row["bare_s"]
+        pass_s = median_time(forward_backward, 3)
+        row["check_floor"] = passes * pass_s / row["bare_s"]
         row["check_passes"] = passes
+        # The check's parts in float64 passes: the original and each step's run (each one pass of the floor), and
+        # what the floor leaves out: the oracle's stock forward and the negative controls
+        row["check_parts"] = {part: seconds / pass_s for part, seconds in report.seconds.items()}
     return row
 
 
@@ -205,6 +219,12 @@ def main() -> None:
                  f"(float64 load {r['check_load_s']:.1f} s apart)" if "check_s" in r else ""), flush=True)
         print(against_floors(r) + f"; the run that traced the graph: {r['tracing_run_s']:.2f} s "
               f"({r['tracing_run_s'] / r['bare_s']:.1f}x the bare forward)", flush=True)
+        print("    fresh key's parts, in bare forwards: " + ", ".join(
+            f"{part} {value:.2f}" for part, value in r["fresh_parts"].items())
+              + f" (the floor: 1 + a copy {r['fresh_floor'] - 1:.2f})", flush=True)
+        if "check_parts" in r:
+            print(f"    check's parts, in float64 forward+backward passes (the floor counts {r['check_passes']}): "
+                  + ", ".join(f"{part} {value:.2f}" for part, value in r["check_parts"].items()), flush=True)
 
 
 if __name__ == "__main__":

@@ -8,9 +8,11 @@ all break. The error rules (own scale, floors for exact zeros, float32 round-off
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import math
+import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
@@ -137,6 +139,8 @@ class Report:
     not_symmetries: list[NotSymmetry] = field(default_factory=list)
     restricted: dict[str, str] = field(default_factory=dict)  # symmetry -> the restricted form checked, and why
     oracle: OracleResult | None = None  # the original run against transformers' own forward (oracle.py)
+    # Wall seconds of each part (original, oracle, checks, controls, not_symmetries); not part of the verdict
+    seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -604,8 +608,11 @@ def check(model, inputs: dict, symmetry_names=symmetries.SYMMETRIES, key: int | 
                     {name: key_of[name] for name in names})
     if progress:
         progress(0.0, "original run" + (" and its gradients" if backward else ""))
-    original = subject.trace(backward=backward)
-    report.oracle = oracle.consult(subject, original)
+    clock = _PartClock(report.seconds)
+    with clock("original"):
+        original = subject.trace(backward=backward)
+    with clock("oracle"):
+        report.oracle = oracle.consult(subject, original)
     not_holding = subject.geometry.not_holding()
     missing = [name for name in names if name in not_holding]
     names = [name for name in names if name not in not_holding]
@@ -631,17 +638,36 @@ def check(model, inputs: dict, symmetry_names=symmetries.SYMMETRIES, key: int | 
     for name in steps:
         advance(f"checking {name}")
         keys = {n: key_of[n] for n in names} if name == "all" else {name: key_of[name]}
-        report.checks.extend(check_scramble(subject, subject.build(keys), name, original, backward))
+        with clock("checks"):
+            report.checks.extend(check_scramble(subject, subject.build(keys), name, original, backward))
         for control in controls.get(name, []):
             advance(f"{name}: control {control.name}")
-            report.controls.append(explain_unbroken(subject, control, run_control(subject, control, original)))
+            with clock("controls"):
+                report.controls.append(explain_unbroken(subject, control, run_control(subject, control, original)))
     for name in missing:
         advance(f"{name}: measuring why it does not hold")
         scramble = subject.build({name: key_of[name]})
-        report.not_symmetries.append(NotSymmetry(name, not_holding[name], measure_break(subject, scramble, original)))
+        with clock("not_symmetries"):
+            broken_by = measure_break(subject, scramble, original)
+        report.not_symmetries.append(NotSymmetry(name, not_holding[name], broken_by))
     if progress:
         progress(1.0, "done")
     return report
+
+
+class _PartClock:
+    """`with clock(part):` adds the block's wall seconds to seconds[part]."""
+
+    def __init__(self, seconds: dict[str, float]):
+        self.seconds = seconds
+
+    @contextlib.contextmanager
+    def __call__(self, part: str):
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[part] = self.seconds.get(part, 0.0) + time.perf_counter() - started
 
 
 def worst_check(report: Report) -> float:
