@@ -18,6 +18,9 @@ check       (--check) `check` in float64, every symmetry both directions and eve
             Its floor: the check's scrambled runs plus the
             original, each at least one float64 forward and backward of the stock model (nothing recorded),
             against the same bare float32 forward
+parts       below each model: a fresh key's parts (its keys drawn, its parameters built, the traced forward,
+            comparing) in bare forwards; the key changes over their floors plus what the design adds that the
+            floor leaves out; and the check's parts in float64 forward+backward passes
 Text models run on 128 tokens, image models on one 224x224 image. Timings are medians; each ratio is
 the median over repeats of one timed case divided by the mean of the bare forwards just before and after
 it, because timings here swing by several times while other work runs.
@@ -40,6 +43,7 @@ from perm_core.engine.symmetries import SYMMETRIES  # noqa: E402
 from perm_core.engine.tokens import model_inputs  # noqa: E402
 from perm_core.explore.exploration import Exploration  # noqa: E402
 from perm_core.families import family_of  # noqa: E402
+from perm_core.fast.graph_forward import GRAPH_MAX_BYTES  # noqa: E402
 from perm_core.fast.param_cache import TENSORS  # noqa: E402
 from perm_core.models.registry import load_model  # noqa: E402
 from perm_core.run.malloc import keep_freed_memory  # noqa: E402
@@ -133,6 +137,7 @@ def measure(name: str, repeats: int, with_check: bool) -> dict:
     for case in written:
         row[f"{case}_floor"] = 1 + row.pop(f"{case}_copy_ratio")
     row["cache_mb"] = TENSORS.bytes / 2**20
+    row["packs"] = sum(p.numel() * p.element_size() for p in explorer.subject.params.values()) <= GRAPH_MAX_BYTES
     # A fresh key's parts: drawing its keys (apart, on new keys), building its parameters (the keys included),
     # the traced forward and un-scrambling and comparing, each over the bare forward
     keys_s = median_time(lambda: explorer.scramble_for({s: next(counter) for s in SYMMETRIES}), max(repeats, 3))
@@ -194,6 +199,19 @@ def against_floors(row: dict) -> str:
     return f"  {row['model']} against its floors: " + ", ".join(parts)
 
 
+def with_design_costs(row: dict) -> str:
+    """Each key change's ratio over its floor plus what the design adds to it and the floor leaves out: a model
+    with a graph packs every weight into the graph's flat buffers on every run (one more copy of all of them,
+    perm_core.fast.graph_forward), and a fresh key also draws its keys and compares what it traced."""
+    pack = row["fresh_floor"] - 1 if row["packs"] else 0.0
+    extra = {"fresh": pack + row["fresh_parts"]["keys"] + row["fresh_parts"]["compare"],
+             "mlp_key": pack, "tokens_key": pack}
+    packed = f"a packed copy of every weight {pack:.2f}, " if pack else "no graph, "
+    return (f"    counting what the design adds ({packed}and for a fresh key its keys and comparing): " + ", ".join(
+                f"{case.replace('_', ' ')} {row[f'{case}_ratio'] / (row[f'{case}_floor'] + add):.2f}x"
+                for case, add in extra.items()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(MODELS))
@@ -219,6 +237,7 @@ def main() -> None:
                  f"(float64 load {r['check_load_s']:.1f} s apart)" if "check_s" in r else ""), flush=True)
         print(against_floors(r) + f"; the run that traced the graph: {r['tracing_run_s']:.2f} s "
               f"({r['tracing_run_s'] / r['bare_s']:.1f}x the bare forward)", flush=True)
+        print(with_design_costs(r), flush=True)
         print("    fresh key's parts, in bare forwards: " + ", ".join(
             f"{part} {value:.2f}" for part, value in r["fresh_parts"].items())
               + f" (the floor: 1 + a copy {r['fresh_floor'] - 1:.2f})", flush=True)
