@@ -14,8 +14,8 @@ class RecordingBudget(run_budget.RunBudget):
         super().__init__(max_bytes)
         self.taken: list[int] = []
 
-    def take(self, nbytes, while_waiting=None, every_s=0.5, page=False):
-        super().take(nbytes, while_waiting, every_s, page)
+    def take(self, nbytes, while_waiting=None, every_s=0.5, page=False, own=0):
+        super().take(nbytes, while_waiting, every_s, page, own)
         self.taken.append(nbytes)
 
 

@@ -411,3 +411,50 @@ def test_a_check_counts_its_measured_copies_by_direction(monkeypatch):
     # two copies of the same weights still fit: key changes do not wait for it
     budget, weights = RunBudget(384 << 20), 88 << 20
     assert 2 * weights <= budget.page_cap and 2 * weights + 2 * weights + (30 << 20) <= budget.max_bytes
+
+
+def test_a_page_holding_its_result_is_not_kept_waiting_by_itself_for_a_run_larger_than_the_budget(monkeypatch):
+    """Backward on minilm in float64 drew its gradients (247 MB held) and then asked for its SGD run (520 MB, more
+    than the 384 MB budget): a run that large goes in alone, and the page waited for its own result forever."""
+    budget = RunBudget(100)
+    monkeypatch.setattr(run_budgets, "RUN_BUDGET", budget)
+    cache = runs.TensorCache(1 << 20)
+    monkeypatch.setattr(runs, "_page_cache", lambda: cache)
+    gradients, lockstep = torch.zeros(15), torch.zeros(5)  # 60 and 20 bytes
+    finished = []
+
+    def page():
+        with runs.page_runs(budget) as shared:
+            shared.result(runs.PageRequest("backward/gradients", ("k",), nbytes=80), lambda: gradients)
+            seen = []
+            shared.result(runs.PageRequest("backward/lockstep", ("k",), nbytes=250),
+                          lambda: seen.append(budget.used) or lockstep)
+            finished.append(seen[0])
+
+    thread = threading.Thread(target=page, daemon=True)
+    thread.start()
+    thread.join(WAIT_S)
+    assert finished == [60 + 250]  # its own 60 bytes held, the large run in beside them
+    assert budget.used == 0 and budget._queue == []
+
+
+def test_a_run_larger_than_the_budget_still_waits_for_what_others_hold():
+    """The negative control: only the caller's own bytes are set aside; another run's keep it waiting."""
+    budget, done = RunBudget(100), []
+    budget.take(60, own=0)  # the page's own result
+    budget.take(10)  # another visitor's run
+    large = taking(budget, 250, done, "large", page=True, own=60)
+    waiting(budget, 1)
+    time.sleep(0.1)
+    assert done == []
+    budget.give(10)
+    large.join(WAIT_S)
+    assert done == ["large"] and budget.used == 310
+    no_own = taking(budget, 250, done, "no own", page=True)  # without `own`, its own bytes would keep it out
+    waiting(budget, 1)
+    time.sleep(0.1)
+    assert done == ["large"]
+    budget.give(250, page=True)
+    budget.give(60)
+    no_own.join(WAIT_S)
+    assert done == ["large", "no own"]

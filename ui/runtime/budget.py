@@ -35,6 +35,7 @@ PAGE_PATIENCE_S = 2.0
 class _Waiting:
     nbytes: int
     page: bool
+    own: int = 0  # of what is held, the bytes the waiting run's own page holds already (its drawn results)
     since: float = field(default_factory=time.monotonic)
 
 
@@ -58,7 +59,9 @@ class RunBudget:
         head = next(waiting for waiting in self._queue if waiting.page == run.page)
         if not run.page and not small and self._page_run_starving():
             return False
-        within = self.used == 0 or self.used + run.nbytes <= self.max_bytes
+        # "Alone" counts only others' bytes: a page that holds its first result and asks for a run larger than the
+        # budget would otherwise wait for itself forever (Backward on minilm in float64: 247 MB held, 520 MB asked)
+        within = self.used == run.own or self.used + run.nbytes <= self.max_bytes
         if run.page:
             within = within and self._within_page_share(run.nbytes)
         return (head is run or small) and within
@@ -73,11 +76,12 @@ class RunBudget:
         return (first is not None and time.monotonic() - first.since >= PAGE_PATIENCE_S
                 and self._within_page_share(first.nbytes))
 
-    def take(self, nbytes: int, while_waiting=None, every_s: float = 0.5, page: bool = False) -> None:
+    def take(self, nbytes: int, while_waiting=None, every_s: float = 0.5, page: bool = False, own: int = 0) -> None:
         """Take nbytes once they fit and every run of its kind that came earlier has gone in. while_waiting(seconds)
         is called every `every_s` seconds of a wait; if it raises (Streamlit stopping the run), nothing is taken
-        and the run leaves the queue. page: a page run's bytes (the page runs' share)."""
-        run = _Waiting(nbytes, page)
+        and the run leaves the queue. page: a page run's bytes (the page runs' share). own: the bytes the caller's
+        page already holds (they count as held, but a run larger than the budget need not wait for them)."""
+        run = _Waiting(nbytes, page, own)
         with self._turns:
             self._queue.append(run)
             try:
@@ -123,12 +127,13 @@ class _WaitNotice:
             self._box.empty()
 
 
-def take(budget: RunBudget, nbytes: int, page: bool = False) -> None:
-    """Take nbytes of the budget (page: a page run's); a visitor who has to wait is told why, every half second."""
+def take(budget: RunBudget, nbytes: int, page: bool = False, own: int = 0) -> None:
+    """Take nbytes of the budget (page: a page run's; own: what the caller's page holds already, RunBudget.take); a
+    visitor who has to wait is told why, every half second."""
     notice = _WaitNotice()
     budget.take(nbytes, lambda seconds: notice.show(
         f"Waiting for memory: this server keeps at most {budget.max_bytes / 2**20:.0f} MB of runs at once, for all "
-        f"its visitors ({seconds:.0f} s so far)."), page=page)
+        f"its visitors ({seconds:.0f} s so far)."), page=page, own=own)
     try:
         notice.clear()
     except BaseException:  # Streamlit stopping the run here: it never holds what it took
@@ -157,13 +162,14 @@ def page_run_bytes(*models: str, dtype_name: str = "float32", copies: float = PA
 
 
 @contextmanager
-def page_slot(nbytes: int = 0):
-    """nbytes of the run budget (page_run_bytes) from the page runs' share, then one of the page run slots. Memory
+def page_slot(nbytes: int = 0, own: int = 0):
+    """nbytes of the run budget (page_run_bytes) from the page runs' share (own: what the page holds already, as
+    RunBudget.take counts it), then one of the page run slots. Memory
     first: a large run waiting for the page runs' share holds no slot, so a small one (digits-vit) is not held up
     by it. A visitor who has to wait is told why, and the notice is redrawn every half second, which is where
     Streamlit can stop this run if the visitor leaves."""
     budget = RUN_BUDGET
-    take(budget, nbytes, page=True)
+    take(budget, nbytes, page=True, own=own)
     try:
         notice, start = _WaitNotice(), time.monotonic()
         while not _page_slots.acquire(timeout=0.5):

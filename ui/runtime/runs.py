@@ -72,7 +72,7 @@ class PageRuns:
         value = _page_cache().get((request.page, request.settings))
         if value is not None:
             nbytes = param_cache.tensor_bytes(value)
-            budget.take(self._budget, nbytes)
+            budget.take(self._budget, nbytes, own=self.held)
             self.held += nbytes
         return value
 
@@ -80,9 +80,10 @@ class PageRuns:
         """The shared result, computed in a page slot holding request.nbytes of the run budget, outside any lock
         (compute can draw progress)."""
         value = _computed_once(_page_cache(), (request.page, request.settings), compute,
-                               (lambda: budget.page_slot(request.nbytes)) if request.in_slot else nullcontext)
+                               (lambda: budget.page_slot(request.nbytes, own=self.held)) if request.in_slot
+                               else nullcontext)
         nbytes = param_cache.tensor_bytes(value)
-        budget.take(self._budget, nbytes)
+        budget.take(self._budget, nbytes, own=self.held)
         self.held += nbytes
         return value
 
