@@ -13,19 +13,18 @@ caches (perm_core.fast.param_cache, ui.compute).
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from perm_core.run.malloc import SERVER_ENVIRONMENT  # noqa: E402
+from benchmarks.classroom_report import start_streamlit  # noqa: E402
 
 ZOO = ("dinov2-s", "digits-vit", "digits-vit-b", "minilm", "smollm2-135m", "gemma3-270m", "random:vit",
        "random:bert", "random:gpt2", "random:llama", "random:gemma3", "random:dinov2")
@@ -48,23 +47,15 @@ def memory_now(pid: int) -> str:
 
 
 def start_server() -> tuple[subprocess.Popen, str]:
+    """The app on a free loopback port, as make run serves it (start_streamlit), logging to a temporary file."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.address", "127.0.0.1",
-         "--server.port", str(port), "--server.headless", "true", "--server.fileWatcherType", "none"],
-        cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1", **SERVER_ENVIRONMENT}, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(180):
-        try:
-            urllib.request.urlopen(url + "/_stcore/health", timeout=2)
-            return server, url
-        except OSError:
-            time.sleep(0.5)
-    server.kill()
-    raise SystemExit("streamlit did not start")
+    log = Path(tempfile.mkstemp(prefix="memory-tour-", suffix=".log")[1])
+    try:
+        return start_streamlit(port, log, {}, healthy_within_s=90)
+    except RuntimeError as error:
+        raise SystemExit(str(error)) from None
 
 
 def settle(page) -> None:
