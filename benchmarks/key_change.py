@@ -43,7 +43,7 @@ from perm_core.engine.symmetries import SYMMETRIES  # noqa: E402
 from perm_core.engine.tokens import model_inputs  # noqa: E402
 from perm_core.explore.exploration import Exploration  # noqa: E402
 from perm_core.families import family_of  # noqa: E402
-from perm_core.fast.graph_forward import GRAPH_MAX_BYTES  # noqa: E402
+from perm_core.fast.graph_forward import fits_a_graph  # noqa: E402
 from perm_core.fast.param_cache import TENSORS  # noqa: E402
 from perm_core.models.registry import load_model  # noqa: E402
 from perm_core.run.malloc import keep_freed_memory  # noqa: E402
@@ -137,7 +137,7 @@ def measure(name: str, repeats: int, with_check: bool) -> dict:
     for case in written:
         row[f"{case}_floor"] = 1 + row.pop(f"{case}_copy_ratio")
     row["cache_mb"] = TENSORS.bytes / 2**20
-    row["packs"] = sum(p.numel() * p.element_size() for p in explorer.subject.params.values()) <= GRAPH_MAX_BYTES
+    row["packs"] = fits_a_graph(explorer.subject.params)
     # A fresh key's parts: drawing its keys (apart, on new keys), building its parameters (the keys included),
     # the traced forward and un-scrambling and comparing, each over the bare forward
     keys_s = median_time(lambda: explorer.scramble_for({s: next(counter) for s in SYMMETRIES}), max(repeats, 3))

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -48,12 +47,11 @@ def memory_now(pid: int) -> str:
 
 def start_server() -> tuple[subprocess.Popen, str]:
     """The app on a free loopback port, as make run serves it (start_streamlit), logging to a temporary file."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from tests.e2e.conftest import _free_port
+
     log = Path(tempfile.mkstemp(prefix="memory-tour-", suffix=".log")[1])
     try:
-        return start_streamlit(port, log, {}, healthy_within_s=90)
+        return start_streamlit(_free_port(), log, {}, healthy_within_s=90)
     except RuntimeError as error:
         raise SystemExit(str(error)) from None
 

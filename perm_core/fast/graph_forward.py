@@ -284,12 +284,17 @@ def graph_for(model: torch.nn.Module, params: dict, kwargs: dict, module=None) -
 GRAPH_MAX_BYTES = 256 << 20  # each run copies the parameters into flat buffers: small models only
 
 
+def fits_a_graph(params: dict) -> bool:
+    """Whether a forward on these parameters may run as a graph: small enough to pack on every run, and eligible."""
+    return sum(p.numel() * p.element_size() for p in params.values()) <= GRAPH_MAX_BYTES and eligible(params)
+
+
 def forward(model: torch.nn.Module, params: dict, kwargs: dict):
     """The model's output fields from its graph (with a capture.capturing request of this thread answered), or
     None where there is no graph: a large model, a stopping capture, or a model that refused to be traced."""
     if model.training:  # dropout draws random numbers per run
         return None
-    if sum(p.numel() * p.element_size() for p in params.values()) > GRAPH_MAX_BYTES or not eligible(params):
+    if not fits_a_graph(params):
         return None
     if not all(torch.is_tensor(v) or isinstance(v, (bool, int, float, str, type(None))) or isinstance(v, dict)
                and all(map(torch.is_tensor, v.values())) for v in kwargs.values()):

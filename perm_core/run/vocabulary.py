@@ -16,16 +16,16 @@ import torch
 TEXT_KINDS = ("causal-text", "bidirectional-text")
 
 
-def input_table_name(model: torch.nn.Module) -> str | None:
-    """The parameter name of the model's input embedding table, or None."""
+def input_table(model: torch.nn.Module) -> tuple[str | None, torch.nn.Module | None]:
+    """(the parameter name of the model's input embedding table, its module), or (None, None)."""
     try:
         table = model.get_input_embeddings()
     except (AttributeError, NotImplementedError):
-        return None
+        return None, None
     for name, module in model.named_modules():
         if module is table:
-            return f"{name}.weight" if name else "weight"
-    return None
+            return (f"{name}.weight" if name else "weight"), table
+    return None, None
 
 
 def cut_to_rows_read(model: torch.nn.Module, geometry, inputs: dict, params: dict[str, torch.Tensor],
@@ -34,12 +34,12 @@ def cut_to_rows_read(model: torch.nn.Module, geometry, inputs: dict, params: dic
     both unchanged where the cut does not apply or would not be smaller."""
     if geometry.input_kind not in TEXT_KINDS or geometry.position_offset or not inputs or "input_ids" not in inputs:
         return params, inputs
-    name = input_table_name(model)
+    name, module = input_table(model)
     if name not in params or claims[name].rule.axes[0] is not None:  # a transform acting on rows: no cut
         return params, inputs
     table = params[name]
     rows, renumbered = torch.unique(inputs["input_ids"], return_inverse=True)
-    padding = getattr(model.get_input_embeddings(), "padding_idx", None)
+    padding = getattr(module, "padding_idx", None)
     if padding is not None and padding >= len(rows):  # the lookup requires padding_idx to be a row of the table
         rows = torch.cat([rows, rows.new_zeros(padding + 1 - len(rows))])
     if len(rows) >= table.shape[0]:

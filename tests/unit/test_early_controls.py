@@ -93,7 +93,7 @@ def test_the_early_measure_reads_only_the_inputs_rows_of_the_vocabulary_and_give
     every control's error is the very number the whole table gives, and the cut is what runs."""
     subject = subject_of(family)
     ids = subject.inputs["input_ids"]
-    name = vocabulary.input_table_name(subject.model)
+    name, _ = vocabulary.input_table(subject.model)
     params, inputs = vocabulary.cut_to_rows_read(subject.model, subject.geometry, subject.inputs, subject.params,
                                                  subject.claims)
     assert params[name].shape[0] == len(ids.unique()) < subject.params[name].shape[0]
@@ -125,7 +125,7 @@ def test_the_cut_keeps_a_padding_row_the_lookup_needs_and_leaves_other_inputs_al
     model = randomize_(getattr(transformers, DEFAULT_CLASSES["bert"])(config).to(torch.float64), seed=4).eval()
     use_exact_numerics(model)
     subject = Subject(model, random_inputs("bert", model, seed=4))
-    name = vocabulary.input_table_name(model)
+    name, _ = vocabulary.input_table(model)
     params, inputs = vocabulary.cut_to_rows_read(model, subject.geometry, subject.inputs, subject.params,
                                                  subject.claims)
     assert params[name].shape[0] == config.pad_token_id + 1

@@ -164,10 +164,9 @@ def page_run_bytes(*models: str, dtype_name: str = "float32", copies: float = PA
 @contextmanager
 def page_slot(nbytes: int = 0, own: int = 0):
     """nbytes of the run budget (page_run_bytes) from the page runs' share (own: what the page holds already, as
-    RunBudget.take counts it), then one of the page run slots. Memory
-    first: a large run waiting for the page runs' share holds no slot, so a small one (digits-vit) is not held up
-    by it. A visitor who has to wait is told why, and the notice is redrawn every half second, which is where
-    Streamlit can stop this run if the visitor leaves."""
+    RunBudget.take counts it), then one of the page run slots. Memory first: a large run waiting for the page runs'
+    share holds no slot, so a small one (digits-vit) is not held up by it. A visitor who has to wait is told why, and
+    the notice is redrawn every half second, which is where Streamlit can stop this run if the visitor leaves."""
     budget = RUN_BUDGET
     take(budget, nbytes, page=True, own=own)
     try:
