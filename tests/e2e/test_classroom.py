@@ -71,10 +71,11 @@ def test_three_students_at_once(tmp_path):
     assert set(peak["in_flight"]) == {"run_budget_bytes_held", "runs_waiting_for_memory",
                                       "explore_runs_computing", "page_runs"}
     assert peak["caches"]["results"] > 0 and peak["caches"]["params"] > 0  # Explore's runs were kept
-    assert peak["heap_in_use"] + peak["own_mappings"] >= sum(peak["caches"].values())
-    # the server's peak is its VmHWM as its audit read it at exit: above every resident size sampled before
-    assert figures["memory"]["server_peak_rss_bytes"] == figures["memory"]["split"]["peak_rss_bytes"]
-    assert peak["file_backed"] < peak["resident"] <= figures["memory"]["server_peak_rss_bytes"]
+    # The server's peak is the larger of two readings of its VmHWM (sampled while it ran, read by its audit at
+    # exit): never below the audit's. Readings taken at different moments (the split's resident size, the heap)
+    # are not compared with it: memory moves between them.
+    assert figures["memory"]["server_peak_rss_bytes"] >= figures["memory"]["split"]["peak_rss_bytes"] > 0
+    assert peak["file_backed"] < peak["resident"]  # one reading of /proc/self/statm: shared pages are resident
 
 
 TINY_APP = """

@@ -70,6 +70,6 @@ def test_the_watch_writes_the_split_at_a_new_peak_and_at_exit(tmp_path):
     assert figures["peak"]["seconds"] > 0.5
     trimmed = figures["at_exit_trimmed"]  # the 125 MiB freed among live blocks went back only then
     assert trimmed["resident"] < figures["at_exit"]["resident"] - (64 << 20)
-    # the lifetime peak (VmHWM) bounds every resident size the watch sampled, and held the 128 MiB tensor
-    assert figures["peak_rss_bytes"] >= max(figures["peak"]["resident"], figures["at_exit"]["resident"])
-    assert figures["peak_rss_bytes"] >= 2**27
+    # The lifetime peak (VmHWM) held at once what the script touched before it freed anything: the 128 MiB tensor
+    # and the 2000 pairs of blocks. Not compared with the sampled sizes: two readings of a moving quantity.
+    assert figures["peak_rss_bytes"] >= 2**27 + 2000 * 4 * (2**14 + 2**12)
