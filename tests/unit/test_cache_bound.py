@@ -56,7 +56,7 @@ def test_explore_runs_at_most_two_of_a_model_at_once_and_a_waiting_session_reuse
     from ui.runtime import budget, runs
 
     cache = param_cache.TensorCache(max_bytes=2**20)
-    running, most, calls, lock = [0], [0], [], threading.Lock()
+    running, most, calls, lock, two_in = [0], [0], [], threading.Lock(), threading.Event()
 
     def work(key):
         def run():
@@ -64,6 +64,9 @@ def test_explore_runs_at_most_two_of_a_model_at_once_and_a_waiting_session_reuse
                 running[0] += 1
                 most[0] = max(most[0], running[0])
                 calls.append(key)
+                if running[0] == 2:
+                    two_in.set()
+            two_in.wait(5)  # the first run stays in until a second is: the cap is reached whatever the scheduler does
             time.sleep(0.01 if key == 1 else 0.2)  # the shared link's run ends long before the others
             with lock:
                 running[0] -= 1
@@ -90,13 +93,16 @@ def test_other_pages_run_at_most_two_at_once_process_wide_and_a_failed_run_frees
 
     from ui.runtime import budget, runs
 
-    running, most, lock = [0], [0], threading.Lock()
+    running, most, lock, two_in = [0], [0], threading.Lock(), threading.Event()
 
     def work(page, key):
         def run():
             with lock:
                 running[0] += 1
                 most[0] = max(most[0], running[0])
+                if running[0] == 2:
+                    two_in.set()
+            two_in.wait(5)  # as above: a second run is in before the first leaves, however slow the threads start
             time.sleep(0.1)
             with lock:
                 running[0] -= 1

@@ -16,6 +16,21 @@ from ui.runtime.budget import RunBudget
 WAIT_S = 5.0
 
 
+class AdmissionOrder(RunBudget):
+    """A RunBudget that notes each run's bytes as it goes in, under the budget's own lock: the order the runs are
+    admitted in. The order their threads then append to a list is the scheduler's, and is not asserted."""
+
+    def __init__(self, max_bytes: int):
+        super().__init__(max_bytes)
+        self.admitted: list[int] = []
+
+    def _fits(self, run) -> bool:
+        fits = super()._fits(run)
+        if fits:  # each run's wait ends at the first call that says it fits, and it goes in under the same lock
+            self.admitted.append(run.nbytes)
+        return fits
+
+
 def taking(budget: RunBudget, nbytes: int, done: list, name: str, **kwargs) -> threading.Thread:
     """A run taking nbytes in its own thread; its name goes into `done` once it is in."""
     def run():
@@ -51,7 +66,7 @@ def test_a_run_past_the_budget_waits_until_bytes_are_given_back():
 
 def test_runs_go_in_first_come_first_served():
     """The third run's 30 bytes fit beside the first's 60, but the second came earlier and waits for 50."""
-    budget, done = RunBudget(100), []
+    budget, done = AdmissionOrder(100), []
     budget.take(60)
     second = taking(budget, 50, done, "second")
     waiting(budget, 1)
@@ -62,7 +77,8 @@ def test_runs_go_in_first_come_first_served():
     budget.give(60)
     second.join(WAIT_S)
     third.join(WAIT_S)
-    assert done == ["second", "third"] and budget.used == 80
+    assert sorted(done) == ["second", "third"] and budget.used == 80
+    assert budget.admitted == [60, 50, 30]
 
 
 def test_a_small_run_goes_in_beside_a_waiting_large_one():
@@ -290,7 +306,7 @@ def test_a_key_change_does_not_queue_behind_a_page_run_waiting_for_memory():
     check.join(WAIT_S)
     assert done == ["key change", "check"] and budget.used == budget.page_used == 40
 
-    single_line, done = RunBudget(100), []
+    single_line, done = AdmissionOrder(100), []
     single_line.take(50)
     second = taking(single_line, 60, done, "second")
     waiting(single_line, 1)
@@ -301,7 +317,7 @@ def test_a_key_change_does_not_queue_behind_a_page_run_waiting_for_memory():
     single_line.give(50)
     second.join(WAIT_S)
     third.join(WAIT_S)
-    assert done == ["second", "third"]
+    assert sorted(done) == ["second", "third"] and single_line.admitted == [50, 60, 40]
 
 
 def test_page_runs_together_hold_at_most_their_share_and_one_larger_runs_alone_among_them():
@@ -325,7 +341,7 @@ def test_page_runs_together_hold_at_most_their_share_and_one_larger_runs_alone_a
 
 def test_a_page_run_kept_waiting_by_key_changes_stops_new_ones_until_it_is_in(monkeypatch):
     monkeypatch.setattr(run_budgets, "PAGE_PATIENCE_S", 0.2)
-    budget, done = RunBudget(100), []
+    budget, done = AdmissionOrder(100), []
     budget.take(80)  # key changes computing
     check = taking(budget, 40, done, "check", page=True)
     waiting(budget, 1)
@@ -338,7 +354,8 @@ def test_a_page_run_kept_waiting_by_key_changes_stops_new_ones_until_it_is_in(mo
     budget.give(90)
     check.join(WAIT_S)
     late.join(WAIT_S)
-    assert done == ["check", "late key change"] and budget.used == 50
+    assert sorted(done) == ["check", "late key change"] and budget.used == 50
+    assert budget.admitted == [80, 10, 40, 10]  # the check before the late key change
 
 
 def test_a_small_page_run_is_not_held_up_by_a_large_one_waiting_for_memory(monkeypatch):

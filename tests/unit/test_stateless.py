@@ -2,6 +2,7 @@
 perm_core.run.stateless.functional_call keeps it, and each session computes with its own (found by
 benchmarks/classroom.py)."""
 
+import itertools
 import threading
 import time
 
@@ -13,31 +14,49 @@ from perm_core.run.stateless import functional_call, model_lock, own_dtype, own_
 
 
 class SlowLinear(torch.nn.Module):
-    """A linear layer whose forward takes long enough for another thread to step in mid-call."""
+    """A linear layer whose forward pauses mid-call (50 ms, or until `pause` returns) for another thread to step in."""
 
-    def __init__(self):
+    def __init__(self, pause=lambda: time.sleep(0.05)):
         super().__init__()
         self.linear = torch.nn.Linear(4, 3)
+        self.pause = pause
 
     def forward(self, x):
-        time.sleep(0.05)
+        self.pause()
         return self.linear(x)
 
 
 def _two_sessions(call) -> tuple[SlowLinear, dict, dict]:
+    """Session a's forward, then b's, overlapping by events, not by sleeps: a's forward waits (1 s at most) for b's
+    to begin, and b's for a's call to end. Without a lock b swaps its weights in mid-call of a's and, ending last,
+    puts back what it found (a's); with the lock b cannot begin, so a goes on after its 1 s and b runs after it."""
+    first_in, second_in, first_done = threading.Event(), threading.Event(), threading.Event()
+    calls = itertools.count()
+
+    def pause():
+        if next(calls) == 0:
+            first_in.set()
+            second_in.wait(1)
+        else:
+            second_in.set()
+            first_done.wait(10)
+
     torch.manual_seed(0)
-    model = SlowLinear()
+    model = SlowLinear(pause)
     original = {k: v.clone() for k, v in model.state_dict().items()}
     x = torch.randn(2, 4)
     params = {name: {k: torch.randn_like(v) for k, v in original.items()} for name in ("a", "b")}
     outputs = {}
 
-    def session(name, delay):
-        time.sleep(delay)
+    def session(name):
+        if name == "b":
+            first_in.wait(10)
         with torch.no_grad():
             outputs[name] = call(model, params[name], (x,))
+        if name == "a":
+            first_done.set()
 
-    threads = [threading.Thread(target=session, args=("a", 0.0)), threading.Thread(target=session, args=("b", 0.02))]
+    threads = [threading.Thread(target=session, args=(name,)) for name in ("a", "b")]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -77,18 +96,19 @@ def test_a_float64_call_leaves_a_float32_model_float32(dtype):
 
 
 def test_readers_see_the_models_own_parameters_while_another_session_runs_float64():
-    model = SlowLinear()
+    seen, entered, read = {}, threading.Event(), threading.Event()
+    model = SlowLinear(pause=lambda: read.wait(10))  # the session stays mid-call until the reader has read
     own = dict(model.named_parameters())
     params = {k: v.detach().double() for k, v in own.items()}
-    seen, entered = {}, threading.Event()
     model.register_forward_pre_hook(lambda *_: entered.set())  # the swap is in place from here to the end
 
     def session():
         functional_call(model, params, (torch.ones(1, 4, dtype=torch.float64),))
 
     def reader():
-        entered.wait(10)  # mid-call of the other session (its forward then sleeps 50 ms)
+        entered.wait(10)  # mid-call of the other session
         seen["unlocked"] = next(model.parameters()).dtype  # the control: what a bare read sees then
+        read.set()  # the session may end now; the reads under the lock below wait for it
         seen["dtype"] = own_dtype(model)
         seen["params"] = own_parameters(model)
 
