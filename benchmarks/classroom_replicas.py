@@ -10,6 +10,7 @@ import csv
 import io
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -33,6 +34,26 @@ def _status_kib(pid: int, field: str, name: str = "status") -> int:
     return 0
 
 
+def free_proxy_port() -> int:
+    """A free loopback port for HAProxy, which cannot be started on port 0 and report its port. Under pytest-xdist
+    each worker (gw0, gw1, ...) draws from a range of its own, so two workers starting proxies at the same moment
+    never pick the same port."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw") and worker[2:].isdigit():
+        start = 20_000 + 1_000 * int(worker[2:])
+        offset = random.randrange(1_000)  # another run on this machine starts elsewhere in the range
+        for port in (start + (offset + i) % 1_000 for i in range(1_000)):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class ReplicaSet:
     def __init__(self, count: int, scratch: Path):
         self.count, self.run_dir, self.audit_dir = count, scratch / "serve", scratch / "audit"
@@ -49,10 +70,8 @@ class ReplicaSet:
         self._own_cpu_before = _cpu_seconds_of_this_process()
 
     def __enter__(self) -> ReplicaSet:
-        from tests.e2e.conftest import _free_port
-
         cmd = [sys.executable, str(ROOT / "serve" / "replicas.py"), "--replicas", str(self.count),
-               "--port", str(_free_port()), "--run-dir", str(self.run_dir), "--audit-dir", str(self.audit_dir)]
+               "--port", str(free_proxy_port()), "--run-dir", str(self.run_dir), "--audit-dir", str(self.audit_dir)]
         with open(self.log, "w") as out:
             self.process = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
         state_file, deadline = self.run_dir / "state.json", time.time() + STARTED_WITHIN_S

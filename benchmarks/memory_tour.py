@@ -47,11 +47,9 @@ def memory_now(pid: int) -> str:
 
 def start_server() -> tuple[subprocess.Popen, str]:
     """The app on a free loopback port, as make run serves it (start_streamlit), logging to a temporary file."""
-    from tests.e2e.conftest import _free_port
-
     log = Path(tempfile.mkstemp(prefix="memory-tour-", suffix=".log")[1])
     try:
-        return start_streamlit(_free_port(), log, {}, healthy_within_s=90)
+        return start_streamlit(log, {}, healthy_within_s=90)
     except RuntimeError as error:
         raise SystemExit(str(error)) from None
 

@@ -18,10 +18,10 @@ import argparse
 import ctypes
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
-import socket
 import string
 import subprocess
 import sys
@@ -46,10 +46,24 @@ def default_run_dir(port: int) -> Path:
     return Path(tempfile.gettempdir()) / f"tse-serve-{port}"
 
 
-def free_port(address: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((address, 0))
-        return s.getsockname()[1]
+def bound_port(log_text: str) -> int | None:
+    """The port a Streamlit server says it bound ("... server started on ADDRESS:PORT"); None until it has. A
+    replica started on port 0 gets a free one from the kernel as it binds: no port chosen beforehand can be taken
+    by another process in between."""
+    found = re.search(r"server started on \S+:(\d+)", log_text)
+    return int(found.group(1)) if found else None
+
+
+def wait_bound_port(process: subprocess.Popen, log: Path) -> int:
+    deadline = time.time() + HEALTHY_WITHIN_S
+    while time.time() < deadline and not STOPPING:
+        port = bound_port(log.read_text())
+        if port is not None:
+            return port
+        if process.poll() is not None:
+            raise SystemExit(f"{log.name}: exited with {process.returncode}:\n{log.read_text()[-2000:]}")
+        time.sleep(0.5)
+    raise SystemExit("stopped" if STOPPING else f"{log.name}: no port bound within {HEALTHY_WITHIN_S} s")
 
 
 def haproxy_binary() -> str:
@@ -134,16 +148,17 @@ def serve(args) -> int:
     try:
         for index in range(args.replicas):
             name = f"r{index}"
-            port = args.first_replica_port + index if args.first_replica_port else free_port(args.replica_address)
+            port = args.first_replica_port + index if args.first_replica_port else 0
             log = run_dir / f"replica-{name}.log"
             cmd = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.address",
                    args.replica_address, "--server.port", str(port), "--server.headless", "true",
                    "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
             process = start(cmd, log, replica_environment(args.replicas, cookie_secret, args.audit_dir, name))
             processes.append(process)
-            replicas.append({"name": name, "pid": process.pid, "port": port, "log": str(log),
-                             "url": f"http://{args.replica_address}:{port}"})
+            replicas.append({"name": name, "pid": process.pid, "port": port, "log": str(log)})
         for replica, process in zip(replicas, processes, strict=True):
+            replica["port"] = replica["port"] or wait_bound_port(process, Path(replica["log"]))
+            replica["url"] = f"http://{args.replica_address}:{replica['port']}"
             wait_healthy(replica["url"], process, Path(replica["log"]))
         state = {"supervisor_pid": os.getpid(), "replicas": replicas, "upstreams": args.upstream}
         if not args.no_proxy:

@@ -1,4 +1,4 @@
-"""Real headless Chromium against the real app on a free loopback port.
+"""Real headless Chromium against the real app on a loopback port the kernel gives it.
 
 Fixtures: `app_url` (one streamlit server for the whole run), `browser` (session), `page` (a fresh page
 per test), `wait_for_app(page)` (blocks until the script run finished), `shot(page, name)`.
@@ -7,9 +7,7 @@ per test), `wait_for_app(page)` (blocks until the script run finished), `shot(pa
 from __future__ import annotations
 
 import os
-import random
 import shutil
-import socket
 from pathlib import Path
 
 import pytest
@@ -21,30 +19,11 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
-def _free_port() -> int:
-    """A free loopback port. Under pytest-xdist each worker (gw0, gw1, ...) draws from a range of its own, so two
-    workers starting servers at the same moment never pick the same port."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    if worker.startswith("gw") and worker[2:].isdigit():
-        start = 20_000 + 1_000 * int(worker[2:])
-        offset = random.randrange(1_000)  # another run on this machine starts elsewhere in the range
-        for port in (start + (offset + i) % 1_000 for i in range(1_000)):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-                return port
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def app_url():
     """The run's one app server (tests/e2e/shared_server.py), shared by every worker's e2e tests."""
     try:
-        return shared_app_url(Path(os.environ["TSE_TEST_SHARED_DIR"]), _free_port())
+        return shared_app_url(Path(os.environ["TSE_TEST_SHARED_DIR"]))
     except RuntimeError as error:
         pytest.fail(str(error))
 

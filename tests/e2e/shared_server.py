@@ -21,13 +21,13 @@ from benchmarks.classroom_report import answers_health_check, start_streamlit
 HEALTHY_WITHIN_S = 90
 
 
-def _start(folder: Path, port: int) -> dict:
+def _start(folder: Path) -> dict:
     log = folder / "streamlit.log"
-    process, url = start_streamlit(port, log, {}, healthy_within_s=HEALTHY_WITHIN_S, own_session=True)
+    process, url = start_streamlit(log, {}, healthy_within_s=HEALTHY_WITHIN_S, own_session=True)
     return {"url": url, "pid": process.pid, "log": str(log)}
 
 
-def shared_app_url(folder: Path, port: int) -> str:
+def shared_app_url(folder: Path) -> str:
     """The run's server's address, starting it if no live one is recorded in `folder`."""
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / "server.lock", "w") as lock:
@@ -38,7 +38,7 @@ def shared_app_url(folder: Path, port: int) -> str:
             if answers_health_check(known["url"]):
                 return known["url"]
             stop(known["pid"])  # one that stopped answering is replaced, not left running
-        started = _start(folder, port)
+        started = _start(folder)
         record.write_text(json.dumps(started))
         return started["url"]
 
