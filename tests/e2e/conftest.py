@@ -6,11 +6,13 @@ per test), `wait_for_app(page)` (blocks until the script run finished), `shot(pa
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from tests.e2e.shared_server import shared_app_url
 
@@ -67,13 +69,27 @@ def page(browser, request):
     context.close()
 
 
+# Streamlit's own record of the session, on its root element: "initial" before the first run, "running" or
+# "rerunRequested" during one, "notRunning" after it (or "compilationError"); and the websocket's state.
+SCRIPT_STATE = "document.querySelector('[data-testid=\"stApp\"]')?.getAttribute('data-test-script-state')"
+RUN_OVER = f"""() => ['notRunning', 'compilationError'].includes({SCRIPT_STATE})
+  && document.querySelector('[data-testid="stApp"]').getAttribute('data-test-connection-state') === 'CONNECTED'"""
+# Every chart in the main area drawn by plotly (it draws after the run's last message), no element still a skeleton
+DRAWN = """() => document.querySelectorAll('[data-testid="stMain"] [data-testid*="Skeleton"]').length === 0
+  && Array.from(document.querySelectorAll('[data-testid="stMain"] [data-testid="stPlotlyChart"]'))
+    .every(chart => chart.querySelector('.js-plotly-plot .main-svg'))"""
+RUN_BEGINS_WITHIN_MS = 1000
+
+
 def wait_for_app(page, timeout_ms: int = 120_000) -> None:
-    """Wait until Streamlit has rendered and the script run is over (the status widget is gone)."""
+    """Wait until Streamlit's script run is over and its charts are drawn. Right after a click or a key the page
+    still shows the previous run's "notRunning" until the server answers, so a run is first given
+    RUN_BEGINS_WITHIN_MS to begin (after a page load it has: the state starts at "initial")."""
     page.wait_for_selector('[data-testid="stApp"]', timeout=timeout_ms)
-    page.wait_for_timeout(800)
-    page.wait_for_function(
-        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=timeout_ms)
-    page.wait_for_timeout(500)
+    with contextlib.suppress(PlaywrightTimeout):
+        page.wait_for_function(f"() => {SCRIPT_STATE} !== 'notRunning'", timeout=RUN_BEGINS_WITHIN_MS)
+    page.wait_for_function(RUN_OVER, timeout=timeout_ms)
+    page.wait_for_function(DRAWN, timeout=timeout_ms)
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import wait_for_app
+from tests.e2e.conftest import DRAWN, wait_for_app
 
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "out" / "screenshots"
 WIDTHS = (1024, 1440)
@@ -102,10 +102,6 @@ OVERLAPS = """() => {
   }
   return found;
 }"""
-
-DRAWN = """() => document.querySelectorAll('[data-testid="stMain"] [data-testid*="Skeleton"]').length === 0
-  && Array.from(document.querySelectorAll('[data-testid="stMain"] [data-testid="stPlotlyChart"]'))
-    .every(chart => chart.querySelector('.js-plotly-plot .main-svg'))"""
 
 BLANK = """() => Array.from(document.querySelectorAll('[data-testid="stMain"] .js-plotly-plot')).filter(
   plot => plot.querySelectorAll('.plot path, .plot image, .plot rect, .layer-above image, .imagelayer image, '
