@@ -59,9 +59,10 @@ FAST_TESTS := tests/unit/test_conformance.py tests/unit/test_oracle.py tests/uni
 	tests/unit/test_trustworthy_verdicts.py tests/unit/test_not_symmetries.py tests/unit/test_spec.py \
 	tests/unit/test_keys.py tests/unit/test_cli.py
 
+# --durations: the slowest tests of each run, printed at its end (where the run's time went)
 test: install-dev chromium haproxy
 	$(VENV)/bin/ruff check .
-	$(PYTEST) tests/unit tests/app tests/e2e
+	$(PYTEST) --durations=25 tests/unit tests/app tests/e2e
 
 test-fast: install-dev
 	$(VENV)/bin/ruff check .
