@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from perm_core.engine import symmetries
@@ -33,3 +34,30 @@ def assert_every_control_breaks(report) -> None:
                                                                   control.max_rel_error)
     assert {c.symmetry for c in report.controls} == set(symmetries.SYMMETRIES)
     assert report.passed
+
+
+# Both paths of a float64 check reach round-off by different sums, and how far below the tolerance (1e-9) depends on
+# the CPU's kernels, not on the code: a T5 key-weight gradient's error is 1.1e-13 whole and 3.1e-15 streamed with
+# MKL's AVX2 kernels on an AMD EPYC, a few eps apart elsewhere. A transform bug moves a tensor by 1e-6 or more.
+ROUNDOFF_NOISE = 1e-11
+
+
+def by_name(result) -> dict:
+    return {t.name: t for t in result.tensors}
+
+
+def assert_same_errors(streamed, whole) -> None:
+    """The same checks, each with every traced tensor (parameter gradients included), passing in both, with the
+    same floor reasons, every error at round-off in both and each check's worst above zero (something compared)."""
+    assert [(c.symmetry, c.direction) for c in streamed.checks] == [(c.symmetry, c.direction) for c in whole.checks]
+    for mine, theirs in zip(streamed.checks, whole.checks, strict=True):
+        assert by_name(mine).keys() == by_name(theirs).keys()
+        assert mine.moved == pytest.approx(theirs.moved) and mine.moved_what == theirs.moved_what
+        assert mine.first_break == theirs.first_break == ""
+        for name, error in by_name(mine).items():
+            theirs_error = by_name(theirs)[name]
+            assert error.passed and theirs_error.passed and error.floor_reason == theirs_error.floor_reason, name
+            # an exact zero (BERT's, ViT's key-bias gradient) is judged on a floor, absolute: compare what is left
+            measure = "max_abs_error" if error.floor_reason else "max_rel_error"
+            assert max(getattr(error, measure), getattr(theirs_error, measure)) < ROUNDOFF_NOISE, name
+        assert 0 < mine.max_rel_error < ROUNDOFF_NOISE and 0 < theirs.max_rel_error < ROUNDOFF_NOISE

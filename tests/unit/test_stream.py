@@ -18,6 +18,7 @@ from perm_core.stream.check import stream_check
 from perm_core.stream.shards import CheckpointError, ShardReader
 from perm_core.stream.stages import STREAMED_FAMILIES, StreamingUnsupportedError
 from perm_core.verify.check import check
+from tests.unit.symmetry_asserts import assert_same_errors, by_name
 from tests.unit.test_cli import cli_here
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -54,27 +55,6 @@ def saved(case: str, tmp_path, seed: int = 0, shard: str = "40KB", tweak=None, *
     return model, random_inputs(family, model, seed), directory
 
 
-def by_name(result) -> dict:
-    return {t.name: t for t in result.tensors}
-
-
-def same_errors(streamed, whole) -> None:
-    """The same checks, each with every traced tensor (parameter gradients included), passing, its error the same
-    within float64 round-off (a few eps)."""
-    assert [(c.symmetry, c.direction) for c in streamed.checks] == [(c.symmetry, c.direction) for c in whole.checks]
-    for mine, theirs in zip(streamed.checks, whole.checks, strict=True):
-        assert by_name(mine).keys() == by_name(theirs).keys()
-        for name, error in by_name(mine).items():
-            theirs_error = by_name(theirs)[name]
-            assert error.passed and error.floor_reason == theirs_error.floor_reason, name
-            if error.floor_reason:  # an exact zero (BERT's, ViT's key-bias gradient): judged on a floor, absolute;
-                # what is left in it is round-off noise (RoBERTa's: 2.5e-15 streamed, 9.2e-16 whole), so the two
-                # agree to tens of eps, not to the bit
-                assert abs(error.max_abs_error - theirs_error.max_abs_error) < 1e-14, name
-            else:
-                assert abs(error.max_rel_error - theirs_error.max_rel_error) < 1e-13, name
-
-
 @pytest.mark.parametrize("case", CASES)
 def test_streamed_and_whole_model_checks_agree(case, tmp_path):
     model, inputs, directory = saved(case, tmp_path)
@@ -82,10 +62,7 @@ def test_streamed_and_whole_model_checks_agree(case, tmp_path):
     whole = check(model, inputs)
     streamed = stream_check(directory, inputs)
     assert whole.passed and streamed.passed
-    same_errors(streamed, whole)
-    for mine, theirs in zip(streamed.checks, whole.checks, strict=True):
-        assert mine.moved == pytest.approx(theirs.moved) and mine.moved_what == theirs.moved_what
-        assert 0 < mine.max_rel_error < 1e-13
+    assert_same_errors(streamed, whole)
     assert [(c.symmetry, c.name, c.broken) for c in streamed.controls] == [
         (c.symmetry, c.name, c.broken) for c in whole.controls]
     assert all(c.broken and c.max_rel_error > 1e-3 for c in streamed.controls)
@@ -224,7 +201,7 @@ def test_heads_read_in_small_chunks_agree_with_the_whole_model_check(case, tmp_p
     streamed = stream_check(directory, inputs, ["channels"])
     assert streamed.head_chunks >= 3  # the control: really in chunks (DeiT's 5 labels: 3)
     assert whole.passed and streamed.passed
-    same_errors(streamed, whole)
+    assert_same_errors(streamed, whole)
     head = {"distilbert": "grad.param.vocab_projector.bias", "deit": "grad.param.distillation_classifier.weight"}
     assert head[case] in by_name(streamed.checks[1])
     assert all(c.broken for c in streamed.controls)
@@ -415,7 +392,10 @@ def test_memory_is_bounded_by_the_largest_block(family, tmp_path):
     # BERT's run here needs one (its last block), so its peak was measured with the rerun in it
     assert memory["allowance_bytes"] == 0
     allowances = json.loads(result.stdout)["streamed"]["allowances"]
-    assert [a["stage"] for a in allowances] == (["block 9"] if family == "bert" else [])
+    # BERT's block 9 needs one on every CPU seen; whether another family's last block does depends on the CPU's
+    # kernels (DistilBERT's did with MKL's AVX2 kernels on an AMD EPYC): only that block may
+    stages = [a["stage"] for a in allowances]
+    assert stages == ["block 9"] if family == "bert" else set(stages) <= {"block 9"}
     # BERT's head transform (a d x d dense and a norm), ViT's final norm, are read whole: counted, in the original's
     # and the element's copies with their gradients
     whole, width = memory["head_whole_bytes"], SHAPES[family].get("hidden_size", SHAPES[family].get("dim", 0))

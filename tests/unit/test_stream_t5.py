@@ -19,6 +19,7 @@ from perm_core.stream.check import stream_check
 from perm_core.stream.shards import ShardReader
 from perm_core.stream.stages import StreamingUnsupportedError
 from perm_core.verify.check import check
+from tests.unit.symmetry_asserts import assert_same_errors, by_name
 from tests.unit.test_cli import cli_here
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -44,10 +45,6 @@ def saved(tmp_path, seed: int = 0, shard: str = "40KB", cls: str = "T5ForConditi
     return model, random_inputs("t5", model, seed), directory
 
 
-def by_name(result) -> dict:
-    return {t.name: t for t in result.tensors}
-
-
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_streamed_and_whole_model_checks_agree(variant, tmp_path):
     model, inputs, directory = saved(tmp_path, **VARIANTS[variant])
@@ -55,15 +52,7 @@ def test_streamed_and_whole_model_checks_agree(variant, tmp_path):
     whole = check(model, inputs)  # every symmetry: tokens does not hold on T5 (its relative position bias)
     streamed = stream_check(directory, inputs)
     assert whole.passed and streamed.passed
-    assert [(c.symmetry, c.direction) for c in streamed.checks] == [(c.symmetry, c.direction) for c in whole.checks]
-    for mine, theirs in zip(streamed.checks, whole.checks, strict=True):
-        assert by_name(mine).keys() == by_name(theirs).keys()  # every traced tensor, parameter gradients included
-        assert mine.moved == pytest.approx(theirs.moved) and mine.moved_what == theirs.moved_what
-        for name, error in by_name(mine).items():
-            theirs_error = by_name(theirs)[name]
-            assert error.passed and error.floor_reason == theirs_error.floor_reason, name
-            assert abs(error.max_rel_error - theirs_error.max_rel_error) < 1e-13, name
-        assert 0 < mine.max_rel_error < 1e-13 and mine.first_break == theirs.first_break == ""
+    assert_same_errors(streamed, whole)
     names = {n for c in streamed.checks for n in by_name(c)}
     assert {"grad.blocks.1.hidden", "blocks.2.cross_attn", "grad.decoder.embed", "grad.input",
             "grad.param.decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"} <= names
