@@ -5,7 +5,7 @@
 | TSE_PARAMS_CACHE_MB        | 640     | transformed parameter sets kept for key changes (perm_core.fast.param_cache) |
 | TSE_EXPLORATIONS_CACHE_MB  | 192     | Explore's original traces kept (ui.runtime.runs)                      |
 | TSE_RESULTS_CACHE_MB       | 192     | Explore's finished results kept (ui.runtime.runs)                     |
-| TSE_PAGES_CACHE_MB         | 128     | the other pages' finished runs kept (ui.runtime.runs.page_run)        |
+| TSE_PAGES_CACHE_MB         | 128     | the other pages' finished runs kept (ui.runtime.runs.page_runs)       |
 | TSE_RUN_BUDGET_MB          | 384     | runs' data alive at once, process-wide (ui.runtime.budget)            |
 | TSE_PAGE_RUNS              | 2       | runs of the other pages at once (ui.runtime.budget.page_slot)         |
 | TSE_CONCURRENT_RUNS        | 2       | Explore runs of one model at once (ui.runtime.budget.model_slot)      |

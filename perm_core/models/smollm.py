@@ -17,7 +17,7 @@ from perm_core.models.conversion_cache import cache_root
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_FORMAT = 1  # bump when the cache layout changes, so stale caches are rebuilt
-N_PARAMS = 134_515_008  # LlamaConfig of SmolLM2-135M (tied embeddings), see zoo_hub._SMOLLM2
+N_PARAMS = 134_515_008  # LlamaConfig of SmolLM2-135M (tied embeddings), see hub._SMOLLM2
 WINDOW = 8192  # max_position_embeddings; the GGUF tokenizer leaves model_max_length unset
 
 

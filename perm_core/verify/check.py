@@ -1,7 +1,7 @@
 """Scramble, run, un-scramble, compare: the check behind every verdict in the app and the CLI.
 
 A check passes only if (1) every un-scrambled tensor is finite and within its tolerance, (2) the
-transform really moved something (see compare.MOVED_AT), and (3) it compared at least one tensor.
+transform really moved something (see tolerances.MOVED_AT), and (3) it compared at least one tensor.
 A report passes only if it has checks, all pass, and every symmetry has negative controls that
 all break. The error rules (own scale, floors for exact zeros, float32 round-off) are in tolerances.py.
 """

@@ -3,7 +3,7 @@ let a NaN or an infinity pass.
 
 The rules, written once for the checks, the controls, Explore, Backward, Rotation and Fusion:
 * A tensor's relative error is max |a - b| / max |b|, on the tensor's *own* scale.
-* A tensor that is zero in exact arithmetic (named by `verify.exact_zero_reason`, e.g. the gradient
+* A tensor that is zero in exact arithmetic (named in `Subject.floor_reasons`, verify/check.py: the gradient
   of a key bias: softmax ignores a shift shared by a whole row) holds only round-off, so it is judged
   against FLOOR x the largest tensor of its kind instead; the report lists every such tensor and why.
 * A non-finite value in either tensor, or a non-finite error, is an error of +inf: it fails every

@@ -3,7 +3,6 @@
 import json
 from pathlib import Path
 
-import pytest
 from streamlit.testing.v1 import AppTest
 
 from perm_core.engine.keys import permutation_bits
@@ -12,11 +11,6 @@ from perm_core.models.registry import load_model
 from ui.state import DEFAULT_KEYS
 
 PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "authorization.py")
-
-
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
 
 def percent(text: str) -> float:

@@ -2,14 +2,12 @@
 exception; odd but valid images (animated, CMYK, 16-bit) run. The loader's messages themselves:
 tests/unit/test_inputs.py; a real upload in Chromium: tests/e2e/test_bad_input.py."""
 
-from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
 from tests import bad_files
-
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
+from tests.app.conftest import APP
 
 
 def page_with_upload(page: str) -> AppTest:

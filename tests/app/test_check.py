@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
+from tests.app.conftest import APP
+
 ALL_ON = {f"on_{name}": "1" for name in ("tokens", "channels", "heads", "head_channels", "mlp", "rotation")}
 
 

@@ -5,15 +5,13 @@ the function fails when a page's sentence and its chart disagree."""
 import base64
 import json
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
 from perm_core.explore.exploration import ExploreResult
-
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
+from tests.app.conftest import APP
 
 
 def open_page(page: str, **params) -> AppTest:

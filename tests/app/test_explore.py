@@ -4,15 +4,14 @@ in the URL, and turns every bad input into a message."""
 import base64
 import json
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from tests.app.conftest import APP
 from ui.sidebar import default_model
 
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
 MAX_PAYLOAD = 2 * 1024 * 1024
 
 

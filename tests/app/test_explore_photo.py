@@ -3,16 +3,15 @@ photo, moves with the patches in the scrambled model and comes back to the origi
 
 import base64
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
+from tests.app.conftest import APP
 from ui.sidebar import default_model
 
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
 MAX_PAYLOAD = 2 * 1024 * 1024
 OVERLAY = "class token's attention"
 

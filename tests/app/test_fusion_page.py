@@ -3,23 +3,16 @@ experiment over seed pairs, whose sentence, table and charts carry the same comp
 
 import base64
 import json
-from pathlib import Path
 
 import numpy as np
-import pytest
 from streamlit.testing.v1 import AppTest
 
 from perm_core.applications.fusion_experiment import METHODS as EXPERIMENT_METHODS
 from perm_core.applications.intervals import paired_difference
+from tests.app.conftest import APP
 
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
 # five pairs of 32-wide ViTs, one epoch each (seconds), run at once as a link with fx_run=1 asks
 TINY_EXPERIMENT = {"fx_width": "32", "fx_epochs": "1", "fx_run": "1"}
-
-
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
 
 def decode(values) -> list[float]:

@@ -1,7 +1,6 @@
 """AppTest: the home page explains, shows computed pictures and links to the pages; the app shell works."""
 
 import re
-from pathlib import Path
 
 import torch
 from streamlit.testing.v1 import AppTest
@@ -9,9 +8,8 @@ from streamlit.testing.v1 import AppTest
 from perm_core.models.defaults import default_inputs
 from perm_core.models.registry import load_model
 from perm_core.verify import check
+from tests.app.conftest import APP
 from ui.sidebar import default_model
-
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
 
 
 def test_home_renders_with_sidebar_and_links():

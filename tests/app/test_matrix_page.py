@@ -1,15 +1,13 @@
 """AppTest: the Symmetry matrix page shows every registered family, measured, with links to Explore."""
 
 import re
-from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 from streamlit.testing.v1 import AppTest
 
 from perm_core.engine.symmetries import SYMMETRIES
 from perm_core.verify import matrix
-
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
+from tests.app.conftest import APP
 
 
 def matrix_page() -> AppTest:

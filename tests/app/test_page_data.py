@@ -14,9 +14,9 @@ from streamlit.testing.v1 import AppTest
 
 from perm_core import limits
 from perm_core.explore.exploration import ExploreResult
+from tests.app.conftest import APP
 from ui.runtime import runs
 
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
 PAGES = sorted((Path(__file__).resolve().parents[2] / "pages").glob("*.py"))
 
 

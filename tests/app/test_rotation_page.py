@@ -1,17 +1,10 @@
 """AppTest: the Rotation page proves the rotated model is the same function and shows the near misses."""
 
 import json
-from pathlib import Path
 
-import pytest
 from streamlit.testing.v1 import AppTest
 
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
-
-
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+from tests.app.conftest import APP
 
 
 def test_rotation_page_default_run():

@@ -2,16 +2,14 @@
 
 import json
 import re
-from pathlib import Path
 
 import torch
 from streamlit.testing.v1 import AppTest
 
 from perm_core.applications import split_learning
 from perm_core.engine import keys
+from tests.app.conftest import APP
 from ui.state import DEFAULT_KEYS
-
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
 
 
 def test_split_learning_page_renders_measurements():

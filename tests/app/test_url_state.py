@@ -2,12 +2,11 @@
 settings, and the page writes them back into the URL. Also: the sidebar shows model controls only where
 they act."""
 
-from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
+from tests.app.conftest import APP
 
 # page -> (non-default query values, widget key -> the value the widget must then hold)
 LINKS = {

@@ -2,7 +2,6 @@
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,8 +11,7 @@ from perm_core.explore.exploration import Exploration
 from perm_core.explore.walk import STEPS, run_step
 from perm_core.models.defaults import default_inputs
 from perm_core.models.registry import load_model
-
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
+from tests.app.conftest import APP
 
 
 def walk(**query) -> AppTest:

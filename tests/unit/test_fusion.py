@@ -12,11 +12,6 @@ from perm_core.models.registry import load_model
 from perm_core.verify.check import Subject
 
 
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-
-
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():
     with fusion.one_thread():  # tiny tensors on a shared 2-core machine

@@ -24,9 +24,7 @@ from perm_core.verify.same_function import IncomparableError, compare_models
 KEY = 7
 
 
-@pytest.fixture(autouse=True)
-def _offline_one_thread(monkeypatch, one_thread):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny(family: str, seed: int = 0):

@@ -9,11 +9,6 @@ from perm_core.models.defaults import default_inputs
 from perm_core.models.registry import load_model
 
 
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-
-
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():
     with one_thread():

@@ -30,9 +30,7 @@ HEADER_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F
 CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
 
 
-@pytest.fixture(autouse=True)
-def _offline_one_thread(monkeypatch, one_thread):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def cli(capsys, *argv) -> tuple[int, str, str]:

@@ -11,12 +11,6 @@ from perm_core.models import smollm as zoo_smollm
 from perm_core.models.registry import ModelLoadError
 from perm_core.run.numerics import EXACT_EAGER
 
-
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-
-
 # --- listing ---
 
 

@@ -1,7 +1,8 @@
 """The results runs share, process-wide and bounded by bytes (least recently used first out): Explore's original
 traces and results (TSE_EXPLORATIONS_CACHE_MB, TSE_RESULTS_CACHE_MB) and the other pages' finished runs
 (TSE_PAGES_CACHE_MB). A run computes at most once: a session that waited for a slot looks again first, since the
-one ahead of it may have computed the same thing. Explore's one way in and out is explore_run."""
+one ahead of it may have computed the same thing. Explore's one way in and out is explore(); the other pages' is
+page_runs()."""
 
 from __future__ import annotations
 
