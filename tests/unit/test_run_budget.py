@@ -211,16 +211,20 @@ class Stopped(Exception):
 
 
 @pytest.fixture
-def stopped_when_notice_clears(monkeypatch):
-    """Streamlit stops a run at its next call: here, the one clearing a wait notice."""
+def stopped_when_notice_clears(monkeypatch) -> threading.Event:
+    """Streamlit stops a run at its next call: here, the one clearing a wait notice. The event is set once a notice
+    has been drawn: a waiting run has really waited, whatever the scheduler did with its thread."""
+    drawn = threading.Event()
+
     class Notice:
         def info(self, *args, **kwargs):
-            pass
+            drawn.set()
 
         def empty(self):
             raise Stopped
 
     monkeypatch.setattr(run_budgets.st, "empty", Notice)
+    return drawn
 
 
 def test_a_run_stopped_as_its_wait_notice_is_cleared_holds_nothing(stopped_when_notice_clears):
@@ -237,7 +241,7 @@ def test_a_run_stopped_as_its_wait_notice_is_cleared_holds_nothing(stopped_when_
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     waiting(budget, 1)
-    time.sleep(0.7)  # past one redraw of the notice
+    assert stopped_when_notice_clears.wait(WAIT_S)  # the notice is drawn: the run is waiting in it
     budget.give(60)
     thread.join(WAIT_S)
     assert errors == ["stopped"] and budget.used == 0 and budget._queue == []
@@ -259,7 +263,7 @@ def test_a_page_run_stopped_as_its_slot_notice_is_cleared_gives_the_slot_back(st
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    time.sleep(0.7)  # past one redraw of the notice
+    assert stopped_when_notice_clears.wait(WAIT_S)  # the notice is drawn: the run is waiting for the slot
     slots.release()
     thread.join(WAIT_S)
     assert errors == ["stopped"]
@@ -340,13 +344,15 @@ def test_page_runs_together_hold_at_most_their_share_and_one_larger_runs_alone_a
 
 
 def test_a_page_run_kept_waiting_by_key_changes_stops_new_ones_until_it_is_in(monkeypatch):
-    monkeypatch.setattr(run_budgets, "PAGE_PATIENCE_S", 0.2)
+    # The check's patience is set, not waited out: long while it is early in its wait, none once it has waited
+    # (a 0.2 s patience let a busy machine's scheduler decide which side of it the early key change fell)
+    monkeypatch.setattr(run_budgets, "PAGE_PATIENCE_S", 3600)
     budget, done = AdmissionOrder(100), []
     budget.take(80)  # key changes computing
     check = taking(budget, 40, done, "check", page=True)
     waiting(budget, 1)
     budget.take(10)  # early in its wait, a key change still goes in: 90 of 100
-    time.sleep(0.3)
+    monkeypatch.setattr(run_budgets, "PAGE_PATIENCE_S", 0)
     late = taking(budget, 10, done, "late key change")  # would fit (100), but the check has waited long enough
     waiting(budget, 2)
     time.sleep(0.1)
