@@ -19,6 +19,7 @@ from tests.e2e.shared_server import shared_app_url
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+ACTION_TIMEOUT_MS = 120_000  # each page's default for clicks and waits (see `page`)
 
 
 @pytest.fixture(scope="session")
@@ -56,6 +57,9 @@ def pytest_runtest_makereport(item, call):
 @pytest.fixture
 def page(browser, request):
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    # Every test's browsers share one app server: on a loaded machine (CI beside another run) a click's element can
+    # take longer than Playwright's 30 s to appear. A wait that ends on its condition costs nothing when it is met.
+    context.set_default_timeout(ACTION_TIMEOUT_MS)
     tab = context.new_page()
     yield tab
     failed = getattr(request.node, "report_call", None)
