@@ -74,31 +74,19 @@ def pytest_report_header(config):
 
 # The order files start in (make test runs pytest-xdist with --dist loadfile --no-loadscope-reorder, so each worker
 # takes the next file in this order as it finishes one). The files whose fixtures convert the large zoo models go
-# first, so that the e2e servers load those conversions instead of making their own. Then the browser files, each
-# followed by OTHERS_PER_BROWSER_FILE AppTest or unit files: the browser tests share one app server, whose script
-# runs take turns at its interpreter's lock, so workers all on browser tests leave a core idle while they wait on it;
-# a worker on in-process tests beside them keeps it busy. The browser files, the longest, are all handed out in the
-# first part of the run, and the many short unit files even out its end.
+# first, so that the e2e servers load those conversions instead of making their own; then the browser tests, the
+# longest files, while both workers are free; the many short unit files last, to even out the end of the run.
 _CONVERTS_FIRST = ("tests/unit/test_gemma3.py", "tests/unit/test_zoo.py")
-_BROWSER = "tests/e2e/"
-_DIRECTORY_ORDER = ("tests/app/", "tests/unit/")
-OTHERS_PER_BROWSER_FILE = 2
+_DIRECTORY_ORDER = ("tests/e2e/", "tests/app/", "tests/unit/")
 
 
-def _file_order(paths: list[str]) -> dict[str, int]:
-    """Each test file's place: the conversions, then browser files interleaved with the others, in their order."""
-    first = [p for p in _CONVERTS_FIRST if p in paths]
-    browser = [p for p in paths if p.startswith(_BROWSER)]
-    others = sorted((p for p in paths if p not in first and p not in browser),
-                    key=lambda p: next((i for i, d in enumerate(_DIRECTORY_ORDER) if p.startswith(d)), 99))
-    order = list(first)
-    while browser or others:
-        order += browser[:1] + others[:OTHERS_PER_BROWSER_FILE]
-        browser, others = browser[1:], others[OTHERS_PER_BROWSER_FILE:]
-    return {path: place for place, path in enumerate(order)}
+def _run_order(item) -> tuple[int, int]:
+    path = item.nodeid.split("::", 1)[0]
+    if path in _CONVERTS_FIRST:
+        return (0, _CONVERTS_FIRST.index(path))
+    rank = next((i for i, prefix in enumerate(_DIRECTORY_ORDER) if path.startswith(prefix)), len(_DIRECTORY_ORDER))
+    return (1 + rank, 0)
 
 
 def pytest_collection_modifyitems(config, items):
-    paths = list(dict.fromkeys(item.nodeid.split("::", 1)[0] for item in items))
-    place = _file_order(paths)
-    items.sort(key=lambda item: place[item.nodeid.split("::", 1)[0]])  # stable: a file's tests keep their order
+    items.sort(key=_run_order)  # stable: a file's tests keep their order, files within a directory theirs
