@@ -50,8 +50,8 @@ serve-stop:
 # Three pytest-xdist workers, each with one torch thread (tests/conftest.py), sharing one e2e app server
 # (tests/e2e/shared_server.py): their browser tests wait on that server and on Chromium, so a third worker fills two
 # cores (docs/performance.md); --dist loadfile keeps a file's module fixtures (converted models) on one worker, and
-# --no-loadscope-reorder keeps the order tests/conftest.py gives the files (the conversions, then each browser file
-# between in-process ones) instead of the most tests first. TEST_WORKERS=0 runs in this process alone.
+# --no-loadscope-reorder keeps the order tests/conftest.py gives the files (the longest first) instead of the most
+# tests first. TEST_WORKERS=0 runs in this process alone.
 TEST_WORKERS ?= 3
 PYTEST := HF_HUB_OFFLINE=1 $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 # The correctness core in under 2 minutes: every family's conformance, the oracle, the verdicts, the CLI
