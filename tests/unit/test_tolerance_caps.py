@@ -137,3 +137,18 @@ def test_the_reports_timings_cover_its_parts_and_stay_out_of_its_verdict_and_jso
     assert "seconds" not in report.to_json()
     report.seconds["checks"] = math.nan
     assert report.passed
+
+
+@pytest.mark.parametrize("moved", ["output.last_hidden", "output.pooler"])
+def test_the_oracle_reports_the_worst_output_wherever_it_is_in_the_run(moved):
+    """A headless BERT's run has two outputs, its pooled one and its last hidden state: either, moved alone, is the
+    oracle's verdict, not whichever output the run traced first or last."""
+    model, _ = build_random_model("bert", dtype=torch.float64, seed=2, model_class="BertModel")
+    subject = Subject(model, random_inputs("bert", model, seed=2))
+    original = subject.trace()
+    outputs = [n for n in original if n.startswith("output.")]
+    assert sorted(outputs) == ["output.last_hidden", "output.pooler"] and oracle.consult(subject, original).passed
+    tensor = original[moved].tensor.clone()
+    tensor.view(-1)[0] += 0.5 * tensor.abs().max()
+    found = oracle.consult(subject, {**original, moved: dataclasses.replace(original[moved], tensor=tensor)})
+    assert found.output == moved and not found.passed and found.max_rel_error == pytest.approx(0.5, rel=1e-6)
