@@ -23,6 +23,8 @@ Encoder-decoders (T5) number their blocks encoder first, then decoder (as Rule.l
 
 from __future__ import annotations
 
+import contextlib
+import re
 from dataclasses import dataclass
 
 import torch
@@ -48,6 +50,31 @@ def invariant_loss(primary: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(flat, 0) + flat.square().mean()
 
 
+class MixedDtypeError(ValueError):
+    """The model's forward mixed dtypes with its parameters cast to one: a tensor outside them does not follow."""
+
+
+# torch's words for two dtypes meeting in one op (a matmul, a copy into a buffer, an addition's out tensor)
+_DTYPE_CLASH = re.compile(r"same dtype|scalar type|dtype .* (?:but|does not match)|Input type", re.IGNORECASE)
+
+
+@contextlib.contextmanager
+def _dtype_clash_named(params: dict):
+    """A run that fails because two dtypes met is told as that, in one sentence, instead of as a stack of modeling
+    frames: the model's own parameters were all cast to this run's dtype, so the other dtype came from elsewhere."""
+    dtype = str(next(iter(params.values())).dtype).removeprefix("torch.") if params else "its"
+    try:
+        yield
+    except RuntimeError as error:
+        if not _DTYPE_CLASH.search(str(error)):
+            raise
+        raise MixedDtypeError(
+            f"The model does not run with its parameters in {dtype}: a tensor that is not one of its parameters (a "
+            f"forward hook's, a buffer) keeps another dtype, and torch says: {str(error).splitlines()[0]}. A check "
+            "runs the model in its own dtype and in the other of float32 and float64 (for round-off): make such "
+            "tensors follow the activations' dtype, e.g. `vector.to(hidden.dtype)` in the hook.") from None
+
+
 def run(model, params: dict, kwargs: dict, g: Geometry, claims: dict[str, Claim] | None = None,
         backward: bool = False, on_param_grad=None, graph: bool = False) -> dict[str, Record]:
     """on_param_grad(name, Record): with backward, each parameter's gradient is handed over as backward produces it
@@ -64,7 +91,7 @@ def run(model, params: dict, kwargs: dict, g: Geometry, claims: dict[str, Claim]
         if "pixel_values" in kwargs:
             kwargs = {**kwargs, "pixel_values": kwargs["pixel_values"].detach().requires_grad_(True)}
     context = torch.enable_grad() if backward else torch.no_grad()
-    with context:
+    with context, _dtype_clash_named(params):
         out = functional_call(model, params, args=(), kwargs={**kwargs, "output_hidden_states": True,
                                                             "output_attentions": True}, strict=False)
         records = _forward_records(out, model, g)
