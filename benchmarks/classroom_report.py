@@ -43,8 +43,9 @@ def start_streamlit(log: Path, env: dict, script: Path = ROOT / "app.py", cwd: P
             raise RuntimeError(f"streamlit did not become healthy in {healthy_within_s:.0f} s: "
                                f"{log.read_text()[-2000:]}")
         time.sleep(0.5)
-        port = bound_port(log.read_text())
-        url = url or (f"http://127.0.0.1:{port}" if port else "")
+        if not url:  # the log is read until the server has said its port, then only the health check is asked
+            port = bound_port(log.read_text())
+            url = f"http://127.0.0.1:{port}" if port else ""
     return process, url
 
 

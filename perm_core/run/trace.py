@@ -62,12 +62,12 @@ _DTYPE_CLASH = re.compile(r"same dtype|scalar type|dtype .* (?:but|does not matc
 def _dtype_clash_named(params: dict):
     """A run that fails because two dtypes met is told as that, in one sentence, instead of as a stack of modeling
     frames: the model's own parameters were all cast to this run's dtype, so the other dtype came from elsewhere."""
-    dtype = str(next(iter(params.values())).dtype).removeprefix("torch.") if params else "its"
     try:
         yield
     except RuntimeError as error:
         if not _DTYPE_CLASH.search(str(error)):
             raise
+        dtype = str(next(iter(params.values())).dtype).removeprefix("torch.") if params else "its"
         raise MixedDtypeError(
             f"The model does not run with its parameters in {dtype}: a tensor that is not one of its parameters (a "
             f"forward hook's, a buffer) keeps another dtype, and torch says: {str(error).splitlines()[0]}. A check "

@@ -395,7 +395,7 @@ def test_memory_is_bounded_by_the_largest_block(family, tmp_path):
     # BERT's block 9 needs one on every CPU seen; whether another family's last block does depends on the CPU's
     # kernels (DistilBERT's did with MKL's AVX2 kernels on an AMD EPYC): only that block may
     stages = [a["stage"] for a in allowances]
-    assert stages == ["block 9"] if family == "bert" else set(stages) <= {"block 9"}
+    assert (stages == ["block 9"]) if family == "bert" else (set(stages) <= {"block 9"})
     # BERT's head transform (a d x d dense and a norm), ViT's final norm, are read whole: counted, in the original's
     # and the element's copies with their gradients
     whole, width = memory["head_whole_bytes"], SHAPES[family].get("hidden_size", SHAPES[family].get("dim", 0))
