@@ -1,18 +1,11 @@
-"""Every process-wide setting, read from the environment once per process into one frozen object.
+"""The library's process-wide settings, read from the environment once per process into one frozen object.
 
 | variable                   | default | what it sets                                                          |
 |----------------------------|---------|-----------------------------------------------------------------------|
 | TSE_PARAMS_CACHE_MB        | 640     | transformed parameter sets kept for key changes (perm_core.fast.param_cache) |
-| TSE_EXPLORATIONS_CACHE_MB  | 192     | Explore's original traces kept (ui.runtime.runs)                      |
-| TSE_RESULTS_CACHE_MB       | 192     | Explore's finished results kept (ui.runtime.runs)                     |
-| TSE_PAGES_CACHE_MB         | 128     | the other pages' finished runs kept (ui.runtime.runs.page_runs)       |
-| TSE_RUN_BUDGET_MB          | 384     | runs' data alive at once, process-wide (ui.runtime.budget)            |
-| TSE_PAGE_RUNS              | 2       | runs of the other pages at once (ui.runtime.budget.page_slot)         |
-| TSE_CONCURRENT_RUNS        | 2       | Explore runs of one model at once (ui.runtime.budget.model_slot)      |
 | TSE_KEEP_FREED_MEMORY      | 1       | 0: glibc's malloc defaults for the CLI, a benchmark's baseline        |
-| TSE_MEMORY_AUDIT_FILE      | unset   | what held the server's memory at its peak (ui.runtime.memory_audit)   |
-| TSE_WEIGHTS_HASH_FILE      | unset   | each shared model hashed at load and exit (ui.runtime.weights_audit)  |
 
+The app's own settings (its caches, run budget and slots, audits) are read the same way by ui.runtime.settings.
 (TRANSFORMER_SYMMETRY_CACHE, the on-disk cache of converted zoo models, is a path read where it is used:
 perm_core.models.conversion_cache.cache_root.)
 
@@ -26,21 +19,22 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 MEBIBYTE = 2**20
-DEFAULTS = {"TSE_PARAMS_CACHE_MB": "640", "TSE_EXPLORATIONS_CACHE_MB": "192", "TSE_RESULTS_CACHE_MB": "192",
-            "TSE_PAGES_CACHE_MB": "128", "TSE_RUN_BUDGET_MB": "384", "TSE_PAGE_RUNS": "2",
-            "TSE_CONCURRENT_RUNS": "2", "TSE_KEEP_FREED_MEMORY": "1", "TSE_MEMORY_AUDIT_FILE": "",
-            "TSE_WEIGHTS_HASH_FILE": ""}
+DEFAULTS = {"TSE_PARAMS_CACHE_MB": "640", "TSE_KEEP_FREED_MEMORY": "1"}
 
 
 @dataclass(frozen=True)
-class Limits:
-    values: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULTS))
+class EnvironmentSettings:
+    """Each variable's text as written (its default where unset); parsed, or raised naming it, where it is read."""
+
+    DEFAULTS: ClassVar[Mapping[str, str]] = {}
+    values: Mapping[str, str]
 
     @classmethod
-    def from_environment(cls, environ: Mapping[str, str] = os.environ) -> Limits:
-        return cls({name: environ.get(name, default) for name, default in DEFAULTS.items()})
+    def from_environment(cls, environ: Mapping[str, str] = os.environ):
+        return cls({name: environ.get(name, default) for name, default in cls.DEFAULTS.items()})
 
     def _number(self, variable: str) -> float:
         text = self.values[variable]
@@ -66,45 +60,19 @@ class Limits:
     def flag(self, variable: str) -> bool:
         return self.values[variable] != "0"
 
+
+@dataclass(frozen=True)
+class Limits(EnvironmentSettings):
+    DEFAULTS: ClassVar[Mapping[str, str]] = DEFAULTS
+    values: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULTS))
+
     @property
     def params_cache_bytes(self) -> int:
         return self.bytes("TSE_PARAMS_CACHE_MB")
 
     @property
-    def explorations_cache_bytes(self) -> int:
-        return self.bytes("TSE_EXPLORATIONS_CACHE_MB")
-
-    @property
-    def results_cache_bytes(self) -> int:
-        return self.bytes("TSE_RESULTS_CACHE_MB")
-
-    @property
-    def pages_cache_bytes(self) -> int:
-        return self.bytes("TSE_PAGES_CACHE_MB")
-
-    @property
-    def run_budget_bytes(self) -> int:
-        return self.bytes("TSE_RUN_BUDGET_MB")
-
-    @property
-    def page_runs(self) -> int:
-        return self.count("TSE_PAGE_RUNS")
-
-    @property
-    def concurrent_runs(self) -> int:
-        return self.count("TSE_CONCURRENT_RUNS")
-
-    @property
     def keep_freed_memory(self) -> bool:
         return self.flag("TSE_KEEP_FREED_MEMORY")
-
-    @property
-    def memory_audit_file(self) -> Path | None:
-        return self.path("TSE_MEMORY_AUDIT_FILE")
-
-    @property
-    def weights_hash_file(self) -> Path | None:
-        return self.path("TSE_WEIGHTS_HASH_FILE")
 
 
 _current = Limits.from_environment()

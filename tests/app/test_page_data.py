@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from perm_core import limits
 from perm_core.explore.exploration import ExploreResult
 from tests.app.conftest import APP
-from ui.runtime import runs
+from ui.runtime import runs, settings
 
 PAGES = sorted((Path(__file__).resolve().parents[2] / "pages").glob("*.py"))
 
@@ -63,10 +62,10 @@ def _new_results(before: dict) -> list:
 @pytest.fixture
 def uncached_results():
     """No results cache: a bound of 0 bytes keeps nothing, so only the session could keep a result alive."""
-    previous = limits.use(limits.Limits({**limits.DEFAULTS, "TSE_RESULTS_CACHE_MB": "0"}))
+    previous = settings.use(settings.RuntimeSettings({**settings.DEFAULTS, "TSE_RESULTS_CACHE_MB": "0"}))
     runs._caches.clear()
     yield
-    limits.use(previous)
+    settings.use(previous)
     runs._caches.clear()  # the next test gets the default bounds again
 
 

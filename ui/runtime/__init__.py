@@ -1,6 +1,6 @@
 """Every process-wide resource of the app, in one place; pages come in and out through the names below.
 
-| resource                      | where                    | bound (perm_core.limits)                          |
+| resource                      | where                    | bound (settings, perm_core.limits)                |
 |-------------------------------|--------------------------|---------------------------------------------------|
 | shared models                 | models.shared_model      | loaded once per (name, dtype), at most 6          |
 | one model load at a time      | models._LOADING          | a lock (transformers' lazy imports are not safe)  |

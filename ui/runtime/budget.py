@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 
 import streamlit as st
 
-from perm_core import limits
-from ui.runtime import memory_audit
+from ui.runtime import memory_audit, settings
 from ui.runtime.models import loaded_weight_bytes
 
 # The bytes of runs' data alive at once, process-wide (TSE_RUN_BUDGET_MB, default 384). An Explore run holds its
@@ -108,7 +107,7 @@ class RunBudget:
             self._turns.notify_all()
 
 
-RUN_BUDGET = RunBudget(limits.current().run_budget_bytes)
+RUN_BUDGET = RunBudget(settings.current().run_budget_bytes)
 
 
 class _WaitNotice:
@@ -144,7 +143,7 @@ def take(budget: RunBudget, nbytes: int, page: bool = False, own: int = 0) -> No
 # The other pages' runs at once, process-wide (TSE_PAGE_RUNS, default 2): a Check, a gradient comparison or an
 # SGD lockstep holds several model-sized sets while it runs, and ten students pressing Run check together held
 # gigabytes. Process-wide, not per model: these pages have their own model lists, and each run is long anyway.
-_PAGE_RUNS = limits.current().page_runs
+_PAGE_RUNS = settings.current().page_runs
 _page_slots = threading.BoundedSemaphore(_PAGE_RUNS)
 
 
@@ -187,7 +186,7 @@ def page_slot(nbytes: int = 0, own: int = 0):
 # thread at a time and a model one forward at a time, so more at once only holds more transformed parameter sets
 # and traces alive while they wait: 30 sessions opening one link held 30 of them. Per model, so a digits-vit run
 # never queues behind a slower model's.
-_SLOTS_PER_MODEL = limits.current().concurrent_runs
+_SLOTS_PER_MODEL = settings.current().concurrent_runs
 _slots: dict[str, threading.BoundedSemaphore] = {}
 _slots_guard = threading.Lock()
 

@@ -22,8 +22,8 @@ import threading
 import time
 from pathlib import Path
 
-from perm_core import limits
 from perm_core.run import malloc
+from ui.runtime import settings
 
 VARIABLE = "TSE_MEMORY_AUDIT_FILE"
 STEP_BYTES = 16 << 20
@@ -49,7 +49,7 @@ if _MALLINFO2 is not None:
 
 
 def enabled() -> bool:
-    return limits.current().memory_audit_file is not None
+    return settings.current().memory_audit_file is not None
 
 
 def register(name: str, cache) -> None:
@@ -88,7 +88,7 @@ def split() -> dict:
 
 
 def _write(figures: dict) -> None:
-    target = limits.current().memory_audit_file
+    target = settings.current().memory_audit_file
     partial = target.with_name(target.name + ".partial")
     partial.write_text(json.dumps(figures, indent=2, sort_keys=True))
     partial.replace(target)

@@ -13,12 +13,11 @@ from dataclasses import dataclass
 import streamlit as st
 import torch
 
-from perm_core import limits
 from perm_core.explore.exploration import Exploration, ExploreResult
 from perm_core.explore.page_data import PageChoice, page_data
 from perm_core.fast import param_cache
 from perm_core.fast.param_cache import TensorCache
-from ui.runtime import budget, memory_audit
+from ui.runtime import budget, memory_audit, settings
 
 
 @st.cache_resource(show_spinner=False, max_entries=2)
@@ -29,9 +28,9 @@ def model_on(model_name: str, dtype_name: str, device: str, _model):
 
 @st.cache_resource(show_spinner=False)
 def _caches() -> dict[str, TensorCache]:
-    settings = limits.current()
-    caches = {"explorations": TensorCache(settings.explorations_cache_bytes),
-              "results": TensorCache(settings.results_cache_bytes)}
+    bounds = settings.current()
+    caches = {"explorations": TensorCache(bounds.explorations_cache_bytes),
+              "results": TensorCache(bounds.results_cache_bytes)}
     for name, cache in caches.items():
         memory_audit.register(name, cache)
     return caches
@@ -40,7 +39,7 @@ def _caches() -> dict[str, TensorCache]:
 @st.cache_resource(show_spinner=False)
 def _page_cache() -> TensorCache:
     """Apart from Explore's caches: a bad setting of one breaks only the pages that use it."""
-    cache = TensorCache(limits.current().pages_cache_bytes)
+    cache = TensorCache(settings.current().pages_cache_bytes)
     memory_audit.register("pages", cache)
     return cache
 

@@ -19,7 +19,7 @@ import threading
 
 import torch
 
-from perm_core import limits
+from ui.runtime import settings
 
 VARIABLE = "TSE_WEIGHTS_HASH_FILE"
 _lock = threading.Lock()
@@ -38,7 +38,7 @@ def weights_hash(model: torch.nn.Module) -> str:
 
 
 def enabled() -> bool:
-    return limits.current().weights_hash_file is not None
+    return settings.current().weights_hash_file is not None
 
 
 def track(name: str, dtype_name: str, model: torch.nn.Module) -> None:
@@ -63,7 +63,7 @@ def write(at_exit: bool) -> None:
         if at_exit:
             for label, model in _models.items():
                 table[label]["at_exit"] = weights_hash(model)
-        target = limits.current().weights_hash_file
+        target = settings.current().weights_hash_file
         partial = target.with_name(target.name + ".partial")
         partial.write_text(json.dumps(table, indent=2, sort_keys=True))
         partial.replace(target)
