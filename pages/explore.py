@@ -68,7 +68,7 @@ def draw(view, explorer, data, verdict_place, weight_names) -> None:
     computed before the first chart."""
     result, geometry, control = data.result, explorer.geometry, data.result.control
     layer, head = data.choice.layer, data.choice.head
-    verdict = result.verdict()
+    verdict = panels.verdict_line(result)
     if control:
         (verdict_place.error if result.worst_rel > BROKEN_AT else verdict_place.warning)(verdict)
     elif result.passed:

@@ -1,15 +1,26 @@
-"""Panels of the Explore page: each draws three columns or one key picture from computed tensors."""
+"""Panels of the Explore page: each draws three columns or one key picture from computed tensors; and the verdict
+as the page words it."""
 
 from __future__ import annotations
 
 import streamlit as st
 
-from perm_core.explore.exploration import bits_summary, format_bits, permutation_of
+from perm_core.explore.exploration import ExploreResult, bits_summary, format_bits, permutation_of
 from ui.charts import figures
 from ui.export import chart
 from ui.sidebar import SYMMETRY_LABELS
 
 TITLES = ("Original", "Scrambled", "Un-scrambled")
+# What the visitor can do about a verdict, by its outcome: perm_core's verdict says only what was measured
+NEXT_STEP = {"moved nothing": "Choose another key.", "lacks a symmetry": "Switch {names} off to check the others."}
+
+
+def verdict_line(result: ExploreResult) -> str:
+    """The run's verdict, and what to do about it where the sidebar can change it."""
+    next_step = NEXT_STEP.get(result.outcome)
+    if next_step is None:
+        return result.verdict()
+    return f"{result.verdict()} {next_step.format(names=' and '.join(result.not_holding))}"
 
 
 def three_heatmaps(name: str, tensors, title: str, x_title: str, y_title: str, attention: bool = False,

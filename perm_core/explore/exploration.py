@@ -66,34 +66,50 @@ class ExploreResult:
     def passed(self) -> bool:
         return bool(self.errors) and all(e.passed for e in self.errors) and self.moved_enough
 
+    @property
+    def outcome(self) -> str:
+        """Which verdict the numbers give: "control", "non-finite", "nothing switched on", "moved nothing",
+        "identical", "not identical", or "lacks a symmetry" (not identical, and expected_failure)."""
+        if self.control is not None:
+            return "control"
+        if self.non_finite:
+            return "non-finite"
+        if self.scramble.is_identity:
+            return "nothing switched on"
+        if not self.moved_enough:
+            return "moved nothing"
+        if self.passed:
+            return "identical"
+        return "lacks a symmetry" if self.expected_failure else "not identical"
+
     def verdict(self) -> str:
-        """One line, computed from the numbers."""
+        """One line of what was measured, computed from the numbers (a page adds what to do about it)."""
         dtype = str(self.dtype).split(".")[-1]
         n = len(self.errors)
-        if self.control is not None:
+        outcome = self.outcome
+        if outcome == "control":
             state = "breaks, as it must" if self.worst_rel > BROKEN_AT else "does NOT break (unexpected)"
             return (f"Negative control '{self.control.description}' {state}: un-scrambled tensors differ from "
                     f"the original by up to {self.worst_rel:.1e} (relative), {self.worst_abs:.1e} (absolute).")
-        if self.non_finite:
+        if outcome == "non-finite":
             return (f"NOT identical: non-finite values (NaN or inf) in {', '.join(self.non_finite[:3])}"
                     f"{' ...' if len(self.non_finite) > 3 else ''}.")
-        if self.scramble.is_identity:
+        if outcome == "nothing switched on":
             return f"No symmetry switched on: all {n} tensors identical to {self.worst_rel:.1e} in {dtype}."
         contrast = f"Scrambled differs by {self.moved:.2g} ({self.moved_what}); un-scrambled by {self.worst_rel:.1e}"
-        if not self.moved_enough:
-            return (f"{contrast}: the keys moved nothing (below {MOVED_AT}), so this proves nothing. "
-                    "Choose another key.")
-        if self.passed:
+        if outcome == "moved nothing":
+            return f"{contrast}: the keys moved nothing (below {MOVED_AT}), so this proves nothing."
+        if outcome == "identical":
             raised = ", raised per tensor to its measured float32 round-off" if self.raised else ""
             return (f"{contrast} in {dtype}: all {n} un-scrambled tensors match the original "
                     f"(tolerance {self.tolerance:.0e}{raised}).")
         failed = (f"{contrast}: NOT identical, the worst relative error exceeds the {dtype} tolerance "
                   f"{self.tolerance:.0e}.")
-        if not self.expected_failure:
+        if outcome == "not identical":
             return failed
         names = " and ".join(self.not_holding)
         return (f"{failed} As expected: {names} {'is' if len(self.not_holding) == 1 else 'are'} not a symmetry of "
-                f"this model. {' '.join(self.not_holding.values())} Switch {names} off to check the others.")
+                f"this model. {' '.join(self.not_holding.values())}")
 
     @property
     def raised(self) -> bool:
