@@ -1,8 +1,11 @@
-"""Everything the Explore page draws of one result, computed before its first chart: the page only draws.
+"""One Explore result's views of a chosen block, head and weight matrix, all computed together before any is used:
+the input (pixels, or the token order), the hidden state and attention map of that block, the class token's
+attention over the patch grid, the MLP's neurons, the weight, every head of up to a dozen blocks, the outputs, and
+one row per compared tensor.
 
-Each picture is a triple (original, scrambled, un-scrambled), the un-scrambled one the inverse applied to what
-the scrambled model produced. Only the chosen block, head and weight matrix are un-scrambled; the rest of the
-result's tensors stay as the scrambled run left them.
+Each view is a triple (original, scrambled, un-scrambled), the un-scrambled one the inverse applied to what the
+scrambled model produced. Only the chosen block, head and weight matrix are un-scrambled; the rest of the result's
+tensors stay as the scrambled run left them.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from perm_core.explore.mlp_view import MlpView
 
 @dataclass(frozen=True)
 class PageChoice:
-    """What the visitor picked on the page: the block and head shown, and one weight matrix of that block."""
+    """The views asked for: a block and a head, and one weight matrix of that block."""
 
     layer: int
     head: int
