@@ -51,10 +51,12 @@ from benchmarks.classroom_drivers import DRIVERS  # noqa: E402
 from benchmarks.classroom_figures import summarize  # noqa: E402
 from benchmarks.classroom_replicas import ReplicaSet  # noqa: E402
 from benchmarks.classroom_report import ServerProcess, fresh_hashes, log_errors, print_report  # noqa: E402
+from perm_core.models import zoo  # noqa: E402
 
-MODELS = ("digits-vit", "dinov2-s", "minilm")
-SHARED_LINK_MODEL = "dinov2-s"  # the app's opening model, and slow enough that sessions overlap on it
-ROTATION_MODELS = ("digits-vit", "minilm")  # Rotation's own list has no dinov2-s: its sessions rotate digits-vit
+MODELS = (zoo.DEFAULT_IMAGE_MODEL, zoo.DEFAULT_PHOTO_MODEL, zoo.DEFAULT_TEXT_MODEL)
+SHARED_LINK_MODEL = zoo.DEFAULT_PHOTO_MODEL  # the app's opening model, and slow enough that sessions overlap on it
+# Rotation's own list has no dinov2-s: its sessions rotate digits-vit
+ROTATION_MODELS = tuple(name for name in MODELS if name in zoo.serving(zoo.ROTATION))
 KEYS = ("channels", "tokens")
 COMPARED = ("alerts", "metrics", "errors")
 DEFAULT_SECONDS = {"saturation": 120.0, "classroom": 180.0}
@@ -81,7 +83,7 @@ async def run_check_and_rotation(visitor, model: str, query: str, key: int, back
     await timed(records, model, "open Check", lambda: visitor.goto("check", check_query, "Run check"))
     await timed(records, model, "run Check", lambda: visitor.click("Run check", "checks pass"))
     out["check"] = await visitor.snapshot()
-    rotation_model = model if model in ROTATION_MODELS else "digits-vit"
+    rotation_model = model if model in ROTATION_MODELS else zoo.DEFAULT_IMAGE_MODEL
     rotation_query = f"rotation_model={rotation_model}&rotation_key={key}"
     await timed(records, rotation_model, "Rotation", lambda: visitor.goto("rotation", rotation_query,
                                                                           "Rotary embeddings"))

@@ -7,8 +7,11 @@ import bisect
 import math
 from collections import Counter
 
+from perm_core.models.zoo import DEFAULT_IMAGE_MODEL, DEFAULT_PHOTO_MODEL, DEFAULT_TEXT_MODEL
+
 # A key change's p95 goal, by pace: issue 32's for a classroom; the earlier goals at saturation (10 s if not named)
-GOALS_P95_S = {"classroom": {"digits-vit": 3.0, "dinov2-s": 6.0, "minilm": 6.0}, "saturation": {"digits-vit": 5.0}}
+GOALS_P95_S = {"classroom": {DEFAULT_IMAGE_MODEL: 3.0, DEFAULT_PHOTO_MODEL: 6.0, DEFAULT_TEXT_MODEL: 6.0},
+               "saturation": {DEFAULT_IMAGE_MODEL: 5.0}}
 OTHER_GOAL_P95_S = 10.0
 SESSION_BYTES = 24 << 20  # issue 32's memory bound: 2x the loaded float32 weights + 1 GiB + this per session
 

@@ -24,9 +24,10 @@ from perm_core.fast.param_cache import TENSORS  # noqa: E402
 from perm_core.models.defaults import default_inputs  # noqa: E402
 from perm_core.models.inputs import prepare_text  # noqa: E402
 from perm_core.models.registry import load_model  # noqa: E402
+from perm_core.models.zoo import DEFAULT_IMAGE_MODEL, DEFAULT_TEXT_MODEL, SMOLLM2  # noqa: E402
 from ui.charts import figures  # noqa: E402
 
-MODELS = ("digits-vit", "minilm", "smollm2-135m")
+MODELS = (DEFAULT_IMAGE_MODEL, DEFAULT_TEXT_MODEL, SMOLLM2.name)
 TEXT = "Shuffling the tokens of a sentence shuffles the hidden states of a Transformer in exactly the same way."
 
 

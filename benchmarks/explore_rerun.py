@@ -48,12 +48,17 @@ def timed_reruns(app: Path, model: str, repeats: int) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="digits-vit,dinov2-s,minilm")
+    parser.add_argument("--models", help="comma-separated (default: the timed checkout's zoo table's default image, "
+                                         "photo and text models; a checkout older than the table needs them named)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--app", type=Path, default=Path(__file__).resolve().parents[1] / "app.py")
     args = parser.parse_args()
     app = args.app.resolve()
     sys.path.insert(0, str(app.parent))
+    if args.models is None:  # imported only now, from the timed checkout
+        from perm_core.models.zoo import DEFAULT_IMAGE_MODEL, DEFAULT_PHOTO_MODEL, DEFAULT_TEXT_MODEL
+
+        args.models = ",".join((DEFAULT_IMAGE_MODEL, DEFAULT_PHOTO_MODEL, DEFAULT_TEXT_MODEL))
     print(f"{'model':14} {'cached rerun':>13} {'key change':>11}   ({app})")
     for model in args.models.split(","):
         cached, changed = timed_reruns(app, model, args.repeats)

@@ -29,9 +29,10 @@ from perm_core.explore.mlp_view import mlp_view  # noqa: E402
 from perm_core.fast.param_cache import TENSORS, TensorCache, fit_bound_to_models  # noqa: E402
 from perm_core.models.defaults import default_inputs  # noqa: E402
 from perm_core.models.registry import load_model  # noqa: E402
+from perm_core.models.zoo import DEFAULT_IMAGE_MODEL, DEFAULT_PHOTO_MODEL, DEFAULT_TEXT_MODEL  # noqa: E402
 from perm_core.run import malloc  # noqa: E402
 
-MODELS = ("digits-vit", "dinov2-s", "minilm")
+MODELS = (DEFAULT_IMAGE_MODEL, DEFAULT_PHOTO_MODEL, DEFAULT_TEXT_MODEL)
 
 
 def resident_gib() -> float:

@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from perm_core.explore.exploration import Exploration  # noqa: E402
 from perm_core.models.defaults import default_inputs  # noqa: E402
 from perm_core.models.registry import load_model  # noqa: E402
+from perm_core.models.zoo import DEFAULT_IMAGE_MODEL, DEFAULT_PHOTO_MODEL, DEFAULT_TEXT_MODEL  # noqa: E402
 from perm_core.run.threads import TorchWorkCalls  # noqa: E402
 
 
@@ -48,7 +49,7 @@ def busy_threads(count: int):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="dinov2-s,minilm,digits-vit")
+    parser.add_argument("--models", default=",".join((DEFAULT_PHOTO_MODEL, DEFAULT_TEXT_MODEL, DEFAULT_IMAGE_MODEL)))
     parser.add_argument("--busy", type=int, default=4, help="busy Python threads beside the key change")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()

@@ -46,10 +46,11 @@ from perm_core.families import family_of  # noqa: E402
 from perm_core.fast.graph_forward import fits_a_graph  # noqa: E402
 from perm_core.fast.param_cache import TENSORS  # noqa: E402
 from perm_core.models.registry import load_model  # noqa: E402
+from perm_core.models.zoo import DINOV2_S, GEMMA3, SMOLLM2  # noqa: E402
 from perm_core.run.malloc import keep_freed_memory  # noqa: E402
 from perm_core.verify.check import check  # noqa: E402
 
-MODELS = ("random:vit-base", "random:bert-base", "random:gpt2-base", "smollm2-135m", "gemma3-270m", "dinov2-s")
+MODELS = ("random:vit-base", "random:bert-base", "random:gpt2-base", SMOLLM2.name, GEMMA3.name, DINOV2_S.name)
 SEQ_LEN = 128
 # Issue 32's goals: each case's time at most this many times its own floor
 GOALS_OVER_FLOOR = {"fresh": 1.3, "mlp_key": 1.15, "tokens_key": 1.15, "check": 1.5}

@@ -24,11 +24,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.classroom_report import start_streamlit  # noqa: E402
+from perm_core.models import zoo  # noqa: E402
 
-ZOO = ("dinov2-s", "digits-vit", "digits-vit-b", "minilm", "smollm2-135m", "gemma3-270m", "random:vit",
-       "random:bert", "random:gpt2", "random:llama", "random:gemma3", "random:dinov2")
-OWN_PAGES = ["backward?bw_model=digits-vit", "backward?bw_model=minilm", "authorization?au_model=digits-vit",
-             "authorization?au_model=minilm", "rotation?rotation_model=digits-vit", "rotation?rotation_model=minilm",
+ZOO = (*zoo.explore_menu(), "random:vit", "random:bert", "random:gpt2", "random:llama", "random:gemma3",
+       "random:dinov2")
+# the pages with their own model menus, each toured with the fast image and text models; Fusion loads its own pair
+TOURED = (zoo.DEFAULT_IMAGE_MODEL, zoo.DEFAULT_TEXT_MODEL)
+OWN_PAGES = [*(f"{page}?{field}={name}" for page, field in (("backward", "bw_model"), ("authorization", "au_model"),
+                                                             ("rotation", "rotation_model")) for name in TOURED),
              "fusion", "split_learning?sl_epochs=2&sl_attack_epochs=3&sl_victims=40", ""]
 
 
@@ -108,7 +111,7 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait(timeout=30)
-    weights = float32_weight_bytes(sorted(set(models) | {"digits-vit", "digits-vit-b", "minilm"}))
+    weights = float32_weight_bytes(sorted(set(models) | {*TOURED, *zoo.serving(zoo.FUSION)}))
     bound = 2 * weights + 2**30
     print(f"\n{args.sessions} sessions, {len(models)} models, {time.perf_counter() - started:.0f} s")
     print(f"server peak resident memory  {peak / 2**30:6.2f} GiB")

@@ -28,6 +28,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from perm_core.models.zoo import GEMMA3, SMOLLM2  # noqa: E402
+
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
 
 BARE_FORWARD = """
@@ -86,7 +90,7 @@ def gib(n) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--llama", default="/tmp/tse-llama-1b", help="written by benchmarks/make_llama_1b.py")
-    parser.add_argument("--models", default="smollm2-135m,gemma3-270m")
+    parser.add_argument("--models", default=",".join((SMOLLM2.name, GEMMA3.name)))
     parser.add_argument("--json", help="write the results here too")
     args = parser.parse_args()
     results = {}

@@ -6,6 +6,7 @@ import streamlit as st
 from perm_core.applications import attack as atk
 from perm_core.applications import authorization as auth
 from perm_core.engine.keys import LONG_KEY_BITS, InvalidKeyError, parse_long_key
+from perm_core.models.zoo import AUTHORIZATION, ZOO, serving
 from ui.charts import figures_authorization as fa
 from ui.charts import figures_backward as fb
 from ui.errors import show_failure
@@ -15,8 +16,10 @@ from ui.runtime import PageRequest, page_run_bytes, page_runs, shared_model
 from ui.sidebar import ensure_view
 from ui.state import lecture_key, publish, seed, seed_choice
 
-MODELS = ("digits-vit", "digits-vit-b", "minilm", "smollm2-135m")
-DEFAULT_WRONG = {"digits-vit": 20, "digits-vit-b": 20, "minilm": 5, "smollm2-135m": 3}
+MODELS = serving(AUTHORIZATION)
+# a wrong key costs one evaluation: a test-set pass on digits, slower on a text encoder, slowest on a language model
+WRONG_BY_TASK = {"image-classification": 20, "sentence-embedding": 5, "causal-lm": 3}
+DEFAULT_WRONG = {name: WRONG_BY_TASK[ZOO[name].task] for name in MODELS}
 LABELS = {"accuracy": "test accuracy", "retrieval": "paraphrase retrieval top-1", "perplexity": "perplexity"}
 STEP_LADDERS = {max(steps): steps for steps in (atk.FINE_TUNE_STEPS[:4], atk.FINE_TUNE_STEPS[:5],
                                                 atk.FINE_TUNE_STEPS)}  # fine-tune up to -> the steps measured

@@ -8,6 +8,7 @@ from perm_core.families import geometry_of
 from perm_core.models.defaults import default_inputs
 from perm_core.models.digits import digits_split
 from perm_core.models.inputs import InputError, prepare_text
+from perm_core.models.zoo import BACKWARD, DIGITS_VIT, serving
 from perm_core.verify.check import BROKEN_AT, Subject
 from ui.charts import figures_backward as fb
 from ui.errors import show_failure
@@ -17,7 +18,7 @@ from ui.runtime import PageRequest, page_run_bytes, page_runs, shared_model
 from ui.sidebar import ensure_view
 from ui.state import key_or_stop, lecture_key, seed, seed_choice, seed_subset
 
-MODELS = ("digits-vit", "minilm", "random:vit", "random:bert", "random:gpt2", "random:llama")
+MODELS = (*serving(BACKWARD), "random:vit", "random:bert", "random:gpt2", "random:llama")
 DEFAULT_TEXT = "A man is playing a guitar."
 DEFAULT_REFERENCE = "Someone plays the guitar."
 SGD_BATCH = 32  # digits training images per SGD step
@@ -61,7 +62,7 @@ def main(shared_runs) -> None:
     reference, target_class = None, 0
     if geometry_of(loaded.model).input_kind == "image":
         labels = loaded.labels or [str(i) for i in range(loaded.model.config.num_labels)]
-        if model_name == "digits-vit":
+        if model_name == DIGITS_VIT.name:  # the digits test images, and training batches for SGD
             test_x = digits_split()[2]
             seed_choice("bw_image", range(len(test_x)), 0, int)
             index = row[1].slider("Test image", 0, len(test_x) - 1, key="bw_image")
@@ -154,7 +155,7 @@ def main(shared_runs) -> None:
     control_names = [c.name for name in chosen for c in symmetries.controls(name, key, shape.geometry, shape.n_tokens)]
     seed_choice("bw_control", ["none", *control_names], "none")
     control = row[2].selectbox("Negative control (must break)", ["none", *control_names], key="bw_control")
-    if "pixel_values" in inputs and model_name == "digits-vit":
+    if "pixel_values" in inputs and model_name == DIGITS_VIT.name:
         train_x, train_y, _, _ = digits_split()
         sgd_inputs, sgd_targets = {"pixel_values": train_x[:SGD_BATCH]}, train_y[:SGD_BATCH]
         st.caption(f"Each step: a batch of {SGD_BATCH} digits training images with their labels.")

@@ -8,6 +8,7 @@ from perm_core.applications.fusion import fuse
 from perm_core.applications.fusion_pairs import HELD_OUT, PairSettings
 from perm_core.applications.matching import METHODS
 from perm_core.models.registry import ModelLoadError
+from perm_core.models.zoo import FUSION, serving
 from ui.charts import figures_fusion as figs
 from ui.charts import figures_fusion_experiment as fxfigs
 from ui.errors import show_failure
@@ -17,7 +18,7 @@ from ui.runtime import PageRequest, page_run_bytes, page_runs, shared_model
 from ui.sidebar import ensure_view
 from ui.state import parse_bool, seed, seed_choice, seed_subset
 
-DIGITS_MODELS = ("digits-vit", "digits-vit-b")
+DIGITS_MODELS = serving(FUSION)
 WIDTHS = (32, 64, 128)
 PAPER = "Zhang, Zheng, Chen, Li, ICML 2025"
 

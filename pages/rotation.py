@@ -6,6 +6,7 @@ import streamlit as st
 from perm_core.applications.rotation import residual_rotation, rope_rotations, rotation_demo
 from perm_core.models.defaults import default_inputs
 from perm_core.models.registry import ModelLoadError
+from perm_core.models.zoo import ROPE_ROTATION, ROTATION, serving
 from perm_core.verify.check import worst_rel
 from ui.charts import figures_fusion as figs
 from ui.errors import show_failure
@@ -14,8 +15,10 @@ from ui.runtime import PageRequest, page_run_bytes, page_runs, shared_model
 from ui.sidebar import ensure_view
 from ui.state import key_or_stop, lecture_key, seed, seed_choice
 
-MODELS = ("digits-vit", "random:vit", "random:bert", "random:gpt2", "random:llama", "minilm", "smollm2-135m")
-ROPE_MODELS = ("random:llama", "smollm2-135m")
+# the trained image model first (it opens the page), the random ones, then the trained text models
+MODELS = (*serving(ROTATION, "image"), "random:vit", "random:bert", "random:gpt2", "random:llama",
+          *serving(ROTATION, "text"))
+ROPE_MODELS = ("random:llama", *serving(ROPE_ROTATION))
 
 
 def main(shared_runs) -> None:

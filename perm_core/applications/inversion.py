@@ -162,13 +162,15 @@ def run_attack(seed: int = DEFAULT_SEED, key: int = DEFAULT_KEY, epochs: int = D
     from tqdm.auto import tqdm
 
     from perm_core.models.registry import load_model
+    from perm_core.models.zoo import SPLIT_LEARNING, serving
 
     if epochs < 1 or not 1 <= n_victims <= 360 or n_show < 0:
         raise ValueError("epochs must be at least 1 and the number of victims between 1 and 360")
     key = keys.validate_key(key)
     started = time.perf_counter()
     with torch_threads(1), torch.no_grad():  # tiny models: one thread is fastest on a shared machine
-        embeddings = load_model("digits-vit").model.vit.embeddings.eval()
+        (public_model,) = serving(SPLIT_LEARNING)
+        embeddings = load_model(public_model).model.vit.embeddings.eval()
         train_x, _, test_x, _ = digits_split()
         victims_x = test_x[:n_victims]
         auxiliary = embeddings(train_x)  # [1437, 17, 64]: what the attacker computes itself

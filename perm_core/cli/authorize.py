@@ -9,8 +9,9 @@ the locked checkpoints, unlocks with it, and on digits models sweeps the owner's
 from __future__ import annotations
 
 from perm_core.cli import UsageError, load_or_usage_error, print_json
+from perm_core.models.zoo import AUTHORIZATION, serving
 
-SUPPORTED = ("digits-vit", "digits-vit-b", "minilm", "smollm2-135m")
+SUPPORTED = serving(AUTHORIZATION)
 
 
 def register(sub) -> None:

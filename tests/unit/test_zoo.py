@@ -7,8 +7,8 @@ from safetensors.torch import save_file
 
 from perm_core.families import geometry_of
 from perm_core.models import inputs, registry
-from perm_core.models import smollm as zoo_smollm
 from perm_core.models.registry import ModelLoadError
+from perm_core.models.zoo import SMOLLM2
 from perm_core.run.numerics import EXACT_EAGER
 
 # --- listing ---
@@ -197,8 +197,7 @@ def test_smollm2_knows_the_capital_of_france(smollm):
 def test_smollm2_cache_is_complete_and_reloads_without_converting(smollm, monkeypatch):
     first, _, _, cache = smollm
     monkeypatch.setenv("TRANSFORMER_SYMMETRY_CACHE", str(cache))
-    gguf = zoo_smollm.gguf_path()
-    directory = zoo_smollm.cache_dir(gguf)
+    directory = SMOLLM2.loader.cache_dir(SMOLLM2.loader.gguf_files())
     assert str(directory).startswith(str(cache))
     assert (directory / "complete.json").is_file()
     assert not [p for p in directory.parent.iterdir() if p.name.startswith(".smollm2-")]  # no temp left over
@@ -213,14 +212,14 @@ def test_smollm2_cache_is_complete_and_reloads_without_converting(smollm, monkey
 @pytest.mark.slow
 def test_interrupted_conversion_leaves_no_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TRANSFORMER_SYMMETRY_CACHE", str(tmp_path))
-    gguf = zoo_smollm.gguf_path()
+    files = SMOLLM2.loader.gguf_files()
 
     def crash(fraction, message):
         if fraction >= 0.3:
             raise RuntimeError("simulated crash")
 
     with pytest.raises(RuntimeError, match="simulated crash"):
-        zoo_smollm.convert(gguf, zoo_smollm.cache_dir(gguf), progress=crash)
+        SMOLLM2.loader.convert(SMOLLM2.name, files, SMOLLM2.loader.cache_dir(files), progress=crash)
     assert list(tmp_path.iterdir()) == []
 
 
