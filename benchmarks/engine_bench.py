@@ -16,7 +16,7 @@ import torch
 
 from perm_core.families import geometry_of
 from perm_core.models.random_models import build_random_model
-from perm_core.verify.check import Subject
+from perm_core.verify.subject import Subject
 
 SEQ_LEN = 128
 

@@ -9,7 +9,8 @@ from perm_core.models.defaults import default_inputs
 from perm_core.models.digits import digits_split
 from perm_core.models.inputs import InputError, prepare_text
 from perm_core.models.zoo import BACKWARD, DIGITS_VIT, serving
-from perm_core.verify.check import BROKEN_AT, Subject
+from perm_core.verify.subject import Subject
+from perm_core.verify.tolerances import BROKEN_AT
 from ui.charts import figures_backward as fb
 from ui.errors import show_failure
 from ui.export import chart

@@ -7,7 +7,7 @@ from perm_core.applications.rotation import residual_rotation, rope_rotations, r
 from perm_core.models.defaults import default_inputs
 from perm_core.models.registry import ModelLoadError
 from perm_core.models.zoo import ROPE_ROTATION, ROTATION, serving
-from perm_core.verify.check import worst_rel
+from perm_core.verify.tolerances import worst_rel
 from ui.charts import figures_fusion as figs
 from ui.errors import show_failure
 from ui.export import chart

@@ -38,7 +38,7 @@ from perm_core.engine.spec import Scramble, apply_axes
 from perm_core.engine.tokens import model_inputs
 from perm_core.models.registry import mean_pool
 from perm_core.run.stateless import functional_call
-from perm_core.verify.check import Subject
+from perm_core.verify.subject import Subject
 
 PARAPHRASES = Path(__file__).resolve().parents[2] / "assets" / "samples" / "paraphrases.json"
 PERPLEXITY_TEXT = ("The old lighthouse keeper climbed the stairs every evening to light the lamp, and the ships "

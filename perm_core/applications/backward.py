@@ -26,8 +26,19 @@ from perm_core.engine.tokens import model_inputs
 from perm_core.models.registry import mean_pool
 from perm_core.run.stateless import functional_call
 from perm_core.run.trace import TOKEN_RESID, Record
-from perm_core.verify.check import BROKEN_AT, FLOOR, TOLERANCE, Subject, TensorError, worst_rel
-from perm_core.verify.tolerances import headline, is_finite, tensor_errors, worst, worst_abs
+from perm_core.verify.subject import Subject
+from perm_core.verify.tolerances import (
+    BROKEN_AT,
+    FLOOR,
+    TOLERANCE,
+    TensorError,
+    headline,
+    is_finite,
+    tensor_errors,
+    worst,
+    worst_abs,
+    worst_rel,
+)
 
 LOSSES = {
     "class": "cross-entropy to a chosen class",

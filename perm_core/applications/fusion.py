@@ -28,7 +28,8 @@ from perm_core.engine.spec import Scramble
 from perm_core.models import digits
 from perm_core.run.stateless import functional_call, own_dtype
 from perm_core.run.threads import one_thread
-from perm_core.verify.check import BROKEN_AT, TOLERANCE, Subject, worst_rel
+from perm_core.verify.subject import Subject
+from perm_core.verify.tolerances import BROKEN_AT, TOLERANCE, worst_rel
 
 Progress = Callable[[float, str], None] | None
 GROUPS = {"attention": ("attn.",), "mlp": ("mlp.",), "other": ("embedding", "position", "norm", "head")}

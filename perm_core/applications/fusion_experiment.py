@@ -23,7 +23,7 @@ from perm_core.applications.intervals import Interval, paired_difference, t_inte
 from perm_core.applications.matching import align_by_weights, distance
 from perm_core.engine.spec import Scramble
 from perm_core.run.threads import one_thread
-from perm_core.verify.check import Subject
+from perm_core.verify.subject import Subject
 
 KINDS = ("weights", "activations")
 METHODS = ("average", *(f"{kind}: {group}" for kind in KINDS for group in ("permutation", "permutation+rotation")))

@@ -17,7 +17,8 @@ from perm_core.engine import symmetries
 from perm_core.engine.spec import Concat, Scramble, apply_axes
 from perm_core.run.stateless import model_lock
 from perm_core.run.threads import one_thread
-from perm_core.verify.check import BROKEN_AT, TOLERANCE, Subject, TensorError, worst_rel
+from perm_core.verify.subject import Subject
+from perm_core.verify.tolerances import BROKEN_AT, TOLERANCE, TensorError, worst_rel
 
 _HOOK_LOCK = threading.Lock()  # the model may be shared by several app sessions: one capture at a time
 

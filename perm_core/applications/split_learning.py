@@ -76,7 +76,7 @@ def permuted_copy(model, channels: torch.Tensor):
     """A copy of `model` whose weights are the channel-permuted weights (the server's basis)."""
     from perm_core.engine.spec import Scramble
     from perm_core.engine.transforms import Permutation
-    from perm_core.verify.check import Subject
+    from perm_core.verify.subject import Subject
 
     permuted = Subject(model).transformed_params(Scramble({("resid", None): (Permutation(channels),)}))
     copy = type(model)(model.config).to(next(model.parameters()).dtype)

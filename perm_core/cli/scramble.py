@@ -44,8 +44,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from perm_core.verify.check import Subject
     from perm_core.verify.same_function import dtype_name
+    from perm_core.verify.subject import Subject
 
     bad = [name for name in args.symmetry if name not in WEIGHT_SYMMETRIES]
     if bad:

@@ -20,7 +20,8 @@ from perm_core.engine.spec import Scramble
 from perm_core.fast import param_cache
 from perm_core.run.capture import capturing, output_projection
 from perm_core.run.trace import Record
-from perm_core.verify.check import BROKEN_AT, MOVED_AT, TOLERANCE, Subject, TensorError, worst_abs, worst_rel
+from perm_core.verify.subject import Subject
+from perm_core.verify.tolerances import BROKEN_AT, MOVED_AT, TOLERANCE, TensorError, worst_abs, worst_rel
 
 
 @dataclass

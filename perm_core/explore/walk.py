@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from perm_core.explore.exploration import Exploration, ExploreResult, head_grid
-from perm_core.verify.check import TOLERANCE
-from perm_core.verify.tolerances import relative_error
+from perm_core.verify.tolerances import TOLERANCE, relative_error
 
 STEPS = ("tokens", "channels", "heads", "rotation", "exact")
 TITLES = {"tokens": "1. Shuffle the tokens", "channels": "2. Shuffle the channels inside every token",

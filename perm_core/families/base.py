@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from perm_core.engine.spec import FamilySpec, Rule
+from perm_core.families.stages import EncoderDecoderLayout, StageLayout
 
 
 class UnsupportedModelError(ValueError):
@@ -155,6 +156,9 @@ class Family:
     refused: tuple[tuple[str, str], ...] = ()
     # Its *ForSequenceClassification reads the last token in array order (the decoder-only language models).
     pools_last_token: bool = False
+    # The classes the streamed check runs, each with where it keeps its stages (perm_core.families.stages); the
+    # first is the one a config that names no class is streamed as.
+    stages: tuple[StageLayout | EncoderDecoderLayout, ...] = ()
 
     def spec(self, config) -> FamilySpec:
         return FamilySpec(self.name, self.rules(self.geometry(config)))

@@ -2,6 +2,7 @@
 
 from perm_core.engine.spec import Rule
 from perm_core.families.base import Family, Geometry
+from perm_core.families.stages import Head, StageLayout
 
 QKV = {"query": "q", "key": "k", "value": "v"}
 
@@ -57,10 +58,22 @@ def rules(g: Geometry) -> tuple[Rule, ...]:
     )
 
 
+# Where BERT-like encoders keep their stages: embeddings (word rows, position and token-type tables, a norm) ->
+# encoder.layer, no final norm
+ENCODER_STAGES = {"blocks": "encoder.layer", "attention": "attention.self",
+                  "token_embedding": "embeddings.word_embeddings", "final_norm": None, "built": ("embeddings",)}
+STAGES = (
+    # the MLM head's transform and its decoder (tied to the word embeddings) with its own bias
+    StageLayout("BertForMaskedLM", base="bert", heads=(Head(("cls.predictions",)),), head_output="decoder",
+                **ENCODER_STAGES),
+    # the pooler (dense + tanh on token 0) beside the last hidden state
+    StageLayout("BertModel", base="", heads=(), pooler="pooler", **ENCODER_STAGES))
+
+
 # Sequence classification, multiple choice and next-sentence prediction read the pooled [CLS], which never moves;
 # token classification and question answering have one row of scores per token, which moves with its token
 # (trace.py: logits [B, T, labels] and start/end logits [B, T] carry a token axis).
 FAMILY = Family("bert", ("bert",), ("BertModel", "BertForMaskedLM", "BertForSequenceClassification",
                                     "BertForTokenClassification", "BertForQuestionAnswering", "BertForMultipleChoice",
                                     "BertLMHeadModel", "BertForPreTraining", "BertForNextSentencePrediction"),
-                geometry, rules)
+                geometry, rules, stages=STAGES)

@@ -4,7 +4,8 @@ in place under token permutation (Geometry.fixed_tokens = 2) and only the patche
 
 from perm_core.engine.spec import Rule
 from perm_core.families.base import Family, Geometry, UnsupportedModelError
-from perm_core.families.vit import MASKED_IMAGE_MODELING, body_rules, image_tokens, square
+from perm_core.families.stages import Head, StageLayout
+from perm_core.families.vit import CLASSIFIER, IMAGE_STAGES, MASKED_IMAGE_MODELING, body_rules, image_tokens, square
 
 P = r"(?:deit\.)?"
 
@@ -29,7 +30,17 @@ def rules(g: Geometry) -> tuple[Rule, ...]:
         Rule(r"(?:cls_|distillation_)?classifier\.bias", (None,), "head"),
     )
 
+STAGES = (
+    # the teacher class: a classifier on the [CLS] token and one on the distillation token, the logits their mean;
+    # the trace records all three (output.logits, output.cls_logits, output.distillation_logits)
+    StageLayout("DeiTForImageClassificationWithTeacher", base="deit", logits_mean=True,
+                heads=(Head(("cls_classifier",), token=0, output="output.cls_logits"),
+                       Head(("distillation_classifier",), token=1, output="output.distillation_logits")),
+                **IMAGE_STAGES),
+    StageLayout("DeiTForImageClassification", base="deit", heads=CLASSIFIER, **IMAGE_STAGES))  # one classifier
+
 
 FAMILY = Family("deit", ("deit",), ("DeiTModel", "DeiTForImageClassification",
                                     "DeiTForImageClassificationWithTeacher"), geometry, rules,
-                refused=(("DeiTForMaskedImageModeling", MASKED_IMAGE_MODELING),))
+                refused=(("DeiTForMaskedImageModeling", MASKED_IMAGE_MODELING),),
+                stages=STAGES)

@@ -9,7 +9,8 @@ table's axis 1 holds the class token's row first, like ViT's; the class token st
 
 from perm_core.engine.spec import Concat, Rule
 from perm_core.families.base import Family, Geometry
-from perm_core.families.vit import image_tokens, square
+from perm_core.families.stages import StageLayout
+from perm_core.families.vit import IMAGE_STAGES, image_tokens, square
 
 P = r"(?:dinov2\.)?"
 L = P + r"encoder\.layer\.(?P<layer>\d+)\."
@@ -52,7 +53,11 @@ def rules(g: Geometry) -> tuple[Rule, ...]:
         Rule(r"classifier\.bias", (None,), "head"),
     )
 
+# pixels -> embeddings -> encoder.layer -> the final layernorm, whose token 0 is the pooled output
+STAGES = StageLayout("Dinov2Model", base="", blocks="encoder.layer", heads=(), pooled_token=0, **IMAGE_STAGES)
+
 
 FAMILY = Family("dinov2", ("dinov2",), ("Dinov2Model", "Dinov2ForImageClassification"), geometry, rules,
                 refused=(("Dinov2Backbone", "a backbone returns per-stage feature maps [B, d, h, w] for a "
-                          "detection or segmentation model, not a head's output; load Dinov2Model instead"),))
+                          "detection or segmentation model, not a head's output; load Dinov2Model instead"),),
+                stages=(STAGES,))

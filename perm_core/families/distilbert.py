@@ -3,6 +3,8 @@ sa_layer_norm, ffn.lin1/lin2, output_layer_norm); learned positions taken as pos
 
 from perm_core.engine.spec import Rule
 from perm_core.families.base import Family, Geometry
+from perm_core.families.bert import ENCODER_STAGES
+from perm_core.families.stages import Head, StageLayout
 
 P = r"(?:distilbert\.)?"
 L = P + r"transformer\.layer\.(?P<layer>\d+)\."
@@ -42,8 +44,16 @@ def rules(g: Geometry) -> tuple[Rule, ...]:
         Rule(r"qa_outputs\.bias", (None,), "head"),
     )
 
+# embeddings (word rows, position table, a norm) -> transformer.layer (no final norm)
+_STAGES = {**ENCODER_STAGES, "blocks": "transformer.layer", "attention": "attention"}
+STAGES = (
+    # the MLM head: four modules on the class, its projector tied to the word embeddings with its own bias
+    StageLayout("DistilBertForMaskedLM", base="distilbert", **_STAGES,
+                heads=(Head(("vocab_transform", "activation", "vocab_layer_norm", "vocab_projector")),)),
+    StageLayout("DistilBertModel", base="", heads=(), **_STAGES))  # headless: the last hidden state alone
+
 
 FAMILY = Family("distilbert", ("distilbert",), ("DistilBertModel", "DistilBertForMaskedLM",
                                                 "DistilBertForSequenceClassification",
                                                 "DistilBertForTokenClassification", "DistilBertForQuestionAnswering",
-                                                "DistilBertForMultipleChoice"), geometry, rules)
+                                                "DistilBertForMultipleChoice"), geometry, rules, stages=STAGES)

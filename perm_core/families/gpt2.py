@@ -2,6 +2,7 @@
 
 from perm_core.engine.spec import Concat, Rule
 from perm_core.families.base import Family, Geometry
+from perm_core.families.stages import StageLayout
 
 P = r"(?:transformer\.)?"
 L = P + r"h\.(?P<layer>\d+)\."
@@ -41,8 +42,15 @@ def rules(g: Geometry) -> tuple[Rule, ...]:
 
 # GPT2ForSequenceClassification reads the logits of the LAST token in array order: its last token stays in place
 # under token permutation (pools_last_token, see Geometry.fixed_last_token), as BERT's [CLS] does.
+
+# wte + wpe -> h -> ln_f -> lm_head (tied to wte)
+STAGES = StageLayout("GPT2LMHeadModel", base="transformer", blocks="h", attention="attn", token_embedding="wte",
+                     final_norm="ln_f")
+
+
 FAMILY = Family("gpt2", ("gpt2",), ("GPT2Model", "GPT2LMHeadModel", "GPT2ForTokenClassification",
                                     "GPT2ForSequenceClassification", "GPT2ForQuestionAnswering"), geometry, rules,
                 refused=(("GPT2DoubleHeadsModel", "a language model and a multiple-choice head at once, over "
                           "[batch, choices, tokens] (logits [B, choices, T, vocab]), has no spec here"),),
-                pools_last_token=True)
+                pools_last_token=True,
+                stages=(STAGES,))

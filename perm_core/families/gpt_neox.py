@@ -10,6 +10,7 @@ untied output head embed_out; transformers renames it lm_head on load.
 
 from perm_core.engine.spec import Concat, Rule
 from perm_core.families.base import Family, Geometry, UnsupportedModelError
+from perm_core.families.stages import StageLayout
 
 P = r"(?:gpt_neox\.)?"
 L = P + r"layers\.(?P<layer>\d+)\."
@@ -50,6 +51,14 @@ def rules(g: Geometry) -> tuple[Rule, ...]:
 
 
 # GPTNeoXForSequenceClassification pools the last token in array order, which stays in place (see gpt2.py).
+
+# embed_in -> layers (a parallel residual, partial rotary) -> final_layer_norm -> lm_head (stored as embed_out by old
+# checkpoints, renamed on loading)
+STAGES = StageLayout("ForCausalLM", base="gpt_neox", attention="attention", token_embedding="embed_in",
+                     final_norm="final_layer_norm", built=("rotary_emb",))
+
+
 FAMILY = Family("gpt_neox", ("gpt_neox",), ("GPTNeoXModel", "GPTNeoXForCausalLM", "GPTNeoXForTokenClassification",
                                             "GPTNeoXForSequenceClassification", "GPTNeoXForQuestionAnswering"),
-                geometry, rules, pools_last_token=True)
+                geometry, rules, pools_last_token=True,
+                stages=(STAGES,))

@@ -11,6 +11,7 @@ import perm_core.families.llama as llama
 import perm_core.families.qwen2 as qwen2
 from perm_core.engine.spec import Rule
 from perm_core.families.base import Family, Geometry
+from perm_core.families.stages import CAUSAL_LM
 
 
 def geometry(config) -> Geometry:
@@ -23,4 +24,5 @@ def rules(g: Geometry) -> tuple[Rule, ...]:
 
 
 FAMILY = Family("qwen3", ("qwen3",), llama.head_classes("Qwen3"), geometry, rules,
-                pools_last_token=True)
+                pools_last_token=True,
+                stages=(CAUSAL_LM,))

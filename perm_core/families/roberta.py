@@ -3,7 +3,8 @@ counted from padding_idx + 1 (Geometry.position_offset): tokens.py passes them s
 
 from perm_core.engine.spec import Rule
 from perm_core.families.base import Family, Geometry
-from perm_core.families.bert import encoder_rules, text_kind
+from perm_core.families.bert import ENCODER_STAGES, encoder_rules, text_kind
+from perm_core.families.stages import Head, StageLayout
 
 
 def geometry(config) -> Geometry:
@@ -34,6 +35,14 @@ def rules(g: Geometry) -> tuple[Rule, ...]:
 
 
 # RobertaForCausalLM is a decoder (is_decoder): tokens.py gives it a causal mask built from the moved positions.
+
+# BERT's stages under roberta.*, its MLM head lm_head.{dense,layer_norm} whole and lm_head.decoder (tied to the word
+# embeddings) with its bias in chunks; position ids counted from padding_idx + 1
+STAGES = StageLayout("RobertaForMaskedLM", base="roberta", heads=(Head(("lm_head",)),), head_output="decoder",
+                     **ENCODER_STAGES)
+
+
 FAMILY = Family("roberta", ("roberta",), ("RobertaModel", "RobertaForMaskedLM", "RobertaForSequenceClassification",
                                           "RobertaForTokenClassification", "RobertaForQuestionAnswering",
-                                          "RobertaForMultipleChoice", "RobertaForCausalLM"), geometry, rules)
+                                          "RobertaForMultipleChoice", "RobertaForCausalLM"), geometry, rules,
+                stages=(STAGES,))

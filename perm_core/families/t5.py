@@ -11,6 +11,7 @@ The tied LM head (scaled by d_model^-0.5 before it) and untied ones (T5 v1.1) al
 
 from perm_core.engine.spec import Rule
 from perm_core.families.base import Family, Geometry
+from perm_core.families.stages import EncoderDecoderLayout
 
 QKV = "qkv"
 
@@ -60,7 +61,12 @@ def rules(g: Geometry) -> tuple[Rule, ...]:
         Rule(r"(?:classifier|qa_outputs)\.bias", (None,), "head"),
     )
 
+# the shared token table -> the encoder's blocks (its final norm with the last) -> the decoder's (cross-attention
+# on the encoder's normed output; its final norm with the last) -> lm_head
+STAGES = EncoderDecoderLayout("T5ForConditionalGeneration")
+
 
 FAMILY = Family("t5", ("t5",), ("T5Model", "T5ForConditionalGeneration", "T5EncoderModel",
                               "T5ForSequenceClassification", "T5ForTokenClassification", "T5ForQuestionAnswering"),
-                geometry, rules)
+                geometry, rules,
+                stages=(STAGES,))

@@ -2,6 +2,7 @@
 
 from perm_core.engine.spec import Rule
 from perm_core.families.base import Family, Geometry, UnsupportedModelError
+from perm_core.families.stages import Head, StageLayout
 
 P = r"(?:vit\.)?"
 
@@ -68,5 +69,14 @@ def rules(g: Geometry) -> tuple[Rule, ...]:
 MASKED_IMAGE_MODELING = ("a masked-image-modeling head (pre-training: it reconstructs the pixels of masked "
                          "patches from bool_masked_pos) has no symmetry spec here; supported: the model and its "
                          "image classifier")
+
+# pixels -> patch projection, [CLS] token (DeiT's distillation token beside it) and position table -> layers -> the
+# final layernorm (it opens the head: the trace's last hidden state is the last block's own output)
+IMAGE_STAGES = {"attention": "attention", "token_embedding": None, "final_norm": "layernorm", "norm_opens_head": True}
+CLASSIFIER = (Head(("classifier",), token=0),)  # its rows, the labels, run as a vocabulary's are
+STAGES = StageLayout("ViTForImageClassification", base="vit", heads=CLASSIFIER, **IMAGE_STAGES)
+
+
 FAMILY = Family("vit", ("vit",), ("ViTModel", "ViTForImageClassification"), geometry, rules,
-                refused=(("ViTForMaskedImageModeling", MASKED_IMAGE_MODELING),))
+                refused=(("ViTForMaskedImageModeling", MASKED_IMAGE_MODELING),),
+                stages=(STAGES,))

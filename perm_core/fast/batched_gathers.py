@@ -116,7 +116,7 @@ def _one_by_one(tensor: torch.Tensor, steps: list[Step]) -> torch.Tensor:
 def gathered_differences(tensors: list[torch.Tensor], references: list[torch.Tensor],
                          steps_per_tensor: list[list[Step]]) -> list[float]:
     """max |reference - tensor gathered along its steps| per pair, each gathered tensor made and dropped in C++:
-    the numbers compare.relative_differences takes one pair at a time."""
+    the numbers tolerances.relative_differences takes one pair at a time."""
     if not tensors:
         return []
     axes, indices = _plans(steps_per_tensor)

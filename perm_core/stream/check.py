@@ -36,7 +36,7 @@ from perm_core.stream.plan import opened, plan_check
 from perm_core.stream.report import PROOF, StreamedReport, allowance_notes, floor_reasons
 from perm_core.stream.reverse import Element, block_stage, block_stage_tensors, embedding_stage, head_stage
 from perm_core.stream.stages import StreamingUnsupportedError
-from perm_core.verify.check import VacuousCheckError
+from perm_core.verify.results import VacuousCheckError
 
 __all__ = ["PROOF", "StreamedReport", "stream_check"]
 

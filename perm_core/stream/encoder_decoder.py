@@ -32,13 +32,13 @@ import torch
 from perm_core.engine.spec import Scramble, apply_axes, transform_param, transform_params
 from perm_core.engine.symmetries import Control
 from perm_core.engine.tokens import model_inputs
-from perm_core.families import family_by_name
+from perm_core.families.stages import EncoderDecoderLayout
 from perm_core.run.stateless import functional_call
 from perm_core.run.trace import TOKEN_RESID
 from perm_core.stream.forward import ControlRun, control_runs, stock_start
 from perm_core.stream.layout import BlockRecorder, StopAtBlock, StreamedModel
 from perm_core.stream.shards import ShardReader
-from perm_core.stream.stages import ENCODER_DECODERS, StreamingUnsupportedError, supported_summary
+from perm_core.stream.stages import StreamingUnsupportedError, family_for
 from perm_core.stream.tally import Scales, Tally
 
 DECODER_RESID = (None, None, "resid")  # the decoder's tokens never move (engine.tokens)
@@ -94,20 +94,10 @@ class EncoderDecoderModel(StreamedModel):
     Rule.layer_offset number them."""
 
     def __init__(self, directory, dtype: torch.dtype, reader: ShardReader | None = None):
-        import transformers
         from transformers import AutoConfig
 
         raw = self._read_config(directory, reader)
-        architectures = raw.get("architectures") or []
-        name = architectures[0] if architectures and isinstance(architectures[0], str) else ""
-        found = [f for f, c in ENCODER_DECODERS.items() if c == name]
-        family = family_by_name(found[0]) if found else None
-        if family is None or raw.get("model_type") not in family.model_types:
-            raise StreamingUnsupportedError(
-                f"streaming supports {supported_summary()}; this checkpoint is {name or 'an unnamed class'} "
-                f"(model_type {raw.get('model_type')!r})")
-        cls = getattr(transformers, name)
-        self.family, self.layout = family.for_class(name), None
+        self.family, cls, self.layout = family_for(raw, EncoderDecoderLayout)
         self.config = AutoConfig.from_pretrained(self.reader.directory, local_files_only=True)
         self._instantiate(cls, dtype)
         self.prefix = ""
@@ -411,7 +401,7 @@ def forward_pass(model: EncoderDecoderModel, inputs: dict, controls: list[Contro
 
 
 def measure_break(model: EncoderDecoderModel, inputs: dict, scramble: Scramble, run: EncoderDecoderRun) -> float:
-    """verify.check.measure_break, streamed: the transformed model's forward, stage by stage on its own activations
+    """verify.controls.measure_break, streamed: the transformed model's forward, stage by stage on its own activations
     (an element that is no symmetry moves them: the break it causes is what is measured), un-scrambled and compared
     with the original run's forward records; the worst relative error."""
     g, dtype = model.geometry, model.dtype

@@ -54,7 +54,7 @@ from perm_core.stream.reverse import (
     with_head_rows,
 )
 from perm_core.stream.stages import StreamingUnsupportedError
-from perm_core.verify.check import NotSymmetry
+from perm_core.verify.results import NotSymmetry
 
 
 class Sums:

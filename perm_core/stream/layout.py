@@ -23,6 +23,7 @@ import json
 import torch
 
 from perm_core.engine.spec import UnclaimedParameterError
+from perm_core.families.stages import StageLayout
 from perm_core.run.numerics import use_exact_numerics
 from perm_core.run.stateless import functional_call
 from perm_core.stream.shards import CheckpointError, ShardReader
@@ -75,7 +76,7 @@ class StreamedModel:
         from transformers import AutoConfig
 
         raw = self._read_config(directory, reader)
-        self.family, cls, self.layout = family_for(raw)
+        self.family, cls, self.layout = family_for(raw, StageLayout)
         self.config = AutoConfig.from_pretrained(self.reader.directory, local_files_only=True)
         if getattr(self.config, "final_logit_softcapping", None) is not None:
             raise StreamingUnsupportedError("streaming does not run heads with logit soft-capping")
@@ -174,7 +175,7 @@ class StreamedModel:
         return None
 
     def places(self) -> dict:
-        """What first_break needs (verify.check.Subject.places): the blocks, each parameter's block, the embedding's
+        """What first_break needs (verify.subject.Subject.places): the blocks, each parameter's block, the embedding's
         parameters, and where a decoder's blocks begin."""
         return {"n_layers": self.n_layers,
                 "parameter_layers": {name: claim.layer for name, claim in self.claims.items()},

@@ -23,7 +23,8 @@ from perm_core.stream.forward import ControlRun
 from perm_core.stream.layout import StreamedModel
 from perm_core.stream.memory import StagePeaks, reset_peak, resident_bytes
 from perm_core.stream.report import StreamedReport, control_result, movement, oracle
-from perm_core.verify.check import VacuousCheckError, cannot_move, summarize
+from perm_core.verify.check import cannot_move, summarize
+from perm_core.verify.results import VacuousCheckError
 from perm_core.verify.tolerances import TOLERANCE
 
 

@@ -19,8 +19,9 @@ from perm_core.stream.allowance import Allowances
 from perm_core.stream.forward import ControlRun
 from perm_core.stream.layout import StreamedModel
 from perm_core.stream.memory import MemoryBound
-from perm_core.verify.check import KEY_BIAS_REASON, ControlResult, Report, most_moved
 from perm_core.verify.oracle import OracleResult
+from perm_core.verify.results import ControlResult, Report
+from perm_core.verify.subject import KEY_BIAS_REASON, most_moved
 from perm_core.verify.tolerances import MOVED_AT, ROUNDOFF_CAP, ROUNDOFF_SAFETY, TOLERANCE, relative_error
 
 PROOF = ("each stage (the embedding, every block, the head) was checked on the original run's own input there, "
@@ -57,7 +58,7 @@ def control_result(r: ControlRun, scales: dict, floor_reasons: dict) -> ControlR
 
 
 def movement(model: StreamedModel, scramble: Scramble, movable_tokens: int) -> tuple[float, str]:
-    """verify.check.Subject.element_movement, each weight read when it is asked for, smallest first."""
+    """verify.subject.Subject.element_movement, each weight read when it is asked for, smallest first."""
     moved: dict[str, float] = {}
     if scramble.tokens is not None and movable_tokens > 0:
         index = scramble.tokens.index
@@ -77,7 +78,7 @@ def movement(model: StreamedModel, scramble: Scramble, movable_tokens: int) -> t
 
 
 def floor_reasons(model: StreamedModel) -> dict[str, str]:
-    """The gradients judged against a floor, and why (verify.check.KEY_BIAS_REASON): a key bias's, zero in exact
+    """The gradients judged against a floor, and why (verify.subject.KEY_BIAS_REASON): a key bias's, zero in exact
     arithmetic where no rotary embedding turns the keys, so only round-off is left to compare."""
     return {f"grad.param.{n}": KEY_BIAS_REASON for n, c in model.claims.items()
             if c.rule.tag == "attn.k" and len(model.reader.entries[n].shape) == 1 and not model.geometry.rope}

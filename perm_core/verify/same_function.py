@@ -30,8 +30,8 @@ import torch
 
 from perm_core.engine.spec import transform_params
 from perm_core.families import family_of
-from perm_core.verify.check import Subject
 from perm_core.verify.recover import NOT_RECOVERED, Recovered, recover
+from perm_core.verify.subject import Subject
 from perm_core.verify.tolerances import TOLERANCE, TensorError, json_safe, tensor_errors, worst_rel
 
 FLOAT32_ROUNDING = 1e-5  # a residual below this but above round-off looks like weights stored in float32

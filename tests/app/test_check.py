@@ -150,7 +150,7 @@ def test_the_reproduce_command_gives_the_pages_report(query):
 def test_a_failing_check_shows_where_it_first_breaks(monkeypatch):
     """A bug planted in block 1 of digits-vit: the page fails, names the first tensor over tolerance in
     computation order, and charts the error place by place with block 1 the first over the line."""
-    from perm_core.verify.check import Subject
+    from perm_core.verify.subject import Subject
 
     real = Subject.transformed_params
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from perm_core.engine import symmetries
-from perm_core.verify.check import TOLERANCE
+from perm_core.verify.tolerances import TOLERANCE
 
 
 def assert_symmetry_holds(report, symmetry: str, dtype: torch.dtype) -> None:

@@ -9,7 +9,7 @@ from perm_core.__main__ import main
 from perm_core.applications import authorization as auth
 from perm_core.models.digits import evaluate_digits
 from perm_core.models.registry import load_model
-from perm_core.verify.check import Subject
+from perm_core.verify.subject import Subject
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -10,7 +10,7 @@ from perm_core.applications import backward as bw
 from perm_core.models.digits import digits_split
 from perm_core.models.random_models import build_random_model, random_inputs
 from perm_core.models.registry import load_model
-from perm_core.verify.check import Subject
+from perm_core.verify.subject import Subject
 
 ALL_KEYS = {"tokens": 3, "channels": 7, "heads": 1, "head_channels": 5, "mlp": 2, "rotation": 4}
 

@@ -31,7 +31,8 @@ from perm_core.engine.transforms import BlockOrthogonal, Permutation
 from perm_core.families import UnsupportedModelError, family_by_name, family_of, gpt_neox, phi3
 from perm_core.models.random_models import build_random_model, random_config, random_inputs, randomize_
 from perm_core.run.numerics import use_exact_numerics
-from perm_core.verify.check import Subject, check
+from perm_core.verify.check import check
+from perm_core.verify.subject import Subject
 from tests.unit.symmetry_asserts import assert_every_control_breaks, assert_symmetry_holds
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -17,8 +17,11 @@ import transformers as hf
 from perm_core.cli.check import format_report
 from perm_core.engine import symmetries
 from perm_core.models.registry import finish
-from perm_core.verify import check as check_module
-from perm_core.verify.check import ControlResult, Subject, check, explain_unbroken, run_control
+from perm_core.verify import controls as controls_module
+from perm_core.verify.check import check
+from perm_core.verify.controls import explain_unbroken, run_control
+from perm_core.verify.results import ControlResult
+from perm_core.verify.subject import Subject
 from perm_core.verify.tolerances import BROKEN_AT, TOLERANCE
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -54,8 +57,8 @@ def crafted(control: symmetries.Control, error: float, broken: bool = False) -> 
 
 def counting_scans(monkeypatch) -> list:
     scans = []
-    real = check_module.uniform_tensors
-    monkeypatch.setattr(check_module, "uniform_tensors", lambda params: scans.append(1) or real(params))
+    real = controls_module.uniform_tensors
+    monkeypatch.setattr(controls_module, "uniform_tensors", lambda params: scans.append(1) or real(params))
     return scans
 
 
@@ -64,7 +67,7 @@ def counting_scans(monkeypatch) -> list:
 @pytest.mark.parametrize("family", ["vit", "bert"])
 def test_a_true_symmetry_planted_as_a_control_at_init_stays_not_broken_and_fails_the_report(monkeypatch, family):
     model, inputs = hf_init(family)
-    assert len(check_module.uniform_tensors(Subject(model, inputs).params)) >= 20  # the uniform branch is reached
+    assert len(controls_module.uniform_tensors(Subject(model, inputs).params)) >= 20  # the uniform branch is reached
     real = symmetries.controls
     monkeypatch.setattr(symmetries, "controls", lambda name, key, g, n=None: real(name, key, g, n) + [
         symmetries.Control(name, "true_element", "the symmetry itself", lambda: symmetries.build(name, key, g, n))])
@@ -87,8 +90,8 @@ def test_a_control_hidden_only_by_uniform_tensors_is_not_informative_and_says_wh
     control = control_named(subject, "norms_not_permuted")
     result = run_control(subject, control, subject.trace())
     explained = explain_unbroken(subject, control, result)
-    uniform = check_module.uniform_tensors(subject.params)
-    varied = subject.with_params(check_module.randomized(subject.params, uniform))
+    uniform = controls_module.uniform_tensors(subject.params)
+    varied = subject.with_params(controls_module.randomized(subject.params, uniform))
     elsewhere = run_control(varied, control, varied.trace()).max_rel_error
     assert not result.broken and result.max_rel_error <= subject.tolerance and elsewhere > BROKEN_AT
     assert (explained.broken, explained.max_rel_error, explained.informative) == (False, result.max_rel_error, False)
@@ -117,10 +120,11 @@ def test_without_uniform_tensors_an_unbroken_control_stays_not_broken(monkeypatc
     """The init checkpoint with its uniform tensors given distinct values: nothing left to explain the control."""
     model, inputs = hf_init("vit")
     at_init = Subject(model, inputs)
-    subject = at_init.with_params(check_module.randomized(at_init.params, check_module.uniform_tensors(at_init.params)))
-    assert not check_module.uniform_tensors(subject.params)
+    uniform = controls_module.uniform_tensors(at_init.params)
+    subject = at_init.with_params(controls_module.randomized(at_init.params, uniform))
+    assert not controls_module.uniform_tensors(subject.params)
     runs = []
-    monkeypatch.setattr(check_module, "run_control", lambda *a: runs.append(a) or run_control(*a))
+    monkeypatch.setattr(controls_module, "run_control", lambda *a: runs.append(a) or run_control(*a))
     control = true_element(subject)
     result = run_control(subject, control, subject.trace())
     assert not result.broken and result.max_rel_error <= subject.tolerance
@@ -185,7 +189,7 @@ def test_the_early_measure_decides_only_above_broken_at(monkeypatch):
     original = subject.trace()
     control = true_element(subject)
     for early, broken in ((BROKEN_AT, False), (math.nextafter(BROKEN_AT, math.inf), True)):
-        monkeypatch.setattr(check_module, "_early_break", lambda *_, e=early: (e, "block 1's MLP activation"))
+        monkeypatch.setattr(controls_module, "_early_break", lambda *_, e=early: (e, "block 1's MLP activation"))
         result = run_control(subject, control, original)
         assert result.broken == broken
         if broken:

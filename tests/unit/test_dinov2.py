@@ -24,7 +24,8 @@ from perm_core.models import dinov2 as zoo_dinov2
 from perm_core.models import registry
 from perm_core.models.defaults import default_inputs
 from perm_core.models.random_models import build_random_model, random_inputs
-from perm_core.verify.check import Subject, check, check_scramble
+from perm_core.verify.check import check, check_scramble
+from perm_core.verify.subject import Subject
 
 BACKBONE_OUTPUT = "/backbone/layernorm/Add_1_output_0"  # the ONNX value of Dinov2Model.last_hidden_state
 

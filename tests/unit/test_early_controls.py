@@ -13,8 +13,11 @@ from perm_core.engine.symmetries import Control
 from perm_core.models.random_models import DEFAULT_CLASSES, build_random_model, random_config, random_inputs, randomize_
 from perm_core.run import vocabulary
 from perm_core.run.numerics import use_exact_numerics
-from perm_core.verify import check as check_module
-from perm_core.verify.check import BROKEN_AT, Subject, run_control
+from perm_core.verify import controls as controls_module
+from perm_core.verify import tolerances
+from perm_core.verify.controls import run_control
+from perm_core.verify.subject import Subject
+from perm_core.verify.tolerances import BROKEN_AT
 
 FAMILIES = ("vit", "bert", "gpt2", "llama", "dinov2", "gemma3", "t5")
 
@@ -26,7 +29,7 @@ def subject_of(family: str) -> Subject:
 
 def full_run(subject: Subject, control: Control, original) -> float:
     restored = subject.unscramble(subject.trace(control.scramble), control.scramble)
-    return check_module.worst_rel(check_module.tensor_errors(original, restored, subject.floor_reasons))
+    return tolerances.worst_rel(tolerances.tensor_errors(original, restored, subject.floor_reasons))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -50,7 +53,7 @@ def test_a_true_symmetry_measured_early_is_at_round_off(family):
     subject = subject_of(family)
     for name in ("channels", "heads", "mlp"):
         element = subject.build({name: 21})
-        amount, where = check_module._early_break(subject, Control(name, "intended", "the symmetry itself",
+        amount, where = controls_module._early_break(subject, Control(name, "intended", "the symmetry itself",
                                                               lambda e=element: e))
         assert where == "block 1's MLP activation"
         assert amount < 1e-12, (name, amount)
@@ -60,7 +63,7 @@ def test_a_control_that_does_not_break_early_is_decided_by_the_full_run(monkeypa
     subject = subject_of("llama")
     original = subject.trace()
     control = next(c for c in symmetries.controls("mlp", 21, subject.geometry) if c.name == "output_not_permuted")
-    monkeypatch.setattr(check_module, "_early_break", lambda *_: (0.0, "block 1's MLP activation"))
+    monkeypatch.setattr(controls_module, "_early_break", lambda *_: (0.0, "block 1's MLP activation"))
     result = run_control(subject, control, original)
     assert result.measured_on == "every traced tensor"
     assert result.broken and result.max_rel_error == pytest.approx(full_run(subject, control, original))
@@ -74,16 +77,16 @@ def test_a_one_block_model_runs_its_controls_in_full():
     subject = Subject(model, random_inputs("gpt2", model, seed=4))
     original = subject.trace()
     control = symmetries.controls("mlp", 3, subject.geometry)[0]
-    assert check_module._early_break(subject, control) is None
+    assert controls_module._early_break(subject, control) is None
     result = run_control(subject, control, original)
     assert result.measured_on == "every traced tensor" and result.broken
 
 
 def early_error_without_the_cut(monkeypatch, subject: Subject, control: Control) -> float:
     with monkeypatch.context() as patch:
-        patch.setattr(check_module, "cut_to_rows_read", lambda model, geometry, inputs, params, claims:
+        patch.setattr(controls_module, "cut_to_rows_read", lambda model, geometry, inputs, params, claims:
                       (params, inputs))
-        return check_module._early_break(subject, control)[0]
+        return controls_module._early_break(subject, control)[0]
 
 
 @pytest.mark.parametrize("family", ("bert", "gpt2", "llama", "gemma3"))
@@ -100,7 +103,7 @@ def test_the_early_measure_reads_only_the_inputs_rows_of_the_vocabulary_and_give
     assert torch.equal(params[name][inputs["input_ids"]], subject.params[name][ids])  # the same rows, renumbered
     names = [n for n in symmetries.SYMMETRIES if n not in subject.geometry.not_holding()]
     for control in [c for n in names for c in symmetries.controls(n, 21, subject.geometry, subject.n_tokens)]:
-        assert check_module._early_break(subject, control)[0] == early_error_without_the_cut(
+        assert controls_module._early_break(subject, control)[0] == early_error_without_the_cut(
             monkeypatch, subject, control), control.name
 
 
@@ -108,15 +111,15 @@ def test_a_wrong_renumbering_of_the_cut_table_is_seen(monkeypatch):
     """The negative control of the cut: ids that point at the wrong rows change the early input."""
     subject = subject_of("gpt2")
     control = next(c for c in symmetries.controls("channels", 21, subject.geometry) if c.name == "residual_rotation")
-    right = check_module._early_break(subject, control)[0]
+    right = controls_module._early_break(subject, control)[0]
     cut = vocabulary.cut_to_rows_read
 
     def shifted(*args):
         params, inputs = cut(*args)
         return params, {**inputs, "input_ids": (inputs["input_ids"] + 1) % inputs["input_ids"].max()}
 
-    monkeypatch.setattr(check_module, "cut_to_rows_read", shifted)
-    assert check_module._early_break(subject, control)[0] != right
+    monkeypatch.setattr(controls_module, "cut_to_rows_read", shifted)
+    assert controls_module._early_break(subject, control)[0] != right
 
 
 def test_the_cut_keeps_a_padding_row_the_lookup_needs_and_leaves_other_inputs_alone():
@@ -130,7 +133,8 @@ def test_the_cut_keeps_a_padding_row_the_lookup_needs_and_leaves_other_inputs_al
                                                  subject.claims)
     assert params[name].shape[0] == config.pad_token_id + 1
     for element in (subject.build({"channels": 21}), subject.build({"heads": 21})):
-        assert check_module._early_break(subject, Control("channels", "intended", "", lambda e=element: e))[0] < 1e-12
+        intended = Control("channels", "intended", "", lambda e=element: e)
+        assert controls_module._early_break(subject, intended)[0] < 1e-12
     for family in ("t5", "vit", "roberta"):  # decoder ids, pixels, position ids counted from the ids
         other = subject_of(family)
         params, inputs = vocabulary.cut_to_rows_read(other.model, other.geometry, other.inputs, other.params,

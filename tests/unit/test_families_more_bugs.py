@@ -21,7 +21,8 @@ from perm_core.engine.transforms import Permutation
 from perm_core.families import deit, llama, qwen3
 from perm_core.models.random_models import build_random_model, random_inputs
 from perm_core.run.trace import run
-from perm_core.verify.check import Subject, check
+from perm_core.verify.check import check
+from perm_core.verify.subject import Subject
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 EXACT = 1e-9  # float64

@@ -9,7 +9,7 @@ from perm_core.__main__ import main
 from perm_core.applications import fusion
 from perm_core.applications.matching import METHODS, align, distance
 from perm_core.models.registry import load_model
-from perm_core.verify.check import Subject
+from perm_core.verify.subject import Subject
 
 
 @pytest.fixture(autouse=True, scope="module")

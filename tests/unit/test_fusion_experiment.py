@@ -13,7 +13,8 @@ from perm_core.applications.fusion import cached_split
 from perm_core.applications.fusion_pairs import PairSettings, held_out_split, train_member
 from perm_core.applications.intervals import Interval
 from perm_core.applications.matching import align_by_weights, distance
-from perm_core.verify.check import BROKEN_AT, Subject
+from perm_core.verify.subject import Subject
+from perm_core.verify.tolerances import BROKEN_AT
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TINY = PairSettings(width=16, layers=2, heads=4, epochs=1)

@@ -22,7 +22,8 @@ from perm_core.families import family_of, gemma3
 from perm_core.models import registry
 from perm_core.models.defaults import default_inputs
 from perm_core.models.zoo import GEMMA3
-from perm_core.verify.check import Subject, check
+from perm_core.verify.check import check
+from perm_core.verify.subject import Subject
 from tests.conftest import keep_converted
 
 EXACT = 1e-9  # float64

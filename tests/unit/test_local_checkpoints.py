@@ -22,7 +22,7 @@ from perm_core.models.defaults import DEFAULT_TEXT, default_inputs
 from perm_core.models.random_models import build_random_model, random_config
 from perm_core.run.numerics import use_exact_numerics
 from perm_core.run.trace import TOKEN_RESID
-from perm_core.verify.check import Subject
+from perm_core.verify.subject import Subject
 
 ROOT = Path(__file__).resolve().parents[2]
 CLASSES = {  # class -> family

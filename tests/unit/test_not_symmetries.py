@@ -11,7 +11,8 @@ import torch
 
 from perm_core.families import gpt2 as gpt2_family
 from perm_core.models.random_models import build_random_model, random_inputs
-from perm_core.verify.check import BROKEN_AT, check
+from perm_core.verify.check import check
+from perm_core.verify.tolerances import BROKEN_AT
 
 
 def _claiming_relative_bias(monkeypatch):
@@ -55,7 +56,7 @@ def test_a_real_break_is_the_evidence(monkeypatch):
     def positions_stay(inputs, g, scramble, dtype):
         return real(inputs, g, scramble.with_controls(positions_follow_tokens=False), dtype)
 
-    monkeypatch.setattr("perm_core.verify.check.model_inputs", positions_stay)
+    monkeypatch.setattr("perm_core.verify.subject.model_inputs", positions_stay)
     model, _ = build_random_model("gpt2", dtype=torch.float64, seed=3)
     report = check(model, random_inputs("gpt2", model, seed=3), ["tokens", "channels"], key=7, backward=False)
     claim = report.not_symmetries[0]

@@ -17,9 +17,9 @@ from perm_core.engine.transforms import Permutation, apply_chain, composed
 from perm_core.models.random_models import build_random_model, random_inputs
 from perm_core.models.registry import FAMILIES
 from perm_core.verify import recover as recover_module
-from perm_core.verify.check import Subject
 from perm_core.verify.recover import recover
 from perm_core.verify.same_function import IncomparableError, compare_models
+from perm_core.verify.subject import Subject
 
 KEY = 7
 

@@ -8,7 +8,7 @@ import torch
 
 from perm_core.engine import symmetries
 from perm_core.models.random_models import build_random_model, random_inputs
-from perm_core.verify.check import Subject
+from perm_core.verify.subject import Subject
 
 
 def scrambled_world():

@@ -10,7 +10,7 @@ from perm_core.engine.spec import Scramble, UnclaimedParameterError, transform_p
 from perm_core.engine.transforms import BlockOrthogonal, Permutation
 from perm_core.families import UnsupportedModelError, family_of
 from perm_core.models.random_models import build_random_model, random_inputs
-from perm_core.verify.check import Subject
+from perm_core.verify.subject import Subject
 
 
 def test_unclaimed_parameter_is_an_error():

@@ -20,9 +20,9 @@ from perm_core.engine.spec import transform_param
 from perm_core.engine.symmetries import WEIGHT_SYMMETRIES, build_many
 from perm_core.models.random_models import build_random_model, random_inputs
 from perm_core.run.numerics import use_exact_numerics
-from perm_core.verify import check, same_function
-from perm_core.verify.check import Subject
+from perm_core.verify import same_function
 from perm_core.verify.same_function import UNIT_ROUNDOFF, compare_models, weight_bound
+from perm_core.verify.subject import Subject
 from tests.unit.test_recover import with_params
 
 KEY = 5
@@ -179,7 +179,7 @@ def test_traced_tensors_that_do_not_unscramble_deny_the_element(stored, monkeypa
     honest = compare_models(a, b, probes, stored=(stored, stored))
     assert honest.exit_code == 0
 
-    unscramble = check.Subject.unscramble
+    unscramble = Subject.unscramble
 
     def buggy(self, records, element):
         restored = dict(unscramble(self, records, element))

@@ -12,7 +12,9 @@ import torch
 
 from perm_core.models.random_models import build_random_model, random_inputs
 from perm_core.verify import check as check_module
-from perm_core.verify.check import StreamedGradients, Subject, check_scramble
+from perm_core.verify.check import StreamedGradients, check_scramble
+from perm_core.verify.subject import Subject
+from perm_core.verify.tolerances import MOVED_AT
 
 KEYS = {"channels": 2, "heads": 3, "mlp": 5}
 
@@ -55,7 +57,7 @@ def test_streamed_check_gives_the_kept_checks_numbers(family):
         assert [(r.direction, r.passed, r.max_abs_error, r.max_rel_error) for r in streamed] == \
                [(r.direction, r.passed, r.max_abs_error, r.max_rel_error) for r in kept]
         assert [e.name for e in streamed[1].tensors] == [e.name for e in kept[1].tensors]
-        assert all(r.passed and r.moved >= check_module.MOVED_AT for r in streamed)
+        assert all(r.passed and r.moved >= MOVED_AT for r in streamed)
 
 
 def test_streamed_gradients_compare_every_parameter_gradient():

@@ -25,7 +25,10 @@ from perm_core.models import registry
 from perm_core.models.defaults import default_inputs
 from perm_core.models.random_models import random_config, random_inputs, randomize_
 from perm_core.run.numerics import use_exact_numerics
-from perm_core.verify.check import BROKEN_AT, Subject, check, check_scramble, measure_break
+from perm_core.verify.check import check, check_scramble
+from perm_core.verify.controls import measure_break
+from perm_core.verify.subject import Subject
+from perm_core.verify.tolerances import BROKEN_AT
 from tests.unit.scrambled_checkpoints import save_and_scramble
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -15,7 +15,9 @@ import torch
 from perm_core.models.random_models import build_random_model, random_inputs
 from perm_core.run.trace import Record
 from perm_core.verify import oracle
-from perm_core.verify.check import NotSymmetry, Subject, check, summarize
+from perm_core.verify.check import check, summarize
+from perm_core.verify.results import NotSymmetry
+from perm_core.verify.subject import Subject
 from perm_core.verify.tolerances import (
     BROKEN_AT,
     FLOAT64_ROUNDOFF_CAP,

@@ -17,9 +17,12 @@ from perm_core.engine.spec import Scramble
 from perm_core.engine.transforms import Permutation
 from perm_core.models.random_models import build_random_model, random_inputs
 from perm_core.models.registry import finish
-from perm_core.verify import check as check_module
+from perm_core.verify import controls as controls_module
 from perm_core.verify import oracle
-from perm_core.verify.check import Subject, check, run_control
+from perm_core.verify import subject as subject_module
+from perm_core.verify.check import check
+from perm_core.verify.controls import run_control
+from perm_core.verify.subject import Subject
 from perm_core.verify.tolerances import BROKEN_AT
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -75,11 +78,11 @@ def test_the_movement_measure_is_per_tensor_and_per_element():
     norm = next(n for n, c in subject.claims.items() if c.rule.tag == "norm")
     huge = {n: p * 1e8 if n != norm else p for n, p in subject.params.items()}
     scaled = subject.with_params(huge)
-    moved = scaled.weight_movement(check_module.TransformedOnDemand(scaled, scaled.build({"channels": 4})),
+    moved = scaled.weight_movement(subject_module.TransformedOnDemand(scaled, scaled.build({"channels": 4})),
                                    enough=math.inf)
     assert moved[f"weight {norm}"] >= 0.1
     uniform = subject.with_params({**subject.params, norm: torch.ones_like(subject.params[norm])})
-    moved = uniform.weight_movement(check_module.TransformedOnDemand(uniform, uniform.build({"channels": 4})),
+    moved = uniform.weight_movement(subject_module.TransformedOnDemand(uniform, uniform.build({"channels": 4})),
                                     enough=math.inf)
     assert moved[f"weight {norm}"] == 0.0
 
@@ -117,7 +120,7 @@ def test_the_true_element_as_a_control_is_not_broken_and_fails_the_report(monkey
                                       lambda: subject.build({"channels": 3}))
     result = run_control(subject, true_element, original)
     assert not result.broken and 0 < result.max_rel_error < 1e-12
-    assert not check_module.uniform_tensors(subject.params)
+    assert not controls_module.uniform_tensors(subject.params)
     real = symmetries.controls
     monkeypatch.setattr(symmetries, "controls", lambda name, key, g, n=None: real(name, key, g, n) + [
         symmetries.Control(name, "true_element", "the symmetry itself", lambda: symmetries.build(name, key, g, n))])
@@ -205,13 +208,13 @@ def test_the_original_run_equals_the_stock_forward(family):
 def test_a_tracing_bug_both_runs_share_fails_the_report(monkeypatch, family, bug):
     model, _ = build_random_model(family, dtype=torch.float64, seed=1)
     inputs = random_inputs(family, model, seed=1)
-    real = check_module.Subject.__init__
+    real = subject_module.Subject.__init__
 
     def with_bug(self, *args, **kwargs):
         real(self, *args, **kwargs)
         self.geometry = dataclasses.replace(self.geometry, **{bug: getattr(self.geometry, bug) - 1})
 
-    monkeypatch.setattr(check_module.Subject, "__init__", with_bug)
+    monkeypatch.setattr(subject_module.Subject, "__init__", with_bug)
     report = check(model, inputs, ["mlp"], key=3)
     assert all(c.passed for c in report.checks)  # the symmetry holds on the buggy trace too
     assert not report.oracle.passed and report.oracle.max_rel_error > 1e-2 and not report.passed

@@ -13,8 +13,9 @@ from perm_core.engine import symmetries
 from perm_core.models.random_models import DEFAULT_CLASSES, random_config, random_inputs, randomize_
 from perm_core.run import vocabulary
 from perm_core.run.numerics import use_exact_numerics
-from perm_core.verify import check as check_module
-from perm_core.verify.check import Subject
+from perm_core.verify import controls as controls_module
+from perm_core.verify.subject import Subject
+from perm_core.verify.tolerances import BROKEN_AT
 
 IDS = torch.tensor([[2, 9, 9, 50, 2, 21]])  # 4 distinct ids: 2, 9, 21, 50
 RENUMBERED = torch.tensor([[0, 1, 1, 3, 0, 2]])  # each id's rank among them
@@ -42,9 +43,9 @@ def early_errors(subject: Subject, monkeypatch, with_the_cut: bool) -> list[floa
     controls = [c for n in names for c in symmetries.controls(n, 21, subject.geometry, subject.n_tokens)]
     with monkeypatch.context() as patch:
         if not with_the_cut:
-            patch.setattr(check_module, "cut_to_rows_read", lambda model, geometry, inputs, params, claims:
+            patch.setattr(controls_module, "cut_to_rows_read", lambda model, geometry, inputs, params, claims:
                           (params, inputs))
-        return [check_module._early_break(subject, control)[0] for control in controls]
+        return [controls_module._early_break(subject, control)[0] for control in controls]
 
 
 @pytest.mark.parametrize("family", ("bert", "llama"))
@@ -70,7 +71,7 @@ def test_the_padding_row_exists_in_the_cut_and_the_early_error_is_the_whole_tabl
     assert torch.equal(looked_up, subject.params[name][IDS])
     with_cut, whole = early_errors(subject, monkeypatch, True), early_errors(subject, monkeypatch, False)
     assert len(with_cut) >= 4 and with_cut == whole
-    assert min(with_cut) > check_module.BROKEN_AT  # real breaks, not a vacuous 0 == 0
+    assert min(with_cut) > BROKEN_AT  # real breaks, not a vacuous 0 == 0
 
 
 @pytest.mark.parametrize("padding_id,cut_rows", [(VOCABULARY - 2, VOCABULARY - 1), (VOCABULARY - 1, None)])
