@@ -25,6 +25,7 @@ from perm_core.models.defaults import default_inputs  # noqa: E402
 from perm_core.models.inputs import prepare_text  # noqa: E402
 from perm_core.models.registry import load_model  # noqa: E402
 from perm_core.models.zoo import DEFAULT_IMAGE_MODEL, DEFAULT_TEXT_MODEL, SMOLLM2  # noqa: E402
+from perm_core.run import trace_names  # noqa: E402
 from ui.charts import figures  # noqa: E402
 
 MODELS = (DEFAULT_IMAGE_MODEL, DEFAULT_TEXT_MODEL, SMOLLM2.name)
@@ -45,8 +46,8 @@ def page_figures(explorer: Exploration, result) -> list:
     layer = explorer.geometry.n_layers - 1
     figs = []
     for source in (explorer.original, result.scrambled, result.restored):
-        hidden = source[f"blocks.{layer}.hidden"]
-        attn = source[f"blocks.{layer}.attn"]
+        hidden = source[trace_names.hidden(layer)]
+        attn = source[trace_names.attn(layer)]
         hidden = getattr(hidden, "tensor", hidden)
         attn = getattr(attn, "tensor", attn)
         figs.append(figures.heatmap(hidden[0], "hidden"))

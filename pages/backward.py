@@ -9,6 +9,7 @@ from perm_core.models.defaults import default_inputs
 from perm_core.models.digits import digits_split
 from perm_core.models.inputs import InputError, prepare_text
 from perm_core.models.zoo import BACKWARD, DIGITS_VIT, serving
+from perm_core.run import trace_names
 from perm_core.verify.subject import Subject
 from perm_core.verify.tolerances import BROKEN_AT
 from ui.charts import figures_backward as fb
@@ -104,7 +105,7 @@ def main(shared_runs) -> None:
             loaded = shared_model(model_name, dtype_name)
             subject = Subject(loaded.model, inputs)
             loss = bw.make_loss(settings["loss"], subject, settings["class"], reference)
-            shown = ["grad.input"] + [f"grad.param.{name}" for name in bw.weight_matrices(loaded.model)]
+            shown = [trace_names.GRAD_INPUT, *map(trace_names.param_grad, bw.weight_matrices(loaded.model))]
             return bw.compare_gradients(loaded.model, inputs, loss, dict(settings["keys"]), keep=shown)
 
         return shared_runs.result(PageRequest("backward/gradients", (model_name, dtype_name, repr(settings)),
@@ -130,7 +131,8 @@ def main(shared_runs) -> None:
                  f"({comparison.worst_name}, of {len(comparison.errors)} gradients compared).")
 
     input_label = "d loss / d pixels" if "pixel_values" in inputs else "d loss / d input embeddings (tokens x channels)"
-    for name, label in (("grad.input", input_label), (f"grad.param.{weight}", f"d loss / d {weight}")):
+    weight_grad = trace_names.param_grad(weight)
+    for name, label in ((trace_names.GRAD_INPUT, input_label), (weight_grad, f"d loss / d {weight}")):
         st.subheader(label)
         panels = fb.gradient_triptych(comparison.original[name], comparison.scrambled[name],
                                       comparison.unscrambled[name], label.split(" / ")[1][2:])

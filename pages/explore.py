@@ -5,6 +5,7 @@ import streamlit as st
 from perm_core.engine import symmetries
 from perm_core.explore.exploration import BROKEN_AT, control_options, weight_names
 from perm_core.models.inputs import token_labels
+from perm_core.run import trace_names
 from ui import explore_panels as panels
 from ui.charts import figures
 from ui.export import chart
@@ -111,11 +112,11 @@ def draw(view, explorer, data, verdict_place, weight_names) -> None:
     else:
         st.subheader("Hidden states and attention")
         layer_and_head(geometry)
-    panels.three_heatmaps(f"blocks.{layer}.hidden", data.hidden, f"hidden state after block {layer}", "channel",
+    panels.three_heatmaps(trace_names.hidden(layer), data.hidden, f"hidden state after block {layer}", "channel",
                           "token")
     # Text: each map's axes name its tokens, in the order that map sees them (the scrambled map in the scrambled order).
     token_axes = None if words is None else (words, [words[i] for i in data.token_order], words)
-    panels.three_heatmaps(f"blocks.{layer}.attn", data.attention, f"attention, block {layer}, head {head}",
+    panels.three_heatmaps(trace_names.attn(layer), data.attention, f"attention, block {layer}, head {head}",
                           "key token", "query token", attention=True, token_labels=token_axes)
     st.latex(r"A' = \mathrm{softmax}\!\Big(\tfrac{(PXQ)(Q^\top W_Q)(W_K^\top Q)(PXQ)^\top}{\sqrt{d}}\Big) "
              r"= P\,A\,P^\top \quad\text{since } QQ^\top = I")

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from perm_core.engine.spec import PIXELS, Scramble, apply_axes, transform_params
 from perm_core.engine.tokens import model_inputs
 from perm_core.models.registry import mean_pool
+from perm_core.run import trace_names
 from perm_core.run.stateless import functional_call
 from perm_core.run.trace import TOKEN_RESID, Record
 from perm_core.verify.subject import Subject
@@ -124,11 +125,11 @@ def gradients(subject: Subject, loss: Loss, scramble: Scramble | None = None, pa
         value = loss_of(subject, out, scramble, loss)
         grads = torch.autograd.grad(value, [source] + [params[n] for n in names], allow_unused=True)
     axes = PIXELS if subject.geometry.input_kind == "image" else TOKEN_RESID
-    records = {"grad.input": Record(grads[0].detach(), axes)}
+    records = {trace_names.GRAD_INPUT: Record(grads[0].detach(), axes)}
     for name, grad in zip(names, grads[1:], strict=True):
         claim = subject.claims[name]
         grad = torch.zeros_like(params[name]) if grad is None else grad.detach()
-        records[f"grad.param.{name}"] = Record(grad, claim.rule.axes, claim.layer)
+        records[trace_names.param_grad(name)] = Record(grad, claim.rule.axes, claim.layer)
     return value.item(), records
 
 
@@ -148,7 +149,7 @@ class GradientComparison:
         (a non-finite one counts as the largest; tensors zero in exact arithmetic are reported apart)."""
         worst_error = max(headline(self.errors) or self.errors,
                           key=lambda e: math.inf if not e.finite or math.isnan(e.max_rel_error) else e.max_rel_error)
-        return worst_error.name.removeprefix("grad.param.").removeprefix("grad.")
+        return trace_names.differentiated(worst_error.name)
 
     @property
     def max_rel_error(self) -> float:
@@ -267,8 +268,8 @@ def update_error(expected: dict[str, torch.Tensor], actual: dict[str, torch.Tens
     Each tensor is judged on its own update's scale (compare.tensor_errors); an update that is zero in
     exact arithmetic (a key bias: its gradient is zero) against the floor; a NaN anywhere is +inf.
     """
-    named = {f"grad.param.{n}": t for n, t in expected.items()}
-    errors = tensor_errors(named, {f"grad.param.{n}": t for n, t in actual.items()}, floor_reasons)
+    named = {trace_names.param_grad(n): t for n, t in expected.items()}
+    errors = tensor_errors(named, {trace_names.param_grad(n): t for n, t in actual.items()}, floor_reasons)
     return worst_abs(errors), worst_rel(errors)
 
 
@@ -335,7 +336,7 @@ def _step(subject: Subject, loss: Loss, scramble: Scramble | None, theta: dict, 
     value, grads = gradients(subject, loss, scramble, params=theta)
     if not last:
         for name, d in delta.items():
-            d.sub_(grads[f"grad.param.{name}"].tensor * lr)
+            d.sub_(grads[trace_names.param_grad(name)].tensor * lr)
     return value
 
 

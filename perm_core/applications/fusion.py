@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from perm_core.applications.matching import METHODS, align, distance, match_residual
 from perm_core.engine.spec import Scramble
 from perm_core.models import digits
+from perm_core.run import trace_names
 from perm_core.run.stateless import functional_call, own_dtype
 from perm_core.run.threads import one_thread
 from perm_core.verify.subject import Subject
@@ -122,7 +123,7 @@ def residual_candidate(model_a, model_b, images: torch.Tensor):
     """A residual permutation from the correlation of all hidden states (every block, every token)."""
     def stacked(model):
         records = Subject(model, {"pixel_values": images}).trace()
-        names = ["embed"] + sorted(n for n in records if n.endswith(".hidden"))
+        names = [trace_names.EMBED] + sorted(n for n in records if trace_names.parse(n).kind == "hidden")
         return torch.cat([records[n].tensor.reshape(-1, records[n].tensor.shape[-1]) for n in names])
 
     return match_residual(stacked(model_a), stacked(model_b))

@@ -15,6 +15,7 @@ import torch
 
 from perm_core.engine import symmetries
 from perm_core.engine.spec import Concat, Scramble, apply_axes
+from perm_core.run import trace_names
 from perm_core.run.stateless import model_lock
 from perm_core.run.threads import one_thread
 from perm_core.verify.subject import Subject
@@ -131,19 +132,19 @@ def _rotation_demo(model, inputs: dict, key: int, layer: int, head: int) -> Rota
             a, b = cap_o[(i, role)], cap_r[(i, role)]
             back = apply_axes(b, (None, None, "o" if role == "z" else role), inverse, i)
             quantities.append(Quantity(i, label, _rel(b, a), _rel(back, a), False))
-        attn_a, attn_b = original[f"blocks.{i}.attn"].tensor, rotated[f"blocks.{i}.attn"].tensor
+        attn_a, attn_b = original[trace_names.attn(i)].tensor, rotated[trace_names.attn(i)].tensor
         quantities.append(Quantity(i, "attention probabilities", _rel(attn_b, attn_a), _rel(attn_b, attn_a), True))
         if (i, "z") in cap_o:
             heads_a = head_outputs(subject, subject.params, i, cap_o[(i, "z")])
             heads_b = head_outputs(subject, rotated_params, i, cap_r[(i, "z")])
             quantities.append(Quantity(i, "head outputs (W_O z, per head)", _rel(heads_b, heads_a),
                                        _rel(heads_b, heads_a), True))
-    output_name = "output.logits" if "output.logits" in original else "output.last_hidden"
+    output_name = trace_names.LOGITS if trace_names.LOGITS in original else trace_names.LAST_HIDDEN
     out_a, out_b = original[output_name].tensor, rotated[output_name].tensor
     quantities.append(Quantity(g.n_layers - 1, "model output", _rel(out_b, out_a), _rel(out_b, out_a), True))
 
     hd = slice(head * g.head_dim, (head + 1) * g.head_dim)
-    attention_name = f"blocks.{layer}.attn"
+    attention_name = trace_names.attn(layer)
     examples = {"layer": layer, "head": head, "output_name": output_name,
                 "attention": (original[attention_name].tensor[0, head], rotated[attention_name].tensor[0, head]),
                 "output": (out_a[0].flatten(), out_b[0].flatten())}
@@ -191,7 +192,7 @@ def norm_commutation(subject: Subject, key: int) -> dict[str, dict[str, float]]:
     gamma = 1 it commutes with every rotation; its gain alone breaks it.
     """
     g = subject.geometry
-    x = subject.trace()["embed"].tensor.to(torch.float64).reshape(-1, g.d_model)
+    x = subject.trace()[trace_names.EMBED].tensor.to(torch.float64).reshape(-1, g.d_model)
     norm_names = [n for n, c in subject.claims.items() if c.rule.tag == "norm" and c.layer == 0]
     weight = subject.params[next(n for n in norm_names if n.endswith("weight"))].detach().to(torch.float64)
     bias_name = next((n for n in norm_names if n.endswith("bias")), None)

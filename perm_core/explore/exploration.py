@@ -18,6 +18,7 @@ import torch
 from perm_core.engine import symmetries
 from perm_core.engine.spec import Scramble
 from perm_core.fast import param_cache
+from perm_core.run import trace_names
 from perm_core.run.capture import capturing, output_projection
 from perm_core.run.trace import Record
 from perm_core.verify.subject import Subject
@@ -127,21 +128,21 @@ def control_options(subject: Subject, active_keys: dict[str, int]) -> dict[str, 
 
 
 def layer_of(name: str) -> int | None:
-    """Trace name -> block index; embed is -1, outputs None."""
-    if name == "embed":
-        return -1
-    if name.startswith("blocks."):
-        return int(name.split(".")[1])
-    return None
+    """A forward trace name -> its block's index; embed is -1, outputs (and a decoder's embed) None."""
+    return -1 if name == trace_names.EMBED else trace_names.parse(name).layer
+
+
+_KIND_LABELS = {"hidden": "hidden state", "attn": "attention map", "cross_attn": "cross-attention map"}
 
 
 def kind_label(name: str) -> str:
-    if name == "embed":
-        return "hidden state"
-    if name.startswith("blocks."):
-        kinds = {"hidden": "hidden state", "attn": "attention map", "cross_attn": "cross-attention map"}
-        return kinds[name.split(".")[2]]
-    return name.replace("output.", "output ")
+    """What a forward trace name holds, in words: "hidden state", "attention map", "output logits", ..."""
+    parts = trace_names.parse(name)
+    if name == trace_names.EMBED:
+        return _KIND_LABELS["hidden"]
+    if parts.layer is not None:
+        return _KIND_LABELS[parts.kind]
+    return f"output {parts.field}" if parts.kind == "output" else name
 
 
 def weights_id(model) -> str:
@@ -298,7 +299,7 @@ def output_summary(tensors: dict, task_labels, tokenizer, attention_mask, row: i
     """
     from perm_core.models.registry import mean_pool
 
-    logits = tensors.get("output.logits")
+    logits = tensors.get(trace_names.LOGITS)
     if logits is not None and logits.dim() == 2:
         probs = torch.softmax(logits[0].double(), -1)
         top = torch.topk(probs, min(top_k, len(probs)))
@@ -310,9 +311,9 @@ def output_summary(tensors: dict, task_labels, tokenizer, attention_mask, row: i
         top = torch.topk(probs, min(top_k, len(probs)))
         labels = [repr(tokenizer.decode([i])) if tokenizer else f"#{i}" for i in top.indices.tolist()]
         return "next-token", labels, top.values.tolist()
-    last = tensors.get("output.last_hidden")
+    last = tensors.get(trace_names.LAST_HIDDEN)
     if image:
-        pooled = tensors.get("output.pooler")
+        pooled = tensors.get(trace_names.POOLER)
         return "image-embedding", None, (pooled if pooled is not None else last[:, 0])[0]
     mask = attention_mask if attention_mask is not None else torch.ones(last.shape[:2])
     return "embedding", None, mean_pool(last, mask.to(last.dtype))[0]
@@ -346,14 +347,14 @@ def head_grid(explorer: Exploration, result: ExploreResult, max_layers: int = 12
     only_tokens = Scramble(tokens=result.scramble.tokens).inverse()
 
     # One tile size for every layer: an encoder-decoder's decoder maps are smaller than its encoder's.
-    size = min([cells] + [explorer.original[f"blocks.{layer}.attn"].tensor.shape[-1] for layer in layers])
+    size = min([cells] + [explorer.original[trace_names.attn(layer)].tensor.shape[-1] for layer in layers])
 
     def pooled(maps: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.adaptive_avg_pool2d(maps[0].double(), size)
 
     original, scrambled, holds = [], [], []
     for layer in layers:
-        name = f"blocks.{layer}.attn"
+        name = trace_names.attn(layer)
         record = result.scrambled[name]
         in_order = apply_axes(record.tensor, record.axes, only_tokens, record.layer, explorer.geometry.patch_size)
         original.append(pooled(explorer.original[name].tensor))

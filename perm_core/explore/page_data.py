@@ -30,6 +30,7 @@ from perm_core.explore.exploration import (
     weight_view,
 )
 from perm_core.explore.mlp_view import MlpView
+from perm_core.run import trace_names
 
 
 @dataclass(frozen=True)
@@ -89,14 +90,14 @@ def page_data(explorer: Exploration, result: ExploreResult, choice: PageChoice, 
         pictures = (pixels, shuffled, back)
         grid = patch_grid(geometry, pixels.shape, explorer.n_tokens)
         if grid is not None:
-            attn = f"blocks.{layer}.attn"
+            attn = trace_names.attn(layer)
             class_attention = tuple(class_attention_grid(a, grid, geometry.fixed_tokens) for a in
                                     (original[attn].tensor, scrambled[attn].tensor, restored[attn]))
     else:
         n = inputs["input_ids"].shape[1]
         token_order = tokens.index.tolist() if tokens is not None else list(range(n))
 
-    hidden_name, attn_name = f"blocks.{layer}.hidden", f"blocks.{layer}.attn"
+    hidden_name, attn_name = trace_names.hidden(layer), trace_names.attn(layer)
     hidden = (original[hidden_name].tensor, scrambled[hidden_name].tensor, restored[hidden_name])
     attention = tuple(t[0, head][None] for t in (original[attn_name].tensor, scrambled[attn_name].tensor,
                                                  restored[attn_name]))

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from perm_core.explore.exploration import Exploration, ExploreResult, head_grid
+from perm_core.run import trace_names
 from perm_core.verify.tolerances import TOLERANCE, relative_error
 
 STEPS = ("tokens", "channels", "heads", "rotation", "exact")
@@ -41,15 +42,15 @@ def run_step(explorer: Exploration, step: str, key: int, float32: Exploration | 
     result = explorer.run(keys)
     extra: dict = {}
     if step == "tokens":
-        original = _probabilities(explorer.original["output.logits"].tensor)
-        scrambled = _probabilities(result.scrambled["output.logits"].tensor)
+        original = _probabilities(explorer.original[trace_names.LOGITS].tensor)
+        scrambled = _probabilities(result.scrambled[trace_names.LOGITS].tensor)
         extra.update(original=original, scrambled=scrambled, predicted=int(original.argmax()),
                      predicted_scrambled=int(scrambled.argmax()),
                      probability_gap=float((original - scrambled).abs().max()))
     elif step == "channels":
-        original, scrambled, restored = (explorer.original["blocks.0.hidden"].tensor[0],
-                                         result.scrambled["blocks.0.hidden"].tensor[0],
-                                         result.restored["blocks.0.hidden"][0])
+        block0 = trace_names.hidden(0)
+        original, scrambled, restored = (explorer.original[block0].tensor[0], result.scrambled[block0].tensor[0],
+                                         result.restored[block0][0])
         extra["hidden"] = (original, scrambled, restored)
         # The sentence under the block-0 charts speaks of block 0: its numbers come from these very tensors
         extra["block0_moved"] = relative_error(original, scrambled)
@@ -61,9 +62,9 @@ def run_step(explorer: Exploration, step: str, key: int, float32: Exploration | 
                                                                                                     "attn.qkv"))
         params, _ = explorer.params_for(result.scramble, keys, None)
         before, after = explorer.subject.params[name].detach(), params[name].detach()
-        extra.update(weight_name=name, weight=(before, after),
-                     weight_change=float((after - before).abs().max() / before.abs().max()),
-                     attention_error=max(e.max_rel_error for e in result.errors if e.name.endswith(".attn")))
+        attention = [e.max_rel_error for e in result.errors if trace_names.parse(e.name).kind == "attn"]
+        extra.update(weight_name=name, weight=(before, after), attention_error=max(attention),
+                     weight_change=float((after - before).abs().max() / before.abs().max()))
     elif step == "exact":
         if float32 is None:
             raise ValueError("the last step compares float64 with float32: pass the float32 exploration")

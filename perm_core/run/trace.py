@@ -1,4 +1,5 @@
-"""Run a stock model through functional_call and record everything under one naming scheme.
+"""Run a stock model through functional_call and record everything under one naming scheme (run.trace_names builds and
+parses every name).
 
 Names, the same for every family:
   embed                      the embedding output fed to block 0           [B, T, d]
@@ -32,6 +33,7 @@ import torch
 from perm_core.engine.spec import PIXELS, Claim
 from perm_core.families import Geometry
 from perm_core.fast import graph_forward
+from perm_core.run import trace_names
 from perm_core.run.stateless import functional_call
 
 TOKEN_RESID = (None, "tokens", "resid")
@@ -106,43 +108,43 @@ def _forward_records(out, model, g: Geometry) -> dict[str, Record]:
     if getattr(out, "encoder_hidden_states", None) is not None:
         return _seq2seq_records(out)
     hidden = out.hidden_states
-    records = {"embed": Record(hidden[0], TOKEN_RESID)}
+    records = {trace_names.EMBED: Record(hidden[0], TOKEN_RESID)}
     for i, state in enumerate(hidden[1:]):
-        records[f"blocks.{i}.hidden"] = Record(state, TOKEN_RESID)
+        records[trace_names.hidden(i)] = Record(state, TOKEN_RESID)
     for i, probs in enumerate(out.attentions):
-        records[f"blocks.{i}.attn"] = Record(probs, (None, ("heads", i), "tokens", "tokens"))
+        records[trace_names.attn(i)] = Record(probs, (None, ("heads", i), "tokens", "tokens"))
     for name, per_token_dims in HEAD_OUTPUTS.items():
         tensor = getattr(out, name, None)
         if tensor is not None:
-            records[f"output.{name}"] = Record(tensor, _head_axes(tensor, tensor.dim() == per_token_dims))
+            records[trace_names.output(name)] = Record(tensor, _head_axes(tensor, tensor.dim() == per_token_dims))
     if getattr(out, "pooler_output", None) is not None:
-        records["output.pooler"] = Record(out.pooler_output, (None, "resid"))
+        records[trace_names.POOLER] = Record(out.pooler_output, (None, "resid"))
     if getattr(out, "last_hidden_state", None) is not None:
-        records["output.last_hidden"] = Record(out.last_hidden_state, TOKEN_RESID)
+        records[trace_names.LAST_HIDDEN] = Record(out.last_hidden_state, TOKEN_RESID)
     return records
 
 
 def _seq2seq_records(out) -> dict[str, Record]:
     encoder_layers = len(out.encoder_hidden_states) - 1
     decoder_resid = (None, None, "resid")
-    records = {"embed": Record(out.encoder_hidden_states[0], TOKEN_RESID),
-               "decoder.embed": Record(out.decoder_hidden_states[0], decoder_resid)}
+    records = {trace_names.EMBED: Record(out.encoder_hidden_states[0], TOKEN_RESID),
+               trace_names.DECODER_EMBED: Record(out.decoder_hidden_states[0], decoder_resid)}
     for i, state in enumerate(out.encoder_hidden_states[1:]):
-        records[f"blocks.{i}.hidden"] = Record(state, TOKEN_RESID)
+        records[trace_names.hidden(i)] = Record(state, TOKEN_RESID)
     for i, state in enumerate(out.decoder_hidden_states[1:], start=encoder_layers):
-        records[f"blocks.{i}.hidden"] = Record(state, decoder_resid)
+        records[trace_names.hidden(i)] = Record(state, decoder_resid)
     for i, probs in enumerate(out.encoder_attentions):
-        records[f"blocks.{i}.attn"] = Record(probs, (None, ("heads", i), "tokens", "tokens"))
+        records[trace_names.attn(i)] = Record(probs, (None, ("heads", i), "tokens", "tokens"))
     for i, (probs, cross) in enumerate(zip(out.decoder_attentions, out.cross_attentions, strict=True),
                                        start=encoder_layers):
-        records[f"blocks.{i}.attn"] = Record(probs, (None, ("heads", i), None, None))
-        records[f"blocks.{i}.cross_attn"] = Record(cross, (None, ("heads", i), None, "tokens"))
+        records[trace_names.attn(i)] = Record(probs, (None, ("heads", i), None, None))
+        records[trace_names.cross_attn(i)] = Record(cross, (None, ("heads", i), None, "tokens"))
     heads = {name: getattr(out, name, None) for name in HEAD_OUTPUTS}
     for name, tensor in heads.items():  # one row per decoder token, or pooled: no axis moves
         if tensor is not None:
-            records[f"output.{name}"] = Record(tensor, _head_axes(tensor, False))
+            records[trace_names.output(name)] = Record(tensor, _head_axes(tensor, False))
     if all(tensor is None for tensor in heads.values()):
-        records["output.last_hidden"] = Record(out.last_hidden_state, decoder_resid)
+        records[trace_names.LAST_HIDDEN] = Record(out.last_hidden_state, decoder_resid)
     return records
 
 
@@ -158,20 +160,20 @@ def _head_axes(tensor: torch.Tensor, per_token: bool) -> tuple:
 def primary_output(records: dict[str, Record]) -> torch.Tensor:
     """What the invariant loss reads: the logits; else every head output, flattened end to end (question
     answering's start and end scores; BERT pre-training's two heads); else the last hidden state."""
-    if "output.logits" in records:
-        return records["output.logits"].tensor
-    heads = [records[f"output.{name}"].tensor.flatten() for name in HEAD_OUTPUTS if f"output.{name}" in records]
+    if trace_names.LOGITS in records:
+        return records[trace_names.LOGITS].tensor
+    heads = [records[name].tensor.flatten() for name in map(trace_names.output, HEAD_OUTPUTS) if name in records]
     if heads:
         return torch.cat(heads)
-    if "output.last_hidden" in records:
-        return records["output.last_hidden"].tensor
+    if trace_names.LAST_HIDDEN in records:
+        return records[trace_names.LAST_HIDDEN].tensor
     raise ValueError("the model produced neither logits nor a last hidden state")
 
 
 def _backward_records(out, records, params, kwargs, claims, g: Geometry, on_param_grad=None) -> dict[str, Record]:
     loss = invariant_loss(primary_output(records))
     image = "pixel_values" in kwargs
-    hidden_names = [n for n in records if n in ("embed", "decoder.embed") or n.endswith(".hidden")]
+    hidden_names = [n for n in records if trace_names.is_residual(n)]
     hidden_names = [n for n in hidden_names if records[n].tensor.requires_grad]
     targets = [records[n].tensor for n in hidden_names] + list(params.values())
     if image:
@@ -183,14 +185,14 @@ def _backward_records(out, records, params, kwargs, claims, g: Geometry, on_para
     result = {}
     for name, grad in zip(hidden_names, grads, strict=False):
         # For text the embedding output is the model's input; for images the pixels are.
-        label = "grad.input" if name == "embed" and not image else f"grad.{name}"
+        label = trace_names.GRAD_INPUT if name == trace_names.EMBED and not image else trace_names.grad(name)
         if grad is not None:
             result[label] = Record(grad, records[name].axes)
     for name, grad in zip(params, grads[len(hidden_names):], strict=False):
         if grad is not None:
-            result[f"grad.param.{name}"] = Record(grad, claims[name].rule.axes, claims[name].layer)
+            result[trace_names.param_grad(name)] = Record(grad, claims[name].rule.axes, claims[name].layer)
     if image and grads[-1] is not None:
-        result["grad.input"] = Record(grads[-1], PIXELS)
+        result[trace_names.GRAD_INPUT] = Record(grads[-1], PIXELS)
     return result
 
 

@@ -33,6 +33,7 @@ from perm_core.engine.spec import Scramble, apply_axes, transform_param, transfo
 from perm_core.engine.symmetries import Control
 from perm_core.engine.tokens import model_inputs
 from perm_core.families.stages import EncoderDecoderLayout
+from perm_core.run import trace_names
 from perm_core.run.stateless import functional_call
 from perm_core.run.trace import TOKEN_RESID
 from perm_core.stream.forward import ControlRun, control_runs, stock_start
@@ -43,6 +44,7 @@ from perm_core.stream.tally import Scales, Tally
 
 DECODER_RESID = (None, None, "resid")  # the decoder's tokens never move (engine.tokens)
 STACKS = ("encoder", "decoder")
+EMBEDS = (trace_names.EMBED, trace_names.DECODER_EMBED)  # each stack's embedding output, in STACKS' order
 
 
 def is_encoder_decoder(directory) -> bool:
@@ -163,7 +165,7 @@ class EncoderDecoderModel(StreamedModel):
 
     @property
     def output_axes(self) -> dict[str, tuple]:
-        return {"output.logits": self.logits_axes}
+        return {trace_names.LOGITS: self.logits_axes}
 
     # --- what the blocks are given ---
 
@@ -250,7 +252,7 @@ class EncoderDecoderModel(StreamedModel):
         stock forward scales it); `whole` is empty (T5's head has no other parameter)."""
         if self.scale_output:
             normed = normed * (self.config.d_model ** -0.5)
-        return {"output.logits": functional_call(self._head_module(stock), {"weight": chunk[self.head_name]},
+        return {trace_names.LOGITS: functional_call(self._head_module(stock), {"weight": chunk[self.head_name]},
                                                  args=(normed,), strict=False)}
 
     def _head_module(self, stock: bool = False) -> torch.nn.Module:
@@ -258,7 +260,7 @@ class EncoderDecoderModel(StreamedModel):
 
     @property
     def primary(self) -> str:
-        return "output.logits"
+        return trace_names.LOGITS
 
     def head_chunk(self, start: int, stop: int) -> dict[str, torch.Tensor]:
         """Vocabulary rows start..stop-1 of the head's weight (T5's head has no bias)."""
@@ -291,18 +293,18 @@ class EncoderDecoderRun:
 
     @property
     def stock_logits(self) -> torch.Tensor | None:
-        return self.stock_outputs.get("output.logits")
+        return self.stock_outputs.get(trace_names.LOGITS)
 
 
 def block_tensor_names(model: EncoderDecoderModel, layer: int) -> dict[str, str]:
     """A block stage's traced names: its output, attention (and cross-attention), its input's gradient (the
     encoder's first block's input is the model's input; the decoder's first block's is the decoder embedding)."""
     stack, index = model.stack_of(layer)
-    first = {"encoder": "grad.input", "decoder": "grad.decoder.embed"}[stack]
-    names = {"hidden": f"blocks.{layer}.hidden", "attn": f"blocks.{layer}.attn",
-             "grad_in": f"grad.blocks.{layer - 1}.hidden" if index else first}
+    first = {"encoder": trace_names.GRAD_INPUT, "decoder": trace_names.grad(trace_names.DECODER_EMBED)}[stack]
+    names = {"hidden": trace_names.hidden(layer), "attn": trace_names.attn(layer),
+             "grad_in": trace_names.grad(trace_names.hidden(layer - 1)) if index else first}
     if stack == "decoder":
-        names["cross"] = f"blocks.{layer}.cross_attn"
+        names["cross"] = trace_names.cross_attn(layer)
     return names
 
 
@@ -322,18 +324,17 @@ def forward_pass(model: EncoderDecoderModel, inputs: dict, controls: list[Contro
     run = EncoderDecoderRun(looked_up=model_ids(kwargs))
     embedding = model.embedding_weights(run.looked_up)
     embeds = model.embed(embedding, run.looked_up, kwargs)
-    _keep(run, "embed", embeds[0])
-    _keep(run, "decoder.embed", embeds[1])
+    for name, embed in zip(EMBEDS, embeds, strict=True):
+        _keep(run, name, embed)
     if stock:
         stock_layers, stock_embeds = stock_start(model, inputs, embedding, run.looked_up)
     runs = control_runs(model, inputs, controls)
     for c in runs:
         moved = transform_params(embedding, model.spec, c.control.scramble, model.claims)
-        for name, original, out in zip(("embed", "decoder.embed"), embeds, model.embed(moved, run.looked_up, c.kwargs),
-                                       strict=True):
-            axes = TOKEN_RESID if name == "embed" else DECODER_RESID
+        for name, original, out in zip(EMBEDS, embeds, model.embed(moved, run.looked_up, c.kwargs), strict=True):
+            axes = TOKEN_RESID if name == trace_names.EMBED else DECODER_RESID
             c.tally.add(name, original, apply_axes(out, axes, c.inverse))
-        c.judge(["embed", "decoder.embed"], run.scales, "the embeddings")
+        c.judge(list(EMBEDS), run.scales, "the embeddings")
     del embedding
     hidden, stock_hidden = embeds[0], stock_embeds[0] if stock else None
     stock_encoder = None
@@ -380,23 +381,23 @@ def forward_pass(model: EncoderDecoderModel, inputs: dict, controls: list[Contro
     pieces, stock_pieces = [], []
     for start, stop in head_chunks or [(0, model.reader.entries[model.head_name].shape[0])]:
         chunk = model.head_chunk(start, stop)
-        logits = model.head(chunk, {}, hidden)["output.logits"]
+        logits = model.head(chunk, {}, hidden)[trace_names.LOGITS]
         pieces.append(logits)
         if stock:
-            stock_pieces.append(model.head(chunk, {}, stock_hidden, stock=True)["output.logits"])
+            stock_pieces.append(model.head(chunk, {}, stock_hidden, stock=True)[trace_names.LOGITS])
         for c in runs:
             if not c.broken_at:
                 moved = transform_params(chunk, model.spec, c.control.scramble, model.claims)
                 c_logits = model.head(moved, {}, apply_axes(hidden, DECODER_RESID, c.control.scramble))
-                c.tally.add("output.logits", logits, apply_axes(c_logits["output.logits"], model.logits_axes,
+                c.tally.add(trace_names.LOGITS, logits, apply_axes(c_logits[trace_names.LOGITS], model.logits_axes,
                                                                 c.inverse))
         del chunk
-    _keep(run, "output.logits", torch.cat(pieces, dim=-1))
+    _keep(run, trace_names.LOGITS, torch.cat(pieces, dim=-1))
     for c in runs:
         if not c.broken_at:
-            c.judge(["output.logits"], run.scales, "the head")
+            c.judge([trace_names.LOGITS], run.scales, "the head")
     if stock:
-        run.stock_outputs = {"output.logits": torch.cat(stock_pieces, dim=-1)}
+        run.stock_outputs = {trace_names.LOGITS: torch.cat(stock_pieces, dim=-1)}
     return run, runs
 
 
@@ -411,8 +412,8 @@ def measure_break(model: EncoderDecoderModel, inputs: dict, scramble: Scramble, 
     tally = Tally()
     moved = transform_params(model.embedding_weights(run.looked_up), model.spec, scramble, model.claims)
     embeds = model.embed(moved, run.looked_up, kwargs)
-    tally.add("embed", run.records["embed"], apply_axes(embeds[0], TOKEN_RESID, inverse))
-    tally.add("decoder.embed", run.records["decoder.embed"], apply_axes(embeds[1], DECODER_RESID, inverse))
+    for name, embed, axes in zip(EMBEDS, embeds, (TOKEN_RESID, DECODER_RESID), strict=True):
+        tally.add(name, run.records[name], apply_axes(embed, axes, inverse))
     hidden, encoder_out = embeds[0], None
     for layer in range(model.n_layers):
         stack, index = model.stack_of(layer)
@@ -434,8 +435,8 @@ def measure_break(model: EncoderDecoderModel, inputs: dict, scramble: Scramble, 
         del weights, table
     for start, stop in [(0, model.reader.entries[model.head_name].shape[0])]:
         chunk = transform_params(model.head_chunk(start, stop), model.spec, scramble, model.claims)
-        logits = model.head(chunk, {}, hidden)["output.logits"]
-        tally.add("output.logits", run.records["output.logits"][..., start:stop],
+        logits = model.head(chunk, {}, hidden)[trace_names.LOGITS]
+        tally.add(trace_names.LOGITS, run.records[trace_names.LOGITS][..., start:stop],
                   apply_axes(logits, model.logits_axes, inverse))
     return tally.worst_relative(run.scales.final({}, dtype), {})
 

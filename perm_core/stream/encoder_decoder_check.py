@@ -28,10 +28,12 @@ from perm_core.engine import symmetries
 from perm_core.engine.spec import Scramble, transform_param
 from perm_core.engine.tokens import model_inputs
 from perm_core.fast.param_cache import tensor_bytes
+from perm_core.run import trace_names
 from perm_core.run.trace import TOKEN_RESID
 from perm_core.stream.allowance import Allowances
 from perm_core.stream.encoder_decoder import (
     DECODER_RESID,
+    EMBEDS,
     EncoderDecoderModel,
     EncoderDecoderRun,
     attention_axes,
@@ -113,9 +115,9 @@ def _run_stage(model: EncoderDecoderModel, layer: int, weights: dict[str, torch.
         torch.autograd.backward(out, moved(grad_out, axes), inputs=[inputs, *extra, *leaves.values()])
         found(names["grad_in"], restored(inputs.grad, axes))
         claim = model.claims[model.table(layer)]
-        parts = {f"grad.param.{model.table(layer)}": restored(table.grad, claim.rule.axes, claim.layer)}
+        parts = {trace_names.param_grad(model.table(layer)): restored(table.grad, claim.rule.axes, claim.layer)}
         if encoder is not None:
-            parts[f"grad.blocks.{model.n_encoder - 1}.hidden"] = restored(encoder.grad, TOKEN_RESID)
+            parts[trace_names.grad(trace_names.hidden(model.n_encoder - 1))] = restored(encoder.grad, TOKEN_RESID)
         return parts
     finally:
         for handle in handles:
@@ -128,7 +130,7 @@ def stage_tensors(model: EncoderDecoderModel, layer: int, backward: bool = True)
     it adds to are compared once complete, outside any one stage)."""
     names = block_tensor_names(model, layer)
     forward = [names[k] for k in ("hidden", "attn", "cross") if k in names]
-    return forward + ([names["grad_in"], *(f"grad.param.{n}" for n in model.block_names(layer))] if backward else [])
+    return forward + ([names["grad_in"], *map(trace_names.param_grad, model.block_names(layer))] if backward else [])
 
 
 def block_stage(model: EncoderDecoderModel, layer: int, run: EncoderDecoderRun, elements: dict[str, Element],
@@ -147,7 +149,7 @@ def block_stage(model: EncoderDecoderModel, layer: int, run: EncoderDecoderRun, 
                 if k in tensor_names}
 
     def keep(name: str, tensor: torch.Tensor) -> None:
-        if name.startswith("grad."):  # the forward's are the original run's records already
+        if trace_names.is_grad(name):  # the forward's are the original run's records already
             original[name] = tensor
             run.scales.add(name, tensor)
 
@@ -196,18 +198,18 @@ def embedding_stage(model: EncoderDecoderModel, run: EncoderDecoderRun, elements
         leaf = as_leaf(rows, True)
         torch.autograd.backward(list(model.embed({name: leaf}, run.looked_up, kwargs)), list(grads), inputs=[leaf])
         original = with_head_rows(leaf.grad, stash.get("original"), run.looked_up)
-        run.scales.add(f"grad.param.{name}", original)
+        run.scales.add(trace_names.param_grad(name), original)
     for label, element in elements.items():
         leaf = as_leaf(transform_param(rows, claim, element.scramble), backward)
         embeds = model.embed({name: leaf}, run.looked_up, element.kwargs)
-        element.tally.add("embed", run.records["embed"], element.restored(embeds[0], TOKEN_RESID))
-        element.tally.add("decoder.embed", run.records["decoder.embed"], element.restored(embeds[1], DECODER_RESID))
+        for embed_name, embed, axes in zip(EMBEDS, embeds, (TOKEN_RESID, DECODER_RESID), strict=True):
+            element.tally.add(embed_name, run.records[embed_name], element.restored(embed, axes))
         if backward:
             torch.autograd.backward(list(embeds), [element.moved(grads[0], TOKEN_RESID),
                                                    element.moved(grads[1], DECODER_RESID)], inputs=[leaf])
             restored = with_head_rows(element.restored(leaf.grad, claim.rule.axes, claim.layer), stash.get(label),
                                   run.looked_up)
-            element.tally.add(f"grad.param.{name}", original, restored)
+            element.tally.add(trace_names.param_grad(name), original, restored)
         del leaf, embeds
 
 
@@ -246,15 +248,15 @@ def stream_check(directory, inputs: dict, names: list[str], key_of: dict[str, in
     decoder_grad = None
     for layer in reversed(range(model.n_layers)):
         if layer == model.n_encoder - 1:  # the decoder is done: its sums are complete
-            sums.compare(f"grad.param.{model.tables['decoder']}")
-            grad = sums.compare(f"grad.blocks.{layer}.hidden")
+            sums.compare(trace_names.param_grad(model.tables["decoder"]))
+            grad = sums.compare(trace_names.grad(trace_names.hidden(layer)))
         if progress:
             progress(1.0 - (layer + 1) / (model.n_layers + 1), f"checking block {layer}")
         grad = block_stage(model, layer, run, elements, backward, grad, original_kwargs[layer], sums, allowance)
         if layer == model.n_encoder:
             decoder_grad, grad = grad, None
         stages.end(f"block {layer}")
-    sums.compare(f"grad.param.{model.tables['encoder']}")
+    sums.compare(trace_names.param_grad(model.tables["encoder"]))
     embedding_stage(model, run, elements, backward, (grad, decoder_grad) if backward else None, stash,
                     original_inputs)
     stages.end("embedding")
@@ -275,7 +277,7 @@ def _memory(model: EncoderDecoderModel, run: EncoderDecoderRun, count: int, larg
     block's cross-attention reads every encoder token), every block's input and the encoder's output kept, the
     encoder output's gradient summed for the original and each element, and the logits with their gradient."""
     g, itemsize = model.geometry, model.dtype.itemsize
-    decoder_tokens = run.records["decoder.embed"].shape[1]
+    decoder_tokens = run.records[trace_names.DECODER_EMBED].shape[1]
     tokens = count + decoder_tokens
     vocab = model.reader.entries[model.head_name].shape[0]
     per_block = tokens * (12 * g.d_model + 4 * g.d_mlp + 4 * g.n_heads * tokens) * 4

@@ -15,6 +15,7 @@ import torch
 from perm_core.engine.spec import Scramble, apply_axes, transform_params
 from perm_core.engine.symmetries import Control
 from perm_core.engine.tokens import model_inputs
+from perm_core.run import trace_names
 from perm_core.run.trace import TOKEN_RESID
 from perm_core.stream.layout import StreamedModel
 from perm_core.stream.tally import Scales, Tally
@@ -38,7 +39,7 @@ class OriginalRun:
 
     @property
     def stock_logits(self) -> torch.Tensor | None:
-        return self.stock_outputs.get("output.logits")
+        return self.stock_outputs.get(trace_names.LOGITS)
 
 
 @dataclass
@@ -76,15 +77,15 @@ def forward_pass(model: StreamedModel, inputs: dict, controls: list[Control] = (
         run.looked_up = sorted(set(kwargs["input_ids"].flatten().tolist()))
     embedding = model.embedding_weights(run.looked_up)
     hidden = model.embed(embedding, run.looked_up, kwargs)
-    _keep(run, "embed", hidden)
+    _keep(run, trace_names.EMBED, hidden)
     if stock:
         stock_layers, stock_hidden = stock_start(model, inputs, embedding, run.looked_up)
     runs = control_runs(model, inputs, controls)
     for c in runs:
         moved = transform_params(embedding, model.spec, c.control.scramble, model.claims)
         restored = apply_axes(model.embed(moved, run.looked_up, c.kwargs), TOKEN_RESID, c.inverse)
-        c.tally.add("embed", hidden, restored)
-        c.judge(["embed"], run.scales, "the embeddings")
+        c.tally.add(trace_names.EMBED, hidden, restored)
+        c.judge([trace_names.EMBED], run.scales, "the embeddings")
         del moved
     del embedding
     for layer in range(model.n_layers):
@@ -92,7 +93,7 @@ def forward_pass(model: StreamedModel, inputs: dict, controls: list[Control] = (
             progress(layer / (model.n_layers + 1), f"original run: block {layer}")
         weights = model.read(model.block_names(layer))
         out, attention = model.block(layer, weights, hidden, layer_kwargs[layer])
-        names = [f"blocks.{layer}.hidden", f"blocks.{layer}.attn"]
+        names = [trace_names.hidden(layer), trace_names.attn(layer)]
         _keep(run, names[0], out)
         _keep(run, names[1], attention)
         for c in runs:

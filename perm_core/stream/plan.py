@@ -17,6 +17,7 @@ from perm_core.engine import symmetries
 from perm_core.engine.spec import Scramble
 from perm_core.engine.symmetries import Control
 from perm_core.engine.tokens import model_inputs, n_tokens
+from perm_core.run import trace_names
 from perm_core.run.malloc import give_freed_memory_back
 from perm_core.stream.allowance import Allowances
 from perm_core.stream.forward import ControlRun
@@ -80,7 +81,7 @@ class Plan:
             errors = allowance.judged(name, elements[name].tally.differences(scales))
             moved, what = movement(model, elements[name].scramble, self.judge.movable_tokens)
             for direction in ("forward", "backward") if backward else ("forward",):
-                mine = [e for e in errors if e.name.startswith("grad.") == (direction == "backward")]
+                mine = [e for e in errors if trace_names.is_grad(e.name) == (direction == "backward")]
                 report.checks.append(summarize(self.judge, name, direction, mine, moved, what))
             report.controls.extend(control_result(r, scales, floor_reasons) for r in by_symmetry.get(name, []))
         report.allowances = allowance.used

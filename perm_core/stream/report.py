@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from perm_core.engine.spec import Scramble, transform_param
+from perm_core.run import trace_names
 from perm_core.stream.allowance import Allowances
 from perm_core.stream.forward import ControlRun
 from perm_core.stream.layout import StreamedModel
@@ -80,7 +81,7 @@ def movement(model: StreamedModel, scramble: Scramble, movable_tokens: int) -> t
 def floor_reasons(model: StreamedModel) -> dict[str, str]:
     """The gradients judged against a floor, and why (verify.subject.KEY_BIAS_REASON): a key bias's, zero in exact
     arithmetic where no rotary embedding turns the keys, so only round-off is left to compare."""
-    return {f"grad.param.{n}": KEY_BIAS_REASON for n, c in model.claims.items()
+    return {trace_names.param_grad(n): KEY_BIAS_REASON for n, c in model.claims.items()
             if c.rule.tag == "attn.k" and len(model.reader.entries[n].shape) == 1 and not model.geometry.rope}
 
 

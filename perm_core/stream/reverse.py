@@ -16,6 +16,7 @@ import torch
 
 from perm_core.engine.spec import PIXELS, Scramble, apply_axes, transform_param
 from perm_core.engine.tokens import model_inputs
+from perm_core.run import trace_names
 from perm_core.run.trace import TOKEN_RESID, invariant_loss
 from perm_core.stream.allowance import Allowances
 from perm_core.stream.forward import OriginalRun, attention_axes
@@ -51,7 +52,7 @@ def head_stage(model: StreamedModel, run: OriginalRun, elements: dict[str, Eleme
     BERT's transform, whole: their gradients summed over the chunks, compared at the end). Returns the original's
     gradient at the head's input and, for a head tied to the embedding, its gradient rows at the looked-up tokens
     (original, and each element's un-scrambled), which the embedding stage adds its own to."""
-    top = run.records[f"blocks.{model.n_layers - 1}.hidden"]
+    top = run.records[trace_names.hidden(model.n_layers - 1)]
     axes, primary = model.output_axes, model.primary
     logits = run.records[primary]  # what the invariant loss reads (a headless model's last hidden state)
     claims = model.claims
@@ -82,7 +83,7 @@ def head_stage(model: StreamedModel, run: OriginalRun, elements: dict[str, Eleme
                 grads[name] = weight.grad
                 if name == model.embed_name:
                     grads[name] = _set_aside(weight.grad, tied_rows, stash, "original", start)
-                run.scales.add(f"grad.param.{name}", grads[name])
+                run.scales.add(trace_names.param_grad(name), grads[name])
             del weights
         for label, element in elements.items():
             weights = {n: as_leaf(transform_param(w, claims[n], element.scramble), backward) for n, w in chunk.items()}
@@ -100,7 +101,7 @@ def head_stage(model: StreamedModel, run: OriginalRun, elements: dict[str, Eleme
                     del moved
                     if name == model.embed_name:
                         restored = _set_aside(restored, tied_rows, stash, label, start)
-                    element.tally.add(f"grad.param.{name}", grads[name], restored)
+                    element.tally.add(trace_names.param_grad(name), grads[name], restored)
                     del restored
             del weights, outputs
         del chunk, grads
@@ -109,13 +110,13 @@ def head_stage(model: StreamedModel, run: OriginalRun, elements: dict[str, Eleme
     for name, weight in whole.items():
         if weight.grad is None:  # outside what the loss reads (a pooler): the whole-model trace records none
             continue
-        run.scales.add(f"grad.param.{name}", weight.grad)
+        run.scales.add(trace_names.param_grad(name), weight.grad)
         for label, element in elements.items():
             moved = moved_whole[label][name].grad  # none where the transformed head left it out of the loss: zeros,
             moved = moved if moved is not None else torch.zeros_like(weight.grad)  # as the embedding stage takes it
-            element.tally.add(f"grad.param.{name}", weight.grad,
+            element.tally.add(trace_names.param_grad(name), weight.grad,
                               element.restored(moved, claims[name].rule.axes, claims[name].layer))
-    name = f"grad.blocks.{model.n_layers - 1}.hidden"
+    name = trace_names.grad(trace_names.hidden(model.n_layers - 1))
     run.scales.add(name, grad_top)
     for label, element in elements.items():
         element.tally.add(name, grad_top, element.restored(moved_grad_top[label], TOKEN_RESID))
@@ -135,8 +136,9 @@ def _set_aside(grad: torch.Tensor, rows: list[int], stash: dict, owner: str, sta
 def _block_tensor_names(model: StreamedModel, layer: int) -> tuple[str, str, str]:
     """(its output, its attention, its input's gradient): the embedding's output gradient for block 0, the input's
     for text, where the embedding output is the model's input (an image's input is its pixels)."""
-    in_name = f"grad.blocks.{layer - 1}.hidden" if layer else "grad.embed" if model.pixels else "grad.input"
-    return f"blocks.{layer}.hidden", f"blocks.{layer}.attn", in_name
+    first = trace_names.grad(trace_names.EMBED) if model.pixels else trace_names.GRAD_INPUT
+    in_name = trace_names.grad(trace_names.hidden(layer - 1)) if layer else first
+    return trace_names.hidden(layer), trace_names.attn(layer), in_name
 
 
 def block_stage_tensors(model: StreamedModel, layer: int, backward: bool = True) -> list[str]:
@@ -144,7 +146,7 @@ def block_stage_tensors(model: StreamedModel, layer: int, backward: bool = True)
     its parameters' gradients."""
     out_name, attn_name, in_name = _block_tensor_names(model, layer)
     return [out_name, attn_name, *([in_name] if backward else []),
-            *(f"grad.param.{n}" for n in model.block_names(layer) if backward)]
+            *(trace_names.param_grad(n) for n in model.block_names(layer) if backward)]
 
 
 def _run_block(model: StreamedModel, layer: int, weights: dict[str, torch.Tensor], hidden: torch.Tensor,
@@ -177,7 +179,7 @@ def gradient_hook(found, name: str, claim, restored):
     as backward fills it, and drops it from the leaf."""
     def hook(leaf: torch.Tensor) -> None:
         grad, leaf.grad = leaf.grad, None
-        found(f"grad.param.{name}", restored(grad, claim.rule.axes, claim.layer))
+        found(trace_names.param_grad(name), restored(grad, claim.rule.axes, claim.layer))
     return hook
 
 
@@ -193,7 +195,7 @@ def block_stage(model: StreamedModel, layer: int, run: OriginalRun, elements: di
     original = {out_name: run.records[out_name], attn_name: run.records[attn_name]}
 
     def keep(name: str, tensor: torch.Tensor) -> None:
-        if name.startswith("grad."):  # the forward's are the original run's records already
+        if trace_names.is_grad(name):  # the forward's are the original run's records already
             original[name] = tensor
             run.scales.add(name, tensor)
 
@@ -246,7 +248,7 @@ def measure_roundoff(allowance: Allowances, layer: int, elements: dict[str, Elem
         return tally
 
     def drop_originals() -> None:  # the element's round-off is measured between its own two runs
-        for name in [n for n in original if n.startswith("grad.param.")]:
+        for name in [n for n in original if trace_names.is_param_grad(n)]:
             del original[name]
 
     def element_roundoff(label: str) -> Tally:
@@ -274,26 +276,27 @@ def embedding_stage(model: StreamedModel, run: OriginalRun, elements: dict[str, 
         torch.autograd.backward(model.embed(leaves, run.looked_up, kwargs), grad_out,
                                 inputs=list(leaves.values()) + pixels)
         if pixels:
-            originals["grad.input"] = pixels[0].grad
-            run.scales.add("grad.input", pixels[0].grad)
+            originals[trace_names.GRAD_INPUT] = pixels[0].grad
+            run.scales.add(trace_names.GRAD_INPUT, pixels[0].grad)
         for name, leaf in leaves.items():
             if leaf.grad is None and name != model.embed_name:  # unused (DINOv2's mask token): the whole-model
                 continue  # trace records no gradient for it either
             grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
             originals[name] = with_head_rows(grad, stash.get("original"), run.looked_up) if name == model.embed_name \
                 else grad
-            run.scales.add(f"grad.param.{name}", originals[name])
+            run.scales.add(trace_names.param_grad(name), originals[name])
         del leaves
     for label, element in elements.items():
         leaves = {n: as_leaf(transform_param(w, model.claims[n], element.scramble), backward)
                   for n, w in weights.items()}
         kwargs, pixels = _with_pixels(model, element.kwargs, backward)
         out = model.embed(leaves, run.looked_up, kwargs)
-        element.tally.add("embed", run.records["embed"], element.restored(out, TOKEN_RESID))
+        element.tally.add(trace_names.EMBED, run.records[trace_names.EMBED], element.restored(out, TOKEN_RESID))
         if backward:
             torch.autograd.backward(out, element.moved(grad_out, TOKEN_RESID), inputs=list(leaves.values()) + pixels)
             if pixels:
-                element.tally.add("grad.input", originals["grad.input"], element.restored(pixels[0].grad, PIXELS))
+                element.tally.add(trace_names.GRAD_INPUT, originals[trace_names.GRAD_INPUT],
+                                  element.restored(pixels[0].grad, PIXELS))
             for name, leaf in leaves.items():
                 if name not in originals:
                     continue
@@ -302,7 +305,7 @@ def embedding_stage(model: StreamedModel, run: OriginalRun, elements: dict[str, 
                 restored = element.restored(grad, claim.rule.axes, claim.layer)
                 if name == model.embed_name:
                     restored = with_head_rows(restored, stash.get(label), run.looked_up)
-                element.tally.add(f"grad.param.{name}", originals[name], restored)
+                element.tally.add(trace_names.param_grad(name), originals[name], restored)
         del leaves, out
 
 

@@ -9,12 +9,12 @@ block (or the head, or the embeddings) where the transform and the model part wa
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
+from perm_core.run import trace_names
+from perm_core.run.trace_names import TracedName
 from perm_core.verify.tolerances import TensorError
 
-_BLOCK = re.compile(r"^blocks\.(\d+)\.(attn|cross_attn|hidden)$")
 _WITHIN_BLOCK = {"attn": 0.1, "cross_attn": 0.2, "hidden": 0.3}
 
 
@@ -27,16 +27,14 @@ class Stage:
     worst_tensor: str
 
 
-def _forward_place(name: str, n_layers: int, first_decoder_layer: int | None) -> tuple[float, str]:
-    if name == "embed":
-        return -1.0, "embeddings"
-    if name == "decoder.embed":
+def _forward_place(parts: TracedName, n_layers: int, first_decoder_layer: int | None) -> tuple[float, str]:
+    if parts.kind == "embed" and parts.stack == trace_names.DECODER:
         start = n_layers if first_decoder_layer is None else first_decoder_layer
         return start - 0.5, "decoder embeddings"
-    found = _BLOCK.match(name)
-    if found:
-        layer = int(found.group(1))
-        return layer + _WITHIN_BLOCK[found.group(2)], f"block {layer}"
+    if parts.kind == "embed":
+        return -1.0, "embeddings"
+    if parts.layer is not None:
+        return parts.layer + _WITHIN_BLOCK[parts.kind], f"block {parts.layer}"
     return float(n_layers), "output"
 
 
@@ -45,19 +43,20 @@ def place(name: str, n_layers: int, parameter_layers: dict[str, int | None] | No
           ) -> tuple[float, str]:
     """(order, where) of a traced tensor: `order` sorts a run's tensors as the run computed them.
     parameter_layers: each parameter's block (None outside blocks); embedding_parameters: those read first."""
-    if not name.startswith("grad."):
-        return _forward_place(name, n_layers, first_decoder_layer)
-    if name == "grad.input":
+    parts = trace_names.parse(name)
+    if not parts.grad:
+        return _forward_place(parts, n_layers, first_decoder_layer)
+    if parts.kind == "input":
         return 1.0, "input"
-    if name.startswith("grad.param."):
-        parameter = name.removeprefix("grad.param.")
+    if parts.kind == "param":
+        parameter = parts.field
         if parameter in embedding_parameters:
             return 2.0, "embeddings"
         layer = (parameter_layers or {}).get(parameter)
         if layer is None:
             return -(n_layers + 1.0), "head"
         return -(layer + 0.2), f"block {layer}"
-    order, where = _forward_place(name.removeprefix("grad."), n_layers, first_decoder_layer)
+    order, where = _forward_place(parts, n_layers, first_decoder_layer)
     return -order, where
 
 

@@ -23,6 +23,7 @@ import torch
 
 from perm_core.engine.spec import Scramble
 from perm_core.engine.tokens import model_inputs
+from perm_core.run import trace_names
 from perm_core.run.numerics import EXACT_EAGER
 from perm_core.run.stateless import model_lock
 from perm_core.verify.tolerances import (
@@ -79,17 +80,17 @@ def stock_numerics(model):
 
 
 # The traced outputs' names for transformers' output fields (trace.py names the rest after their field)
-FIELDS = {"output.last_hidden": "last_hidden_state", "output.pooler": "pooler_output"}
+FIELDS = {trace_names.LAST_HIDDEN: "last_hidden_state", trace_names.POOLER: "pooler_output"}
 
 
 def _field(name: str) -> str:
-    return FIELDS.get(name, name.removeprefix("output."))
+    return FIELDS.get(name, trace_names.parse(name).field)
 
 
 def consult(subject, original: dict) -> OracleResult | None:
     """Every output the original run traced (logits, QA scores, pooled and last hidden states) against the stock
     forward's; the worst one is reported. None where the run traced no output."""
-    names = [n for n in original if n.startswith("output.")]
+    names = [n for n in original if trace_names.is_output(n)]
     if not names:
         return None
     kwargs = stock_kwargs(subject.inputs, subject.geometry, subject.dtype)

@@ -30,6 +30,7 @@ import torch
 
 from perm_core.engine.spec import transform_params
 from perm_core.families import family_of
+from perm_core.run import trace_names
 from perm_core.verify.recover import NOT_RECOVERED, Recovered, recover
 from perm_core.verify.subject import Subject
 from perm_core.verify.tolerances import TOLERANCE, TensorError, json_safe, tensor_errors, worst_rel
@@ -289,7 +290,7 @@ def compare_models(model_a, model_b, probes: list[dict], name_a: str = "A", name
         traced = {n: dataclasses.replace(e, tolerance=max(e.tolerance, bounds.get(n, 0.0)))
                   for n, e in traced.items()}
     tensors = list(traced.values())
-    outputs = [e for e in tensors if e.name.startswith("output.")]
+    outputs = [e for e in tensors if trace_names.is_output(e.name)]
     return Comparison(name_a, name_b, subject_a.family.name, len(probes), recovered, outputs, parameters, tensors,
                       stored=stored, bounds=bounds)
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from perm_core.fast.batched_gathers import gathered_difference_by_rows, gathered_differences, on_cpu
+from perm_core.run import trace_names
 
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4}
 FLOOR = {torch.float64: 1e-6, torch.float32: 1e-2}
@@ -96,9 +97,9 @@ def is_finite(tensor: torch.Tensor) -> bool:
 
 
 def kind_of(name: str) -> str:
-    if name.startswith("grad.param."):
+    if trace_names.is_param_grad(name):
         return "grad.param"
-    return "grad" if name.startswith("grad.") else "forward"
+    return "grad" if trace_names.is_grad(name) else "forward"
 
 
 def scales(tensors: dict[str, torch.Tensor], floor_reasons: dict[str, str], dtype: torch.dtype) -> dict:

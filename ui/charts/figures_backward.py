@@ -7,6 +7,7 @@ import math
 import numpy as np
 import plotly.graph_objects as go
 
+from perm_core.run import trace_names
 from ui.charts.figures import FLOOR, LAYOUT, LEGEND_BELOW, heatmap, threshold, to_numpy
 
 NON_FINITE = 1e6  # where a non-finite SGD error is drawn on the log axis
@@ -38,7 +39,7 @@ def gradient_triptych(original, scrambled, unscrambled, what: str) -> list[go.Fi
 
 def gradient_errors(errors, tolerance: float) -> go.Figure:
     """Max relative error of every gradient tensor, log scale, with the tolerance."""
-    names = [e.name.removeprefix("grad.param.").removeprefix("grad.") for e in errors]
+    names = [trace_names.differentiated(e.name) for e in errors]
     values = [max(e.max_rel_error, FLOOR) for e in errors]
     # Tensors zero in exact arithmetic (key-bias gradients) are judged by their absolute size, not by the relative
     # error the headline reports: grey, so the tallest blue bar is the headline's
