@@ -10,7 +10,6 @@ snapshot() reports it. Anything else that goes wrong raises: the scenario record
 from __future__ import annotations
 
 import asyncio
-import shutil
 import urllib.request
 from http.cookies import SimpleCookie
 from urllib.parse import unquote
@@ -144,9 +143,9 @@ class BrowserDriver:
     async def __aenter__(self) -> BrowserDriver:
         from playwright.async_api import async_playwright
 
-        from tests.e2e.conftest import CHROMIUM_FLAGS
+        from serve.local_server import CHROMIUM_FLAGS, chromium_executable
 
-        executable = shutil.which("chromium")
+        executable = chromium_executable()
         if executable is None:
             raise SystemExit("Debian's chromium is not installed (make chromium)")
         self._playwright = await async_playwright().start()

@@ -13,7 +13,6 @@ caches (perm_core.fast.param_cache, ui.compute).
 from __future__ import annotations
 
 import argparse
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -23,8 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.classroom_report import start_streamlit  # noqa: E402
 from perm_core.models import zoo  # noqa: E402
+from serve.local_server import CHROMIUM_FLAGS, chromium_executable, start_streamlit  # noqa: E402
 
 ZOO = (*zoo.explore_menu(), "random:vit", "random:bert", "random:gpt2", "random:llama", "random:gemma3",
        "random:dinov2")
@@ -88,7 +87,7 @@ def main() -> None:
     started = time.perf_counter()
     try:
         with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=shutil.which("chromium"), args=["--no-sandbox"])
+            browser = pw.chromium.launch(executable_path=chromium_executable(), args=CHROMIUM_FLAGS)
             tabs = [browser.new_context(viewport={"width": 1440, "height": 1200}).new_page()
                     for _ in range(args.sessions)]
             for session, tab in enumerate(tabs):

@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 from pathlib import Path
 
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
+from serve.local_server import CHROMIUM_FLAGS, chromium_executable
 from tests.e2e.shared_server import shared_app_url
 
 ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 ACTION_TIMEOUT_MS = 120_000  # each page's default for clicks and waits (see `page`)
 
 
@@ -34,7 +32,7 @@ def app_url():
 @pytest.fixture(scope="session")
 def browser():
     playwright_api = pytest.importorskip("playwright.sync_api")
-    executable = shutil.which("chromium")
+    executable = chromium_executable()
     if executable is None:
         pytest.fail("Debian's chromium is not installed (make test installs it)")
     with playwright_api.sync_playwright() as pw:

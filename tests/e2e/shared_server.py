@@ -16,7 +16,7 @@ import signal
 import time
 from pathlib import Path
 
-from benchmarks.classroom_report import answers_health_check, start_streamlit
+from serve.local_server import answers_health_check, start_streamlit
 
 HEALTHY_WITHIN_S = 90
 

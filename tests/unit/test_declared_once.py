@@ -68,3 +68,26 @@ def test_the_scan_finds_what_it_looks_for(tmp_path):
                         'if config["model_type"] == "gpt2":\n    pass\n')
     assert _layouts_built(planted) == [2]
     assert _string_constants(planted) & names_of_families() == {"GPT2LMHeadModel", "gpt2"}
+
+
+def _imported_modules(tree: ast.AST) -> list[tuple[str, list[str]]]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found.append((node.module, [alias.name for alias in node.names]))
+        elif isinstance(node, ast.Import):
+            found.extend((alias.name, []) for alias in node.names)
+    return found
+
+
+def test_benchmarks_and_tests_share_helpers_through_modules_both_import():
+    """A benchmark never imports a test module, and a test never takes a benchmark's private name: what both use
+    lives in a module of the project (serve.local_server: the app on a loopback port, Chromium's flags)."""
+    from_tests = {str(path.relative_to(ROOT)): module for path in _python_files("benchmarks")
+                  for module, _ in _imported_modules(ast.parse(path.read_text())) if module.split(".")[0] == "tests"}
+    privates = {str(path.relative_to(ROOT)): (module, names) for path in _python_files("tests")
+                for module, names in _imported_modules(ast.parse(path.read_text()))
+                if module.split(".")[0] == "benchmarks" and any(name.startswith("_") for name in names)}
+    assert from_tests == {} and privates == {}
+    planted = ast.parse("from tests.e2e.conftest import CHROMIUM_FLAGS\nfrom benchmarks.x import _helper\n")
+    assert _imported_modules(planted) == [("tests.e2e.conftest", ["CHROMIUM_FLAGS"]), ("benchmarks.x", ["_helper"])]
