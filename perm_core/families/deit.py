@@ -32,10 +32,10 @@ def rules(g: Geometry) -> tuple[Rule, ...]:
 
 STAGES = (
     # the teacher class: a classifier on the [CLS] token and one on the distillation token, the logits their mean;
-    # the trace records all three (output.logits, output.cls_logits, output.distillation_logits)
+    # the trace records all three (the logits, cls_logits and distillation_logits fields)
     StageLayout("DeiTForImageClassificationWithTeacher", base="deit", logits_mean=True,
-                heads=(Head(("cls_classifier",), token=0, output="output.cls_logits"),
-                       Head(("distillation_classifier",), token=1, output="output.distillation_logits")),
+                heads=(Head(("cls_classifier",), token=0, output="cls_logits"),
+                       Head(("distillation_classifier",), token=1, output="distillation_logits")),
                 **IMAGE_STAGES),
     StageLayout("DeiTForImageClassification", base="deit", heads=CLASSIFIER, **IMAGE_STAGES))  # one classifier
 

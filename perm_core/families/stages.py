@@ -18,7 +18,7 @@ class Head:
     # own, a module without parameters), vocab_layer_norm, vocab_projector); the last holds the rows per vocabulary
     # entry (StageLayout.head_output)
     token: int | None = None  # the one token it reads (ViT's [CLS]): its output has no token axis
-    output: str = "output.logits"  # its name in the whole-model trace (run.trace)
+    output: str = "logits"  # its output field: the whole-model trace records it as trace_names.output(output)
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,7 @@ class EncoderDecoderLayout:
     head: str = "lm_head"  # the head's rows per vocabulary entry (tied to the token table, or its own), no bias
     stacks: tuple[str, ...] = ("encoder", "decoder")  # the encoder first: the trace numbers its blocks first
     blocks: str = "block"  # a stack's list of blocks
+    stack_embedding: str = "embed_tokens"  # a stack's own token lookup (the shared table), then its dropout
     final_norm: str = "final_layer_norm"  # a stack's final norm, run at the end of its last block's stage
     self_attention: str = "layer.0"  # a block's self-attention layer: the last item of its output is the
     # probabilities

@@ -28,14 +28,13 @@ from perm_core.engine.tokens import model_inputs
 from perm_core.fast.param_cache import tensor_bytes
 from perm_core.stream import encoder_decoder_check
 from perm_core.stream.allowance import Allowances
-from perm_core.stream.encoder_decoder import is_encoder_decoder
 from perm_core.stream.forward import OriginalRun, forward_pass
 from perm_core.stream.layout import StreamedModel
 from perm_core.stream.memory import MemoryBound, StagePeaks
 from perm_core.stream.plan import opened, plan_check
 from perm_core.stream.report import PROOF, StreamedReport, allowance_notes, floor_reasons
 from perm_core.stream.reverse import Element, block_stage, block_stage_tensors, embedding_stage, head_stage
-from perm_core.stream.stages import StreamingUnsupportedError
+from perm_core.stream.stages import StreamingUnsupportedError, is_encoder_decoder
 from perm_core.verify.results import VacuousCheckError
 
 __all__ = ["PROOF", "StreamedReport", "stream_check"]

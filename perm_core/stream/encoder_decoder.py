@@ -23,9 +23,7 @@ dry run of each stack's own forward stopped at its first block.
 from __future__ import annotations
 
 import contextlib
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
@@ -37,24 +35,14 @@ from perm_core.run import trace_names
 from perm_core.run.stateless import functional_call
 from perm_core.run.trace import TOKEN_RESID
 from perm_core.stream.forward import ControlRun, control_runs, stock_start
-from perm_core.stream.layout import BlockRecorder, StopAtBlock, StreamedModel
+from perm_core.stream.layout import BlockRecorder, StopAtBlock, StreamedModel, module_at
 from perm_core.stream.shards import ShardReader
-from perm_core.stream.stages import StreamingUnsupportedError, family_for
+from perm_core.stream.stages import StreamingUnsupportedError, family_for, is_encoder_decoder
 from perm_core.stream.tally import Scales, Tally
 
 DECODER_RESID = (None, None, "resid")  # the decoder's tokens never move (engine.tokens)
 STACKS = ("encoder", "decoder")
 EMBEDS = (trace_names.EMBED, trace_names.DECODER_EMBED)  # each stack's embedding output, in STACKS' order
-
-
-def is_encoder_decoder(directory) -> bool:
-    """Whether a checkpoint directory's config names an encoder-decoder (read before anything is built; an
-    unreadable one is not, and the stages that read it say why)."""
-    try:
-        raw = json.loads((Path(directory).expanduser() / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(raw, dict) and bool(raw.get("is_encoder_decoder"))
 
 
 def streamed_model(directory, dtype: torch.dtype, reader: ShardReader | None = None) -> StreamedModel:
@@ -107,17 +95,18 @@ class EncoderDecoderModel(StreamedModel):
         g = self.geometry
         self.n_layers, self.n_encoder = g.n_layers, g.n_layers - g.n_decoder_layers
         stored = {id(p): n for n, p in self.model.named_parameters()}
-        self.embed_name = stored[id(self.model.shared.weight)]
-        self.head_name = stored[id(self.model.lm_head.weight)]
+        layout = self.layout
+        self.embed_name = stored[id(module_at(self.model, layout.token_embedding).weight)]
+        self.head_name = stored[id(self._head_module().weight)]
         self.tied = self.head_name == self.embed_name
         self.head_chunked, self.head_whole, self.head_locals = [self.head_name], [], {"weight": self.head_name}
         self.head_norm_names, self.norm_names = [], []
         self.embedding_names = [self.embed_name]
-        # does the stock forward scale the decoder's output before the head (T5's tied head)
-        self.scale_output = bool(getattr(self.config, "scale_decoder_outputs", self.config.tie_word_embeddings))
-        self.tables = {s: stored[id(self._stack(s).block[0].layer[0].SelfAttention.relative_attention_bias.weight)]
+        # does the stock forward scale the decoder's output before the head (a tied head: T5's)
+        self.scale_output = bool(getattr(self.config, layout.scale_option, self.config.tie_word_embeddings))
+        self.tables = {s: stored[id(module_at(self._first_block(s), layout.attention, layout.position_table).weight)]
                        for s in STACKS}
-        self.final_norms = {s: [n for n in self.names if n.startswith(f"{s}.final_layer_norm.")] for s in STACKS}
+        self.final_norms = {s: [n for n in self.names if n.startswith(f"{s}.{layout.final_norm}.")] for s in STACKS}
         staged = {self.embed_name, self.head_name, *self.tables.values(),
                   *(n for names in self.final_norms.values() for n in names),
                   *(n for layer in range(self.n_layers) for n in self._own(layer))}
@@ -137,7 +126,8 @@ class EncoderDecoderModel(StreamedModel):
 
     def _own(self, layer: int) -> list[str]:
         stack, index = self.stack_of(layer)
-        return [n for n in self.names if n.startswith(f"{stack}.block.{index}.") and n != self.tables[stack]]
+        return [n for n in self.names if n.startswith(f"{stack}.{self.layout.blocks}.{index}.")
+                and n != self.tables[stack]]
 
     def last_of_stack(self, layer: int) -> bool:
         return layer in (self.n_encoder - 1, self.n_layers - 1)
@@ -185,8 +175,9 @@ class EncoderDecoderModel(StreamedModel):
         for stack, call in calls.items():
             module = self._stack(stack, stock)
             sink: list = [None]
-            recorder = BlockRecorder(sink, 0, module.block[0], stop=True)
-            with self._swapped(module, {"block": torch.nn.ModuleList([recorder])}), contextlib.suppress(StopAtBlock):
+            recorder = BlockRecorder(sink, 0, self._first_block(stack, stock), stop=True)
+            with self._swapped(module, {self.layout.blocks: torch.nn.ModuleList([recorder])}), \
+                    contextlib.suppress(StopAtBlock):
                 module(**call)
             found[stack] = {k: v for k, v in sink[0].items()
                             if k not in ("position_bias", "encoder_hidden_states", "encoder_decoder_position_bias")}
@@ -207,15 +198,16 @@ class EncoderDecoderModel(StreamedModel):
         for stack, ids in (("encoder", kwargs["input_ids"]), ("decoder", kwargs["decoder_input_ids"])):
             module = self._stack(stack, stock)
             local = ids.clone().apply_(position.__getitem__)
-            found.append(module.dropout(functional_call(module.embed_tokens, {"weight": rows}, args=(local,))))
+            lookup = module_at(module, self.layout.stack_embedding)
+            found.append(module.dropout(functional_call(lookup, {"weight": rows}, args=(local,))))
         return found[0], found[1]
 
     def position_bias(self, layer: int, table: torch.Tensor, length: int, stock: bool = False) -> torch.Tensor:
         """The relative position bias [1, heads, length, length] that block `layer`'s self-attention adds: its
         stack's block 0 attention's own compute_bias, on `table`."""
         stack, _ = self.stack_of(layer)
-        attention = self._stack(stack, stock).block[0].layer[0].SelfAttention
-        with self._swapped(attention, {"relative_attention_bias": _Rows(table)}):
+        attention = module_at(self._first_block(stack, stock), self.layout.attention)
+        with self._swapped(attention, {self.layout.position_table: _Rows(table)}):
             return attention.compute_bias(length, length, device=table.device)
 
     def block(self, layer: int, weights: dict[str, torch.Tensor], hidden: torch.Tensor, kwargs: dict,
@@ -224,13 +216,14 @@ class EncoderDecoderModel(StreamedModel):
         block's cross-attention probabilities, else None). Probabilities are None for the stock model."""
         stack, index = self.stack_of(layer)
         base = self._stack(stack, stock)
-        module = base.block[index]
-        prefix = f"{stack}.block.{index}."
+        module = module_at(base, self.layout.blocks)[index]
+        prefix = f"{stack}.{self.layout.blocks}.{index}."
         local = {n[len(prefix):]: w for n, w in weights.items() if n.startswith(prefix)}
         box: dict = {}
-        handles = [module.layer[0].register_forward_hook(lambda m, a, out: box.__setitem__("attn", out[-1]))]
-        if stack == "decoder":
-            handles.append(module.layer[1].register_forward_hook(lambda m, a, out: box.__setitem__("cross", out[-1])))
+        hooked = [("attn", self.layout.self_attention)] + ([("cross", self.layout.cross_attention)]
+                                                           if stack == "decoder" else [])
+        handles = [module_at(module, path).register_forward_hook(
+            lambda m, a, out, kind=kind: box.__setitem__(kind, out[-1])) for kind, path in hooked]
         call = {**kwargs, "position_bias": self.position_bias(layer, table, hidden.shape[1], stock)}
         if stack == "decoder":
             call["encoder_hidden_states"] = encoder_out
@@ -240,9 +233,9 @@ class EncoderDecoderModel(StreamedModel):
             for handle in handles:
                 handle.remove()
         if self.last_of_stack(layer):
-            norm = f"{stack}.final_layer_norm."
-            out = base.dropout(functional_call(base.final_layer_norm, {n[len(norm):]: weights[n]
-                                                                       for n in self.final_norms[stack]},
+            norm = f"{stack}.{self.layout.final_norm}."
+            out = base.dropout(functional_call(module_at(base, self.layout.final_norm),
+                                               {n[len(norm):]: weights[n] for n in self.final_norms[stack]},
                                                args=(out,), strict=False))
         return out, box.get("attn"), box.get("cross")
 
@@ -256,7 +249,10 @@ class EncoderDecoderModel(StreamedModel):
                                                  args=(normed,), strict=False)}
 
     def _head_module(self, stock: bool = False) -> torch.nn.Module:
-        return (self.stock if stock else self.model).lm_head
+        return module_at(self.stock if stock else self.model, self.layout.head)
+
+    def _first_block(self, stack: str, stock: bool = False) -> torch.nn.Module:
+        return module_at(self._stack(stack, stock), self.layout.blocks)[0]
 
     @property
     def primary(self) -> str:

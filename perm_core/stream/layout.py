@@ -24,15 +24,18 @@ import torch
 
 from perm_core.engine.spec import UnclaimedParameterError
 from perm_core.families.stages import StageLayout
+from perm_core.run import trace_names
 from perm_core.run.numerics import use_exact_numerics
 from perm_core.run.stateless import functional_call
 from perm_core.stream.shards import CheckpointError, ShardReader
 from perm_core.stream.stages import StreamingUnsupportedError, family_for
 
 
-def _attr(module, path: str):
-    for part in path.split(".") if path else ():
-        module = getattr(module, part)
+def module_at(module, *paths: str):
+    """The submodule (or attribute) at the dotted paths, in turn; "" is the module itself."""
+    for path in paths:
+        for part in path.split(".") if path else ():
+            module = getattr(module, part)
     return module
 
 
@@ -83,14 +86,14 @@ class StreamedModel:
         self._instantiate(cls, dtype)
         for meta in (self.model, self.stock):  # buffers computed at construction must be real
             for path in self.layout.built:
-                module = _attr(_attr(meta, self.layout.base), path)
+                module = module_at(module_at(meta, self.layout.base), path)
                 config = copy.deepcopy(meta.config)
                 if hasattr(config, "vocab_size"):  # its parameters are the checkpoint's: only the buffers are wanted
                     config.vocab_size = (getattr(config, "pad_token_id", None) or 0) + 1  # (RoBERTa's padding row)
                 real = type(module)(config)
                 for name, buffer in real.named_buffers():
                     owner, _, leaf = name.rpartition(".")
-                    setattr(_attr(module, owner) if owner else module, leaf, buffer)
+                    setattr(module_at(module, owner) if owner else module, leaf, buffer)
         self.prefix = f"{self.layout.base}." if self.layout.base else ""
         self._claim_parameters()
         self.n_layers = self.geometry.n_layers
@@ -188,7 +191,7 @@ class StreamedModel:
         if self.layout.pooler is not None:
             paths.append(f"{self.prefix}{self.layout.pooler}")
         model = self.stock if stock else self.model
-        return {path: _attr(model, path) for path in dict.fromkeys(paths)}
+        return {path: module_at(model, path) for path in dict.fromkeys(paths)}
 
     def _rename_stored(self) -> None:
         """The checkpoint's tensors under the class's parameter names, as transformers renames them on loading (its
@@ -226,10 +229,10 @@ class StreamedModel:
                                   f"{self.cls_name}" + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""))
 
     def _base(self, stock: bool = False) -> torch.nn.Module:
-        return _attr(self.stock if stock else self.model, self.layout.base)
+        return module_at(self.stock if stock else self.model, self.layout.base)
 
     def _blocks(self, stock: bool = False) -> torch.nn.ModuleList:
-        return _attr(self._base(stock), self.layout.blocks)
+        return module_at(self._base(stock), self.layout.blocks)
 
     def block_names(self, layer: int) -> list[str]:
         own = [n for n in self.names if n.startswith(f"{self.prefix}{self.layout.blocks}.{layer}.")]
@@ -287,7 +290,7 @@ class StreamedModel:
     @contextlib.contextmanager
     def _swapped(base, modules: dict):
         """Each dotted path's module replaced for the duration."""
-        places = {path: (_attr(base, path.rpartition(".")[0]) if "." in path else base, path.rpartition(".")[2])
+        places = {path: (module_at(base, path.rpartition(".")[0]) if "." in path else base, path.rpartition(".")[2])
                   for path in modules}
         kept = {path: getattr(parent, name) for path, (parent, name) in places.items()}
         for path, (parent, name) in places.items():
@@ -314,7 +317,7 @@ class StreamedModel:
                     contextlib.suppress(StopAtBlock):
                 functional_call(base, given, args=(), kwargs=kwargs, strict=False)
             return first.hidden
-        table = copy.deepcopy(_attr(base, self.layout.token_embedding))  # meta: costs nothing
+        table = copy.deepcopy(module_at(base, self.layout.token_embedding))  # meta: costs nothing
         position = {token: i for i, token in enumerate(looked_up)}
         table.num_embeddings = len(looked_up)
         pad = getattr(table, "padding_idx", None)
@@ -337,7 +340,7 @@ class StreamedModel:
         prefix = f"{self.prefix}{self.layout.blocks}.{layer}."
         local = {n[len(prefix):]: w for n, w in weights.items() if n.startswith(prefix)}
         box: dict = {}
-        attention = _attr(module, self.layout.attention)
+        attention = module_at(module, self.layout.attention)
         handle = attention.register_forward_hook(lambda m, a, out: box.__setitem__("attn", out[1]))
         try:
             out = functional_call(module, local, args=(hidden,), kwargs=kwargs, strict=False)
@@ -352,7 +355,7 @@ class StreamedModel:
                     stock: bool = False) -> torch.Tensor:
         """The base's final norm on `hidden`, with its parameters `names` from `weights`."""
         norm = f"{self.prefix}{self.layout.final_norm}."
-        return functional_call(_attr(self._base(stock), self.layout.final_norm),
+        return functional_call(module_at(self._base(stock), self.layout.final_norm),
                                {n[len(norm):]: weights[n] for n in names}, args=(hidden,), strict=False)
 
     def head_chunk(self, start: int, stop: int) -> dict[str, torch.Tensor]:
@@ -365,11 +368,11 @@ class StreamedModel:
         (a token axis, unless it reads one token), their mean first where it is the logits; a headless model's last
         hidden state and its pooled output (where it has a pooler or pools a token)."""
         if self.layout.heads:
-            axes = {h.output: (None, None) if h.token is not None else (None, "tokens", None)
+            axes = {trace_names.output(h.output): (None, None) if h.token is not None else (None, "tokens", None)
                     for h in self.layout.heads}
-            return {"output.logits": next(iter(axes.values())), **axes} if self.layout.logits_mean else axes
+            return {trace_names.LOGITS: next(iter(axes.values())), **axes} if self.layout.logits_mean else axes
         pooled = self.layout.pooler is not None or self.layout.pooled_token is not None
-        return {"output.last_hidden": (None, "tokens", "resid"), **({"output.pooler": (None, "resid")} if pooled
+        return {trace_names.LAST_HIDDEN: (None, "tokens", "resid"), **({trace_names.POOLER: (None, "resid")} if pooled
                                                                      else {})}
 
     @property
@@ -392,21 +395,21 @@ class StreamedModel:
             return functional_call(modules[path], given, args=(hidden,), strict=False)
 
         if not self.layout.heads:
-            outputs = {"output.last_hidden": normed}
+            outputs = {trace_names.LAST_HIDDEN: normed}
             if self.layout.pooler is not None:  # the pooler reads its token itself
-                outputs["output.pooler"] = run(f"{self.prefix}{self.layout.pooler}", normed)
+                outputs[trace_names.POOLER] = run(f"{self.prefix}{self.layout.pooler}", normed)
             elif self.layout.pooled_token is not None:
-                outputs["output.pooler"] = normed[:, self.layout.pooled_token]
+                outputs[trace_names.POOLER] = normed[:, self.layout.pooled_token]
             return outputs
         outputs = {}
         for head in self.layout.heads:
             hidden = normed if head.token is None else normed[:, head.token]
             for path in head.modules:
                 hidden = run(path, hidden)
-            outputs[head.output] = hidden
+            outputs[trace_names.output(head.output)] = hidden
         if self.layout.logits_mean:  # as the class computes it: (a + b) / 2
             pieces = list(outputs.values())
-            outputs = {"output.logits": sum(pieces[1:], pieces[0]) / len(pieces), **outputs}
+            outputs = {trace_names.LOGITS: sum(pieces[1:], pieces[0]) / len(pieces), **outputs}
         return outputs
 
     def head_chunks(self, largest_block_bytes: int) -> list[tuple[int, int]]:

@@ -5,6 +5,9 @@ family or a class.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from perm_core.families import Family, family_by_name, family_names
 from perm_core.families.stages import EncoderDecoderLayout, StageLayout
 from perm_core.stream.shards import CheckpointError
@@ -17,6 +20,16 @@ class StreamingUnsupportedError(CheckpointError):
 def streamed_families() -> tuple[str, ...]:
     """Every family with at least one streamed class, in the families' registry order."""
     return tuple(name for name in family_names() if family_by_name(name).stages)
+
+
+def is_encoder_decoder(directory) -> bool:
+    """Whether a checkpoint directory's config names an encoder-decoder (read before anything is built; an
+    unreadable one is not, and the stages that read it say why)."""
+    try:
+        raw = json.loads((Path(directory).expanduser() / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(raw, dict) and bool(raw.get("is_encoder_decoder"))
 
 
 def supported_summary() -> str:

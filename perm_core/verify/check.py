@@ -17,6 +17,7 @@ import torch
 
 from perm_core.engine import symmetries
 from perm_core.engine.spec import Scramble
+from perm_core.run import trace_names
 from perm_core.run.trace import Record
 from perm_core.verify import oracle
 from perm_core.verify.controls import explain_unbroken, measure_break, run_control
@@ -57,7 +58,7 @@ class StreamedGradients:
         self.differences: dict[str, tuple[float, float, bool]] = {}
 
     def __call__(self, parameter: str, record: Record) -> None:
-        name = f"grad.param.{parameter}"
+        name = trace_names.param_grad(parameter)
         if name not in self.original:
             return
         reference = {name: self.original[name].tensor}
@@ -83,7 +84,7 @@ def check_scramble(subject: Subject, scramble: Scramble, label: str, original: d
     moved, what = subject.element_movement(scramble)
     results = []
     for direction in ("forward", "backward") if backward else ("forward",):
-        mine = [e for e in errors if e.name.startswith("grad.") == (direction == "backward")]
+        mine = [e for e in errors if trace_names.is_grad(e.name) == (direction == "backward")]
         results.append(summarize(subject, label, direction, mine, moved, what))
     return results
 

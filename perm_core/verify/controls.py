@@ -12,6 +12,7 @@ import torch
 
 from perm_core.engine import symmetries
 from perm_core.engine.spec import Scramble, apply_axes, transform_params
+from perm_core.run import trace_names
 from perm_core.run.capture import output_projection, stopped_input
 from perm_core.run.trace import Record
 from perm_core.run.vocabulary import cut_to_rows_read
@@ -105,7 +106,7 @@ def _early_break(subject: Subject, control: symmetries.Control) -> tuple[float, 
 def measure_break(subject: Subject, scramble: Scramble, original: dict[str, Record]) -> float:
     """Worst relative error of the un-scrambled forward run: how far the element changes the function."""
     restored = subject.unscramble(subject.trace(scramble), scramble)
-    errors = tensor_errors({n: r for n, r in original.items() if not n.startswith("grad.")}, restored,
+    errors = tensor_errors({n: r for n, r in original.items() if not trace_names.is_grad(n)}, restored,
                            subject.floor_reasons)
     if not errors:
         raise VacuousCheckError("measuring a break compared no tensors")

@@ -24,6 +24,7 @@ from perm_core.engine.spec import (
 )
 from perm_core.engine.tokens import model_inputs, n_tokens
 from perm_core.families import Family, Geometry, family_of
+from perm_core.run import trace_names
 from perm_core.run.capture import stopped_input
 from perm_core.run.stateless import own_parameters
 from perm_core.run.trace import Record, run
@@ -54,7 +55,7 @@ class Subject:
         self.inputs = inputs
         self.dtype = next(iter(self.params.values())).dtype
         self.n_tokens = n_tokens(inputs, self.geometry) if inputs else None
-        self.floor_reasons = {f"grad.param.{name}": KEY_BIAS_REASON for name, claim in self.claims.items()
+        self.floor_reasons = {trace_names.param_grad(name): KEY_BIAS_REASON for name, claim in self.claims.items()
                               if claim.rule.tag == "attn.k" and self.params[name].dim() == 1
                               and not self.geometry.rope}
         self._roundoff: dict[int, tuple] = {}
@@ -124,7 +125,7 @@ class Subject:
         only when some tensor needs it."""
         cached = self._roundoff.get(id(original))
         if cached is None or cached[0] is not original:
-            backward = any(name.startswith("grad.") for name in original)
+            backward = any(trace_names.is_grad(name) for name in original)
             if self.dtype == torch.float64:
                 runs = (self.trace(backward=backward, dtype=torch.float32), original)
             else:
@@ -162,7 +163,7 @@ class Subject:
 
     def _scrambled_roundoff(self, restored: dict[str, torch.Tensor], scramble: Scramble) -> dict[str, float]:
         """The scrambled run's round-off: its un-scrambled records against the same run in the other dtype."""
-        backward = any(name.startswith("grad.") for name in restored)
+        backward = any(trace_names.is_grad(name) for name in restored)
         other = torch.float32 if self.dtype == torch.float64 else torch.float64
         rerun = self.unscramble(self.trace(scramble, backward=backward, dtype=other), scramble)
         runs = (rerun, restored) if other == torch.float32 else (restored, rerun)

@@ -19,6 +19,13 @@ from ui.runtime import runs, settings
 PAGES = sorted((Path(__file__).resolve().parents[2] / "pages").glob("*.py"))
 
 
+def _constant_names(target: ast.expr) -> bool:
+    """An UPPER_CASE name, or a tuple of them ((MODEL,) = the one model a page serves)."""
+    if isinstance(target, ast.Tuple):
+        return bool(target.elts) and all(_constant_names(t) for t in target.elts)
+    return isinstance(target, ast.Name) and target.id.isupper()
+
+
 def module_level_data(source: str) -> list[str]:
     """The statements of a page at module level other than imports, functions, UPPER_CASE constants and the final
     call of main() (in `with page_runs() as shared_runs:` for a page with shared runs): each binds a global that
@@ -32,7 +39,7 @@ def module_level_data(source: str) -> list[str]:
         if ast.unparse(node) == "main()" or re.fullmatch(r"with page_runs\(\) as (\w+):\n    main\(\1\)",
                                                         ast.unparse(node)):
             continue
-        if isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) and t.id.isupper() for t in node.targets):
+        if isinstance(node, ast.Assign) and all(_constant_names(t) for t in node.targets):
             continue
         found.append(ast.unparse(node).splitlines()[0])
     return found
@@ -44,8 +51,9 @@ def test_a_page_keeps_its_run_in_main(page):
 
 
 def test_the_rule_finds_a_global_result():
-    source = "import streamlit as st\nLIMIT = 3\nresult = run()\ndef main():\n    x = 1\nmain()\n"
-    assert module_level_data(source) == ["result = run()"]
+    source = ("import streamlit as st\nLIMIT = 3\n(MODEL,) = serving()\nresult = run()\n(kept, LIMITS) = run()\n"
+              "def main():\n    x = 1\nmain()\n")
+    assert module_level_data(source) == ["result = run()", "kept, LIMITS = run()"]
 
 
 def _live_results() -> dict:

@@ -14,7 +14,7 @@ from perm_core.models.defaults import default_inputs
 from perm_core.models.registry import load_model
 from perm_core.run import trace_names
 from perm_core.run.trace_names import TracedName, build, parse
-from perm_core.verify.check import Subject
+from perm_core.verify.subject import Subject
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -103,23 +103,43 @@ def test_parts_that_name_nothing_are_refused(parts):
 # Prefixes of traced names: a string that starts so and is built from pieces builds a traced name by hand.
 PREFIXES = ("blocks.", "grad.", "output.", "decoder.embed")
 NAMING_MODULE = ROOT / "perm_core" / "run" / "trace_names.py"
-# Files that still spell gradient names by hand; each is to build them with trace_names instead.
-PENDING = {"perm_core/verify/check.py", "perm_core/verify/subject.py"}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    return {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
 
 
 def _hand_built_names(path: Path, root: Path = ROOT) -> list[str]:
+    """f-strings that build a traced name, and literals that spell one whole (a docstring may name them)."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = _docstrings(tree)
+    for node in ast.walk(tree):
         if isinstance(node, ast.JoinedStr) and node.values:
             first = node.values[0]
             if isinstance(first, ast.Constant) and isinstance(first.value, str) and first.value.startswith(PREFIXES):
                 found.append(f"{path.relative_to(root)}:{node.lineno}: f{first.value!r}...")
+        elif (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+              and node.value.startswith(PREFIXES) and _is_traced_name(node.value)):
+            found.append(f"{path.relative_to(root)}:{node.lineno}: {node.value!r}")
     return found
+
+
+def _is_traced_name(text: str) -> bool:
+    if any(c.isspace() for c in text):  # prose that starts with a name, not a name
+        return False
+    try:
+        trace_names.parse(text)
+    except ValueError:
+        return False
+    return True
 
 
 def test_no_traced_name_is_built_by_hand_outside_the_naming_module():
     files = [p for folder in ("perm_core", "ui", "pages", "benchmarks") for p in (ROOT / folder).rglob("*.py")
-             if p != NAMING_MODULE and str(p.relative_to(ROOT)) not in PENDING]
+             if p != NAMING_MODULE]
     assert len(files) > 100
     assert [line for path in files for line in _hand_built_names(path)] == []
 
@@ -129,5 +149,8 @@ def test_the_scan_finds_a_hand_built_name(tmp_path):
     probe = ROOT / "perm_core" / "run" / "trace.py"
     assert _hand_built_names(probe) == []
     written = tmp_path / "hand.py"
-    written.write_text('layer = 3\nname = f"blocks.{layer}.attn"\nother = f"grad.param.{layer}"\nfine = f"{layer}"\n')
-    assert _hand_built_names(written, tmp_path) == ["hand.py:2: f'blocks.'...", "hand.py:3: f'grad.param.'..."]
+    written.write_text('"""output.logits, named in a docstring"""\nlayer = 3\nname = f"blocks.{layer}.attn"\n'
+                       'other = f"grad.param.{layer}"\nfine = f"{layer}"\nwhole = "output.logits"\n'
+                       'prose = "output.logits of the head"\n')
+    assert _hand_built_names(written, tmp_path) == ["hand.py:3: f'blocks.'...", "hand.py:4: f'grad.param.'...",
+                                                    "hand.py:6: 'output.logits'"]

@@ -40,9 +40,10 @@ def strict(text: str):
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
 @pytest.mark.parametrize("position", [0, 1, 2])
 def test_non_finite_fails_wherever_it_sits(bad, position):
-    original = {n: torch.ones(3, dtype=torch.float64) for n in ("a", "b", "c")}
+    names = ("embed", "blocks.0.hidden", "output.logits")  # traced names, in the order a run computes them
+    original = {n: torch.ones(3, dtype=torch.float64) for n in names}
     restored = {n: t.clone() for n, t in original.items()}
-    name = "abc"[position]
+    name = names[position]
     restored[name][1] = bad
     errors = tensor_errors(original, restored)
     assert [e.name for e in errors if not e.finite] == [name]
