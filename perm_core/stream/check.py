@@ -26,8 +26,8 @@ from perm_core.engine import symmetries
 from perm_core.engine.spec import Scramble
 from perm_core.engine.tokens import model_inputs
 from perm_core.fast.param_cache import tensor_bytes
-from perm_core.stream import encoder_decoder_check
 from perm_core.stream.allowance import Allowances
+from perm_core.stream.encoder_decoder_check import TwoStacks
 from perm_core.stream.forward import OriginalRun, forward_pass
 from perm_core.stream.layout import StreamedModel
 from perm_core.stream.memory import MemoryBound, StagePeaks
@@ -35,7 +35,7 @@ from perm_core.stream.plan import opened, plan_check
 from perm_core.stream.report import PROOF, StreamedReport, allowance_notes, floor_reasons
 from perm_core.stream.reverse import Element, block_stage, block_stage_tensors, embedding_stage, head_stage
 from perm_core.stream.stages import StreamingUnsupportedError, is_encoder_decoder
-from perm_core.verify.results import VacuousCheckError
+from perm_core.verify.results import NotSymmetry, VacuousCheckError
 
 __all__ = ["PROOF", "StreamedReport", "stream_check"]
 
@@ -43,70 +43,109 @@ __all__ = ["PROOF", "StreamedReport", "stream_check"]
 def stream_check(directory, inputs: dict, symmetry_names=symmetries.SYMMETRIES, key: int | Mapping[str, int] = 0,
                  model_name: str = "", backward: bool = True, include_combined: bool = True,
                  dtype: torch.dtype = torch.float64, progress=None) -> StreamedReport:
-    """check() of verify.check, stage by stage from the checkpoint's shards (the module docstring)."""
+    """check() of verify.check, stage by stage from the checkpoint's shards (the module docstring): one driver for
+    every layout, its stages run by OneStack or, for an encoder-decoder, encoder_decoder_check.TwoStacks."""
     names = list(symmetry_names)
     key_of = dict(key) if isinstance(key, Mapping) else {name: key for name in names}
     if not names:
         raise VacuousCheckError("no symmetry to check: name at least one")
-    if is_encoder_decoder(directory):  # two stacks: stream.encoder_decoder_check runs their stages
-        return encoder_decoder_check.stream_check(directory, inputs, names, key_of, model_name, backward,
-                                                  include_combined, dtype, progress)
-    model, stages = opened(StreamedModel, directory, inputs, dtype)
+    kind = TwoStacks if is_encoder_decoder(directory) else OneStack
+    model, peaks = opened(kind.model_class, directory, inputs, dtype)
+    path = kind(model)
     g = model.geometry
-    if any(name in g.not_holding() for name in names):
+    not_holding = g.not_holding()
+    missing = [name for name in names if name in not_holding]
+    if missing and not path.measures_lacking:
         raise StreamingUnsupportedError("streaming does not measure symmetries an architecture lacks")
-    plan = plan_check(model, directory, inputs, names, key_of, model_name, backward, include_combined)
+    plan = plan_check(model, directory, inputs, names, key_of, model_name, backward, include_combined, missing)
     report, count = plan.report, plan.count
-    largest = max(model.bytes_of(model.block_names(layer)) for layer in range(model.n_layers))
+    largest = path.largest()
     chunks = model.head_chunks(largest // 4)  # the head stage holds five chunk-sized tensors at once
     report.head_chunks = len(chunks)
 
-    run, control_runs = plan.original_run(model, inputs, chunks, forward_pass, stages, progress)
-    elements = {name: Element(model, inputs, scramble) for name, scramble in plan.scrambles(g).items()}
+    run, control_runs = plan.original_run(model, inputs, chunks, path.forward_pass, peaks, progress)
+    for name in missing:
+        scramble = symmetries.build_many({name: key_of[name]}, g, count)
+        report.not_symmetries.append(NotSymmetry(name, not_holding[name], path.measure_break(inputs, scramble, run)))
+    if missing:
+        peaks.end("symmetries it lacks")
+    scrambles = plan.scrambles(g)
+    path.refuse(scrambles)
+    elements = {name: Element(model, inputs, scramble) for name, scramble in scrambles.items()}
     transforms = tensor_bytes([[(e.scramble, e.inverse, e.layer_kwargs) for e in elements.values()], control_runs])
     floor = floor_reasons(model)
     allowance = Allowances(model, inputs, elements, floor, make_element=Element)
     grad, stash = head_stage(model, run, elements, backward, chunks)
-    stages.end("head")
+    peaks.end("head")
     original_inputs = model_inputs(inputs, g, Scramble(), dtype)
     original_kwargs = model.layer_kwargs(original_inputs)
+    path.begin(run, elements)
     for layer in reversed(range(model.n_layers)):
         if progress:
             progress(1.0 - (layer + 1) / (model.n_layers + 1), f"checking block {layer}")
-        grad = block_stage(model, layer, run, elements, backward, grad, original_kwargs[layer], allowance)
-        stages.end(f"block {layer}")
-    embedding_stage(model, run, elements, backward, grad, stash, original_inputs)
-    stages.end("embedding")
+        grad = path.block(layer, run, elements, backward, grad, original_kwargs[layer], allowance)
+        peaks.end(f"block {layer}")
+    path.embedding(run, elements, backward, grad, stash, original_inputs)
+    peaks.end("embedding")
 
     plan.verdicts(model, elements, allowance, control_runs, run.scales.final(floor, dtype), floor, backward)
-    report.notes.extend(allowance_notes(allowance, model, report, block_stage_tensors, "the blocks",
-                                        "the embedding or the head"))
-    stages.end("comparisons")
-    # the head's whole parameters: the original's and every element's copy with their gradients (the check), or
-    # the original's and every control's (the original run)
-    copies = max(2 * (1 + len(elements)), 1 + len(control_runs))
-    report.memory = _memory(model, run, count, largest, stages, transforms,
-                            model.bytes_of(model.head_whole) * copies)
+    report.notes.extend(allowance_notes(allowance, model, report, path.stage_tensors, *path.note_places))
+    peaks.end("comparisons")
+    report.memory = path.memory(run, count, largest, peaks, transforms, elements, control_runs)
     if progress:
         progress(1.0, "done")
     return report
 
 
-def _memory(model: StreamedModel, run: OriginalRun, count: int, largest: int,
-            stages: StagePeaks, transforms: int, head_whole: int) -> MemoryBound:
-    g, itemsize = model.geometry, model.dtype.itemsize
-    # the logits' width (a headless model's outputs: its last hidden state and pooled output)
-    vocab = model.reader.entries[model.head_name].shape[0] if model.head_name is not None else 2 * g.d_model
-    # one block's activations with their gradients (x4: original and transformed, forward and backward), every
-    # block's input kept, and the logits with their gradient
-    per_block = count * (12 * g.d_model + 4 * g.d_mlp + 4 * g.n_heads * count) * 4
-    activations = itemsize * (per_block + count * g.d_model * 2 * model.n_layers + count * vocab * 4)
-    # the token rows looked up and the other embedding tables whole (an image's: all of them), and an image's
-    # pixels with their gradient, the original's and an element's
-    rows = model.embedding_bytes(run.looked_up) * 3 + run.pixel_bytes * 4
-    tensor = max(model.bytes_of([name]) for layer in range(model.n_layers) for name in model.block_names(layer))
-    # a float32 check's float64 rerun (the only one wider than the check): a block, two tensors and activations
-    allowance = 2 * (largest + 2 * tensor + per_block * itemsize) if model.dtype == torch.float32 else 0
-    return MemoryBound(largest, tensor, activations, rows, transforms, head_whole, allowance,
-                       baseline=stages.baseline, peak=stages.peak, peak_since_start=stages.can_reset,
-                       stages=stages.stages, stages_after=stages.after)
+class OneStack:
+    """A one-stack checkpoint's stages for the driver: its blocks walked back from the head, each handing the
+    original's gradient at its input to the one before it, then the embedding."""
+
+    model_class = StreamedModel
+    measures_lacking = False
+    stage_tensors = staticmethod(block_stage_tensors)
+    forward_pass = staticmethod(forward_pass)
+    note_places = ("the blocks", "the embedding or the head")
+
+    def __init__(self, model: StreamedModel):
+        self.model = model
+
+    def largest(self) -> int:
+        return max(self.model.bytes_of(self.model.block_names(layer)) for layer in range(self.model.n_layers))
+
+    def refuse(self, scrambles: dict[str, Scramble]) -> None:
+        """Every element streams: a block's stage moves its tokens, heads and channels as the whole model does."""
+
+    def begin(self, run: OriginalRun, elements: dict[str, Element]) -> None:
+        """Nothing is summed over several stages: each stage's gradients are complete when it ends."""
+
+    def block(self, layer: int, run: OriginalRun, elements: dict[str, Element], backward: bool,
+              grad: torch.Tensor | None, kwargs: dict, allowance: Allowances) -> torch.Tensor | None:
+        return block_stage(self.model, layer, run, elements, backward, grad, kwargs, allowance)
+
+    def embedding(self, run: OriginalRun, elements: dict[str, Element], backward: bool, grad: torch.Tensor | None,
+                  stash: dict, original_inputs: dict) -> None:
+        embedding_stage(self.model, run, elements, backward, grad, stash, original_inputs)
+
+    def memory(self, run: OriginalRun, count: int, largest: int, stages: StagePeaks, transforms: int,
+               elements: dict[str, Element], control_runs: list) -> MemoryBound:
+        model = self.model
+        g, itemsize = model.geometry, model.dtype.itemsize
+        # the logits' width (a headless model's outputs: its last hidden state and pooled output)
+        vocab = model.reader.entries[model.head_name].shape[0] if model.head_name is not None else 2 * g.d_model
+        # one block's activations with their gradients (x4: original and transformed, forward and backward), every
+        # block's input kept, and the logits with their gradient
+        per_block = count * (12 * g.d_model + 4 * g.d_mlp + 4 * g.n_heads * count) * 4
+        activations = itemsize * (per_block + count * g.d_model * 2 * model.n_layers + count * vocab * 4)
+        # the token rows looked up and the other embedding tables whole (an image's: all of them), and an image's
+        # pixels with their gradient, the original's and an element's
+        rows = model.embedding_bytes(run.looked_up) * 3 + run.pixel_bytes * 4
+        tensor = max(model.bytes_of([name]) for layer in range(model.n_layers) for name in model.block_names(layer))
+        # a float32 check's float64 rerun (the only one wider than the check): a block, two tensors and activations
+        allowance = 2 * (largest + 2 * tensor + per_block * itemsize) if model.dtype == torch.float32 else 0
+        # the head's whole parameters: the original's and every element's copy with their gradients (the check), or
+        # the original's and every control's (the original run)
+        copies = max(2 * (1 + len(elements)), 1 + len(control_runs))
+        return MemoryBound(largest, tensor, activations, rows, transforms, model.bytes_of(model.head_whole) * copies,
+                           allowance, baseline=stages.baseline, peak=stages.peak,
+                           peak_since_start=stages.can_reset, stages=stages.stages, stages_after=stages.after)

@@ -1,5 +1,5 @@
-"""The streamed check of an encoder-decoder (T5ForConditionalGeneration): stream.check's proof, verdicts and report
-over stream.encoder_decoder's stages, from the head back to the shared token table.
+"""An encoder-decoder's stages in the streamed check (TwoStacks): stream.check's one driver runs them, with its proof,
+verdicts and report, over stream.encoder_decoder's stages, from the head back to the shared token table.
 
 Backward, the chain of stages is not a single line: every decoder block's cross-attention reads the encoder's normed
 output, and every block of a stack reads its stack's relative position table (block 0's). So besides the gradient
@@ -24,10 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from perm_core.engine import symmetries
 from perm_core.engine.spec import Scramble, transform_param
-from perm_core.engine.tokens import model_inputs
-from perm_core.fast.param_cache import tensor_bytes
 from perm_core.run import trace_names
 from perm_core.run.trace import TOKEN_RESID
 from perm_core.stream.allowance import Allowances
@@ -44,19 +41,15 @@ from perm_core.stream.encoder_decoder import (
     measure_break,
 )
 from perm_core.stream.memory import MemoryBound, StagePeaks
-from perm_core.stream.plan import opened, plan_check
-from perm_core.stream.report import StreamedReport, allowance_notes, floor_reasons
 from perm_core.stream.reverse import (
     Element,
     as_leaf,
     cast,
     gradient_hook,
-    head_stage,
     measure_roundoff,
     with_head_rows,
 )
 from perm_core.stream.stages import StreamingUnsupportedError
-from perm_core.verify.results import NotSymmetry
 
 
 class Sums:
@@ -213,81 +206,72 @@ def embedding_stage(model: EncoderDecoderModel, run: EncoderDecoderRun, elements
         del leaf, embeds
 
 
-def stream_check(directory, inputs: dict, names: list[str], key_of: dict[str, int], model_name: str = "",
-                 backward: bool = True, include_combined: bool = True, dtype: torch.dtype = torch.float64,
-                 progress=None) -> StreamedReport:
-    """stream.check.stream_check for an encoder-decoder checkpoint (the module docstring)."""
-    model, stages = opened(EncoderDecoderModel, directory, inputs, dtype)
-    g = model.geometry
-    not_holding = g.not_holding()
-    missing = [name for name in names if name in not_holding]
-    plan = plan_check(model, directory, inputs, names, key_of, model_name, backward, include_combined, missing)
-    report, count = plan.report, plan.count
-    largest = max(model.bytes_of([*model.block_names(layer), model.table(layer)]) for layer in range(model.n_layers))
-    chunks = model.head_chunks(largest // 4)
-    report.head_chunks = len(chunks)
+class TwoStacks:
+    """An encoder-decoder's stages for stream.check's one driver: the decoder's blocks walked back first, the sums
+    several stages add to compared once complete (the decoder's table and the encoder's output gradient where the
+    walk leaves the decoder, the encoder's table before the embedding), then the encoder's; a symmetry the
+    architecture lacks measured by its element's break (measure_break)."""
 
-    run, control_runs = plan.original_run(model, inputs, chunks, forward_pass, stages, progress)
-    for name in missing:
-        scramble = symmetries.build_many({name: key_of[name]}, g, count)
-        report.not_symmetries.append(NotSymmetry(name, not_holding[name], measure_break(model, inputs, scramble, run)))
-    if missing:
-        stages.end("symmetries it lacks")
-    scrambles = plan.scrambles(g)
-    if any(scramble.tokens is not None for scramble in scrambles.values()):  # the decoder's tokens never move:
-        raise StreamingUnsupportedError("streaming an encoder-decoder checks no token permutation")  # no stage does
-    elements = {name: Element(model, inputs, scramble) for name, scramble in scrambles.items()}
-    transforms = tensor_bytes([[(e.scramble, e.inverse, e.layer_kwargs) for e in elements.values()], control_runs])
-    floor = floor_reasons(model)
-    allowance = Allowances(model, inputs, elements, floor, make_element=Element)
-    grad, stash = head_stage(model, run, elements, backward, chunks)
-    stages.end("head")
-    original_inputs = model_inputs(inputs, g, Scramble(), dtype)
-    original_kwargs = model.layer_kwargs(original_inputs)
-    sums = Sums(run, elements)
-    decoder_grad = None
-    for layer in reversed(range(model.n_layers)):
-        if layer == model.n_encoder - 1:  # the decoder is done: its sums are complete
-            sums.compare(trace_names.param_grad(model.tables["decoder"]))
-            grad = sums.compare(trace_names.grad(trace_names.hidden(layer)))
-        if progress:
-            progress(1.0 - (layer + 1) / (model.n_layers + 1), f"checking block {layer}")
-        grad = block_stage(model, layer, run, elements, backward, grad, original_kwargs[layer], sums, allowance)
-        if layer == model.n_encoder:
-            decoder_grad, grad = grad, None
-        stages.end(f"block {layer}")
-    sums.compare(trace_names.param_grad(model.tables["encoder"]))
-    embedding_stage(model, run, elements, backward, (grad, decoder_grad) if backward else None, stash,
-                    original_inputs)
-    stages.end("embedding")
+    model_class = EncoderDecoderModel
+    measures_lacking = True
+    stage_tensors = staticmethod(stage_tensors)
+    forward_pass = staticmethod(forward_pass)
+    note_places = ("the blocks' own tensors", "the embedding, the head or in a sum over blocks")
 
-    plan.verdicts(model, elements, allowance, control_runs, run.scales.final(floor, dtype), floor, backward)
-    report.notes.extend(allowance_notes(allowance, model, report, stage_tensors, "the blocks' own tensors",
-                                        "the embedding, the head or in a sum over blocks"))
-    stages.end("comparisons")
-    report.memory = _memory(model, run, count, largest, stages, transforms, len(elements))
-    if progress:
-        progress(1.0, "done")
-    return report
+    def __init__(self, model: EncoderDecoderModel):
+        self.model = model
+        self.sums: Sums | None = None
+        self.decoder_grad: torch.Tensor | None = None
 
+    def largest(self) -> int:
+        m = self.model
+        return max(m.bytes_of([*m.block_names(layer), m.table(layer)]) for layer in range(m.n_layers))
 
-def _memory(model: EncoderDecoderModel, run: EncoderDecoderRun, count: int, largest: int,
-            stages: StagePeaks, transforms: int, n_elements: int) -> MemoryBound:
-    """stream.check's bound, for two stacks: a block's activations counted over both stacks' tokens (a decoder
-    block's cross-attention reads every encoder token), every block's input and the encoder's output kept, the
-    encoder output's gradient summed for the original and each element, and the logits with their gradient."""
-    g, itemsize = model.geometry, model.dtype.itemsize
-    decoder_tokens = run.records[trace_names.DECODER_EMBED].shape[1]
-    tokens = count + decoder_tokens
-    vocab = model.reader.entries[model.head_name].shape[0]
-    per_block = tokens * (12 * g.d_model + 4 * g.d_mlp + 4 * g.n_heads * tokens) * 4
-    kept = tokens * g.d_model * 2 * model.n_layers + count * g.d_model * (2 + n_elements)
-    activations = itemsize * (per_block + kept + decoder_tokens * vocab * 4)
-    rows = model.embedding_bytes(run.looked_up) * 3
-    tensor = max(model.bytes_of([name]) for layer in range(model.n_layers)
-                 for name in [*model.block_names(layer), model.table(layer)])
-    # a float32 check's float64 rerun (the only one wider than the check): a block, two tensors and activations
-    allowance = 2 * (largest + 2 * tensor + per_block * itemsize) if model.dtype == torch.float32 else 0
-    return MemoryBound(largest, tensor, activations, rows, transforms, 0, allowance,
-                       baseline=stages.baseline, peak=stages.peak, peak_since_start=stages.can_reset,
-                       stages=stages.stages, stages_after=stages.after)
+    def measure_break(self, inputs: dict, scramble: Scramble, run: EncoderDecoderRun) -> float:
+        return measure_break(self.model, inputs, scramble, run)
+
+    def refuse(self, scrambles: dict[str, Scramble]) -> None:
+        if any(scramble.tokens is not None for scramble in scrambles.values()):  # the decoder's tokens never move:
+            raise StreamingUnsupportedError("streaming an encoder-decoder checks no token permutation")  # no stage
+
+    def begin(self, run: EncoderDecoderRun, elements: dict[str, Element]) -> None:
+        self.sums, self.decoder_grad = Sums(run, elements), None
+
+    def block(self, layer: int, run: EncoderDecoderRun, elements: dict[str, Element], backward: bool,
+              grad: torch.Tensor | None, kwargs: dict, allowance: Allowances) -> torch.Tensor | None:
+        m = self.model
+        if layer == m.n_encoder - 1:  # the decoder is done: its sums are complete
+            self.sums.compare(trace_names.param_grad(m.tables["decoder"]))
+            grad = self.sums.compare(trace_names.grad(trace_names.hidden(layer)))
+        grad = block_stage(m, layer, run, elements, backward, grad, kwargs, self.sums, allowance)
+        if layer == m.n_encoder:  # the decoder's first block: its input gradient is the decoder embedding's
+            self.decoder_grad, grad = grad, None
+        return grad
+
+    def embedding(self, run: EncoderDecoderRun, elements: dict[str, Element], backward: bool,
+                  grad: torch.Tensor | None, stash: dict, original_inputs: dict) -> None:
+        self.sums.compare(trace_names.param_grad(self.model.tables["encoder"]))
+        embedding_stage(self.model, run, elements, backward, (grad, self.decoder_grad) if backward else None, stash,
+                        original_inputs)
+
+    def memory(self, run: EncoderDecoderRun, count: int, largest: int, stages: StagePeaks, transforms: int,
+               elements: dict[str, Element], control_runs: list) -> MemoryBound:
+        """stream.check's bound, for two stacks: a block's activations counted over both stacks' tokens (a decoder
+        block's cross-attention reads every encoder token), every block's input and the encoder's output kept, the
+        encoder output's gradient summed for the original and each element, and the logits with their gradient."""
+        model = self.model
+        g, itemsize = model.geometry, model.dtype.itemsize
+        decoder_tokens = run.records[trace_names.DECODER_EMBED].shape[1]
+        tokens = count + decoder_tokens
+        vocab = model.reader.entries[model.head_name].shape[0]
+        per_block = tokens * (12 * g.d_model + 4 * g.d_mlp + 4 * g.n_heads * tokens) * 4
+        kept = tokens * g.d_model * 2 * model.n_layers + count * g.d_model * (2 + len(elements))
+        activations = itemsize * (per_block + kept + decoder_tokens * vocab * 4)
+        rows = model.embedding_bytes(run.looked_up) * 3
+        tensor = max(model.bytes_of([name]) for layer in range(model.n_layers)
+                     for name in [*model.block_names(layer), model.table(layer)])
+        # a float32 check's float64 rerun (the only one wider than the check): a block, two tensors, activations
+        allowance = 2 * (largest + 2 * tensor + per_block * itemsize) if model.dtype == torch.float32 else 0
+        return MemoryBound(largest, tensor, activations, rows, transforms, 0, allowance,
+                           baseline=stages.baseline, peak=stages.peak, peak_since_start=stages.can_reset,
+                           stages=stages.stages, stages_after=stages.after)

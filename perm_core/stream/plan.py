@@ -1,8 +1,8 @@
-"""What both streamed paths (one stack, stream.check; an encoder-decoder, stream.encoder_decoder_check) run in the
-same order, written once: the model opened with the memory baseline taken (opened), what the check judges settled
-before any stage runs (plan_check), the original run with its controls and the oracle (Plan.original_run), and the
-verdicts from the elements' tallies (Plan.verdicts). What differs is passed in: the model's class, the path's
-forward pass, the symmetries it measures apart.
+"""The parts of the streamed check's one driver (stream.check.stream_check) that every layout shares: the model opened
+with the memory baseline taken (opened), what the check judges settled before any stage runs (plan_check), the
+original run with its controls and the oracle (Plan.original_run), and the verdicts from the elements' tallies
+(Plan.verdicts). What differs by layout is passed in: the model's class, its forward pass, the symmetries it
+measures apart.
 """
 
 from __future__ import annotations
