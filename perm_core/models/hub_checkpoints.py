@@ -87,8 +87,8 @@ def _resolved(name: str, revision: str | None, cache: str) -> Path | ModelLoadEr
         return cached
     if offline:
         return hub.OfflineHubError(
-            f"{name}{at} is not in the local Hugging Face cache ({cache}) and this machine is "
-            "offline")
+            f"{name}{at} is neither a local directory nor in the local Hugging Face cache ({cache}), and this "
+            "machine is offline")
     try:
         directory = Path(snapshot_download(name, revision=revision, cache_dir=cache,
                                            allow_patterns=list(METADATA_FILES)))
@@ -96,7 +96,7 @@ def _resolved(name: str, revision: str | None, cache: str) -> Path | ModelLoadEr
             return ModelLoadError(f"{name}{at} has no config.json: not a transformers checkpoint")
         snapshot_download(name, revision=directory.name, cache_dir=cache, allow_patterns=weight_files(directory))
     except Exception as error:  # noqa: BLE001 - not found, gated, no network, disk full: one readable line
-        return ModelLoadError(f"Could not download {name}{at}: {_first_line(error)}")
+        return ModelLoadError(f"{name} is no local directory, and downloading it{at} failed: {_first_line(error)}")
     if not complete(directory):
         return ModelLoadError(f"{name}{at} has no safetensors weights ({', '.join(weight_files(directory))}); pickle "
                               "weights (.bin, .pt) are never downloaded: they can run code when loaded")
