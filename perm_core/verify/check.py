@@ -18,6 +18,7 @@ import torch
 from perm_core.engine import symmetries
 from perm_core.engine.spec import Scramble
 from perm_core.run import trace_names
+from perm_core.run.devices import placed
 from perm_core.run.trace import Record
 from perm_core.verify import oracle
 from perm_core.verify.controls import explain_unbroken, measure_break, run_control
@@ -98,13 +99,17 @@ def cannot_move(subject: Subject, name: str, backward: bool) -> list[CheckResult
 
 
 def check(model, inputs: dict, symmetry_names=symmetries.SYMMETRIES, key: int | Mapping[str, int] = 0,
-          model_name: str = "", backward: bool = True, include_combined: bool = True, progress=None) -> Report:
+          model_name: str = "", backward: bool = True, include_combined: bool = True, progress=None,
+          device: str | torch.device | None = None) -> Report:
     """Every symmetry forward (and backward), their composition, and every negative control.
-    `key`: one key for every symmetry, or a key per symmetry name (as the app's sidebar sets them)."""
+    `key`: one key for every symmetry, or a key per symmetry name (as the app's sidebar sets them).
+    `device`: "cpu", "cuda" or "mps": the model moves there (in place, as nn.Module.to) and the inputs with it;
+    default: where the model is, the inputs moved to it."""
     names = list(symmetry_names)
     key_of = dict(key) if isinstance(key, Mapping) else {name: key for name in names}
     if not names:
         raise VacuousCheckError("no symmetry to check: name at least one")
+    model, inputs = placed(model, inputs, device)
     subject = Subject(model, inputs)
     report = Report(model_name or type(model).__name__, subject.family.name, str(subject.dtype).split(".")[-1],
                     {name: key_of[name] for name in names})
@@ -176,12 +181,15 @@ def worst_check(report: Report) -> float:
     return worst(c.max_rel_error for c in report.checks)
 
 
-def scrambled_weights(model, symmetry_names, key: int | Mapping[str, int] = 0) -> dict[str, torch.Tensor]:
+def scrambled_weights(model, symmetry_names, key: int | Mapping[str, int] = 0,
+                      device: str | torch.device | None = None) -> dict[str, torch.Tensor]:
     """The model's parameters transformed by the weight symmetries named (not tokens, which act on inputs), each with
-    `key` (one for all, or one per name): name -> tensor, the model itself untouched."""
+    `key` (one for all, or one per name): name -> tensor, the model's values untouched (`device`: moved there
+    first, as check does)."""
     names = list(symmetry_names)
     if "tokens" in names:
         raise ValueError("tokens permute the input, not the weights: scramble the input instead")
+    model, _ = placed(model, {}, device)
     key_of = dict(key) if isinstance(key, Mapping) else {name: key for name in names}
     subject = Subject(model)
     return subject.transformed_params(subject.build({name: key_of[name] for name in names}))

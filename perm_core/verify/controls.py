@@ -51,7 +51,7 @@ def randomized(params: Mapping[str, torch.Tensor], names: list[str], seed: int =
     for name in names:
         p = params[name].detach()
         level = p.reshape(-1)[0].abs().item() or 1.0
-        noise = torch.randn(p.shape, generator=generator, dtype=torch.float64).to(p.dtype)
+        noise = torch.randn(p.shape, generator=generator, dtype=torch.float64).to(p.device, p.dtype)
         copied[name] = p + 0.5 * level * noise
     return copied
 

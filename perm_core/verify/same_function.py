@@ -31,6 +31,7 @@ import torch
 from perm_core.engine.spec import transform_params
 from perm_core.families import family_of
 from perm_core.run import trace_names
+from perm_core.run.devices import model_device, placed
 from perm_core.verify.recover import NOT_RECOVERED, Recovered, recover
 from perm_core.verify.subject import Subject
 from perm_core.verify.tolerances import TOLERANCE, TensorError, json_safe, tensor_errors, worst_rel
@@ -265,13 +266,21 @@ def check_comparable(model_a, model_b) -> None:
 
 
 def compare_models(model_a, model_b, probes: list[dict], name_a: str = "A", name_b: str = "B",
-                   stored: tuple[torch.dtype | None, torch.dtype | None] = (None, None)) -> Comparison:
+                   stored: tuple[torch.dtype | None, torch.dtype | None] = (None, None),
+                   device: str | torch.device | None = None) -> Comparison:
     """stored: the dtypes A's and B's weights were stored in (None: not rounded, e.g. a random model); a pair
-    stored coarser than float64 is held to that dtype's rounding (module docstring)."""
+    stored coarser than float64 is held to that dtype's rounding (module docstring). device: both models move there
+    (in place) and the probes with them; default: where A is."""
     check_comparable(model_a, model_b)
+    model_a, _ = placed(model_a, {}, device)
+    model_b, _ = placed(model_b, {}, model_device(model_a))
+    probes = [placed(model_a, probe, None)[1] for probe in probes]
     precision = coarsest(*stored)
     subject_a, params_b = Subject(model_a), dict(model_b.named_parameters())
-    recovered = recover(subject_a.params, params_b, subject_a.spec, subject_a.claims, subject_a.geometry)
+    # recovery is matching on the host (its index and eye tensors are CPU tensors); .cpu() copies nothing there
+    recovered = recover({n: p.detach().cpu() for n, p in subject_a.params.items()},
+                        {n: p.detach().cpu() for n, p in params_b.items()},
+                        subject_a.spec, subject_a.claims, subject_a.geometry)
     moved_a = transform_params(subject_a.params, subject_a.spec, recovered.element, subject_a.claims)
     parameters = tensor_errors({n: p.detach() for n, p in params_b.items()},
                                {n: p.detach() for n, p in moved_a.items()})
@@ -303,7 +312,7 @@ def perturbed(params: dict[str, torch.Tensor], precision: torch.dtype, seed: int
     moved = {}
     for name, param in params.items():
         param = param.detach()
-        signs = torch.randint(0, 2, param.shape, generator=generator).to(param.dtype).mul_(2).sub_(1)
+        signs = torch.randint(0, 2, param.shape, generator=generator).to(param.device, param.dtype).mul_(2).sub_(1)
         moved[name] = param + signs.mul_(param.abs().mul(rounding).add_(arithmetic * param.abs().max()))
     return moved
 

@@ -236,7 +236,7 @@ def _max_abs_difference(a: torch.Tensor, b: torch.Tensor) -> float:
     dtype = a.dtype if a.dtype == b.dtype else torch.float64  # near-equal floats subtract exactly in their own
     flat_a, flat_b = a.reshape(-1), b.reshape(-1)
     buffer = _scratch(min(CHUNK, n), dtype, a.device)
-    maxima = torch.empty((n + CHUNK - 1) // CHUNK, dtype=dtype)
+    maxima = torch.empty((n + CHUNK - 1) // CHUNK, dtype=dtype, device=a.device)
     same = a.dtype == b.dtype  # then no conversion calls: each torch call must win the GIL back
     for i, start in enumerate(range(0, n, CHUNK)):
         stop = min(start + CHUNK, n)
