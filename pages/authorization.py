@@ -94,9 +94,9 @@ def show_lock(result, loaded, key, label, fmt) -> None:
         st.error(f"The right key changed the {label}: {fmt.format(result.original)} → "
                  f"{fmt.format(result.right_key)}.")
     if result.metric == "retrieval":
-        st.caption(f"{len(auth.paraphrase_pairs())} paraphrase pairs (assets/samples/paraphrases.json): a query "
-                   "counts as retrieved when its own paraphrase is the nearest of all second sentences (cosine). "
-                   "What survives without the key is mostly shared words, which any random encoder keeps.")
+        st.caption(f"{len(auth.paraphrase_pairs())} paraphrase pairs (perm_core/data/samples/paraphrases.json): "
+                   "a query counts as retrieved when its own paraphrase is the nearest of all second sentences "
+                   "(cosine). What survives without the key is mostly shared words, which any random encoder keeps.")
     elif result.metric == "perplexity":
         st.caption(f"Perplexity of: “{auth.PERPLEXITY_TEXT}”")
     chart(fb.authorization_histogram(result, label), width="stretch")

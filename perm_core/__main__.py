@@ -1,4 +1,4 @@
-"""python -m perm_core COMMAND ...  (run with --help for the list of commands)
+"""perm-core COMMAND ... (installed), or python -m perm_core COMMAND ...  (run with --help for the list of commands)
 
 Each command lives in perm_core/cli/NAME.py with `register(subparsers)`; the module's
 `run(args) -> int` is the exit code. Exit 2 means bad usage or a model that cannot be used.
@@ -10,13 +10,16 @@ import argparse
 import importlib
 import pkgutil
 import sys
+from pathlib import Path
 
 import perm_core.cli as commands_package
 from perm_core.cli import UsageError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m perm_core",
+    # installed, the command is perm-core (pyproject.toml's [project.scripts]); from a checkout, python -m perm_core
+    prog = "perm-core" if Path(sys.argv[0]).name == "perm-core" else "python -m perm_core"
+    parser = argparse.ArgumentParser(prog=prog,
                                      description="Exact symmetries of Transformers: check, scramble, apply.")
     sub = parser.add_subparsers(dest="command", required=True)
     for info in sorted(pkgutil.iter_modules(commands_package.__path__), key=lambda m: m.name):

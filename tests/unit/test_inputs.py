@@ -9,6 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
+from perm_core.data import shipped_json
 from perm_core.models import digits, inputs, registry
 from perm_core.models.inputs import InputError
 from tests import bad_files
@@ -229,9 +230,7 @@ def test_long_text_is_truncated_with_a_notice(minilm):
 
 
 def test_sample_texts_have_an_origin():
-    import json
-
-    payload = json.loads((inputs.ASSETS / "samples" / "texts.json").read_text())
+    payload = shipped_json("samples", "texts.json")
     assert "Written for" in payload["origin"]
     texts = inputs.sample_texts()
     assert texts == payload["texts"] and len(texts) >= 4
