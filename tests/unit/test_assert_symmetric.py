@@ -104,3 +104,31 @@ def test_a_symmetry_name_it_does_not_know_is_refused():
         assert_symmetric(tiny_bert(), bert_inputs(), ["channel"])
     with pytest.raises(ValueError, match="float32 or float64"):
         assert_symmetric(tiny_bert(), bert_inputs(), ["channels"], dtype=torch.float16)
+
+
+def test_a_symmetry_the_architecture_lacks_fails_with_its_reason():
+    """T5's relative position bias reads the token order: the check reports tokens as not holding (a passing
+    report), and the assertion, which claims the symmetry, fails with the reason and the measured break."""
+    from perm_core.models.random_models import build_random_model, random_inputs
+
+    model, _ = build_random_model("t5", dtype=torch.float64, seed=3)
+    with pytest.raises(AssertionError) as raised:
+        assert_symmetric(model, random_inputs("t5", model, seed=3), ["tokens"], backward=False)
+    message = str(raised.value)
+    assert "tokens is not a symmetry of t5: The relative position bias" in message
+    assert float(message.split("(measured break ")[1].split(")")[0]) > 1e-2
+
+
+def test_the_table_names_a_control_that_did_not_break_and_a_disagreeing_oracle():
+    from perm_core.testing import failure_table
+    from perm_core.verify.oracle import OracleResult
+    from perm_core.verify.results import ControlResult, Report
+
+    report = Report("mine", "bert", "float64", {"channels": 3},
+                    controls=[ControlResult("channels", "residual_rotation", "", False, 2e-16)],
+                    oracle=OracleResult("output.logits", 3e-2, 1e-9, "sdpa"))
+    lines = failure_table(report).splitlines()
+    assert lines[0] == "mine (bert, float64) is not symmetric as asserted (keys channels=3)"
+    assert "    channels: residual_rotation  max rel err 2.00e-16" in lines
+    assert any(line.startswith("oracle: the traced run's output.logits is 3.00e-02") for line in lines)
+    assert "no check was run" in lines
