@@ -26,6 +26,7 @@ from perm_core.cli import (
     stored_dtype,
 )
 from perm_core.engine.symmetries import DESCRIPTIONS, WEIGHT_SYMMETRIES
+from perm_core.schemas import SCHEMA_VERSION
 
 WRITE_DTYPES = {**DTYPES, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -72,12 +73,9 @@ def run(args) -> int:
     out = Path(args.out)
     write_scrambled(loaded, rounded_once(subject, scramble, dtype), out,
                     largest_shard_bytes(args.model, dtype, args.revision))
-    record = {"model": args.model, "family": subject.family.name, "class": type(loaded.model).__name__,
-              "key": key, "dtype": dtype_name(dtype), "stored_dtype": dtype_name(stored),
-              "symmetries": {name: DESCRIPTIONS[name] for name in args.symmetry},
-              "reproduce": reproduce_command(args.model, args.symmetry, key, dtype_name(dtype), out,
-                                             commit_of(args.model, args.revision))}
-    (out / "key.json").write_text(json.dumps(record, indent=2))
+    write_key_file(out, args, subject.family.name, type(loaded.model).__name__, key, dtype_name(dtype),
+                   dtype_name(stored), reproduce_command(args.model, args.symmetry, key, dtype_name(dtype), out,
+                                                         commit_of(args.model, args.revision)))
     print(f"wrote {args.out}: {args.model} scrambled by {', '.join(args.symmetry)} with key {key}")
     return 0
 
@@ -103,14 +101,21 @@ def run_streamed(args, key: int) -> int:
         raise UsageError(str(error).splitlines()[0]) from None
     stored = stored_dtype(str(directory))
     written = dtype_name(dtype or stored)
-    record = {"model": args.model, "family": model.family.name, "class": model.cls_name, "key": key,
-              "dtype": written, "stored_dtype": dtype_name(stored),
-              "symmetries": {name: DESCRIPTIONS[name] for name in args.symmetry},
-              "reproduce": reproduce_command(args.model, args.symmetry, key, written, out,
-                                             commit_of(args.model, args.revision)) + " --stream"}
-    (out / "key.json").write_text(json.dumps(record, indent=2))
+    write_key_file(out, args, model.family.name, model.cls_name, key, written, dtype_name(stored),
+                   reproduce_command(args.model, args.symmetry, key, written, out,
+                                     commit_of(args.model, args.revision)) + " --stream")
     print(f"wrote {args.out}: {args.model} scrambled by {', '.join(args.symmetry)} with key {key} (streamed)")
     return 0
+
+
+def write_key_file(out: Path, args, family: str, cls: str, key: int, dtype: str, stored: str | None,
+                   reproduce: str) -> None:
+    """key.json beside the checkpoint: what was transformed, with which key, and the command that writes it
+    again (its schema: perm_core/schemas/scramble_keys.json)."""
+    record = {"schema_version": SCHEMA_VERSION, "model": args.model, "family": family, "class": cls, "key": key,
+              "dtype": dtype, "stored_dtype": stored,
+              "symmetries": {name: DESCRIPTIONS[name] for name in args.symmetry}, "reproduce": reproduce}
+    (out / "key.json").write_text(json.dumps(record, indent=2))
 
 
 def rounded_once(subject, scramble, dtype: torch.dtype) -> dict[str, torch.Tensor]:

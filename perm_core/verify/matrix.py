@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from perm_core.engine.symmetries import SYMMETRIES
+from perm_core.schemas import SCHEMA_VERSION
 from perm_core.verify.tolerances import json_safe, worst
 
 HOLDS, RESTRICTED, NOT_HOLDING, FAILED = "holds", "restricted", "does not hold", "FAILED"
@@ -88,5 +89,5 @@ def symmetry_matrix(names: list[str] | None = None, key: int = MATRIX_KEY,
 
 
 def to_json(rows: list[Row], key: int = MATRIX_KEY) -> dict:
-    return json_safe({"symmetries": list(SYMMETRIES), "dtype": MATRIX_DTYPE, "key": key,
-                      "families": [asdict(r) for r in rows], "passed": all(r.passed for r in rows)})
+    return json_safe({"schema_version": SCHEMA_VERSION, "symmetries": list(SYMMETRIES), "dtype": MATRIX_DTYPE,
+                      "key": key, "families": [asdict(r) for r in rows], "passed": all(r.passed for r in rows)})

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from perm_core.schemas import SCHEMA_VERSION
 from perm_core.verify.first_break import Stage
 from perm_core.verify.oracle import OracleResult
 from perm_core.verify.tolerances import BROKEN_AT, TensorError, json_safe
@@ -110,7 +111,8 @@ class Report:
         controls = [{k: v for k, v in asdict(c).items() if k != "description" and (k != "note" or v)}
                     for c in self.controls]
         not_symmetries = [{**asdict(n), "broken": n.broken} for n in self.not_symmetries]
-        return json_safe({"model": self.model, "family": self.family, "dtype": self.dtype, "keys": self.keys,
+        return json_safe({"schema_version": SCHEMA_VERSION, "model": self.model, "family": self.family,
+                          "dtype": self.dtype, "keys": self.keys,
                           "passed": self.passed, "checks": checks, "controls": controls,
                           "not_symmetries": not_symmetries, "restricted": self.restricted,
                           "oracle": None if self.oracle is None else {**asdict(self.oracle),

@@ -32,6 +32,7 @@ from perm_core.engine.spec import transform_params
 from perm_core.families import family_of
 from perm_core.run import trace_names
 from perm_core.run.devices import model_device, placed
+from perm_core.schemas import SCHEMA_VERSION
 from perm_core.verify.recover import NOT_RECOVERED, Recovered, recover
 from perm_core.verify.subject import Subject
 from perm_core.verify.tolerances import TOLERANCE, TensorError, json_safe, tensor_errors, worst_rel
@@ -203,7 +204,8 @@ class Comparison:
     def to_json(self) -> dict:
         worst_parameter = worst_of(self.parameters)
         return json_safe({
-            "a": self.a, "b": self.b, "family": self.family, "dtype": "float64", "probes": self.n_probes,
+            "schema_version": SCHEMA_VERSION, "a": self.a, "b": self.b, "family": self.family, "dtype": "float64",
+            "probes": self.n_probes,
             "stored_dtype": {"a": dtype_name(self.stored[0]), "b": dtype_name(self.stored[1])},
             "precision": dtype_name(self.precision or torch.float64),
             "tolerance": self.tolerance,

@@ -8,6 +8,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from tests.app.conftest import APP
+from tests.unit.json_schema import validated
 
 ALL_ON = {f"on_{name}": "1" for name in ("tokens", "channels", "heads", "head_channels", "mlp", "rotation")}
 
@@ -126,7 +127,7 @@ def _reproduced(at: AppTest) -> tuple[str, dict]:
     result = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True, timeout=600,
                             cwd=Path(APP).parent)
     assert result.returncode == 0, result.stderr
-    return command, json.loads(result.stdout)
+    return command, validated("check", result.stdout)
 
 
 @pytest.mark.parametrize("query", [

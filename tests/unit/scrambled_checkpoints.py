@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from perm_core.__main__ import main
 from perm_core.engine.symmetries import WEIGHT_SYMMETRIES
+from tests.unit.json_schema import validated
 
 
 def save_and_scramble(model, directory: Path, key: int = 5, symmetries=WEIGHT_SYMMETRIES) -> dict:
@@ -17,4 +17,4 @@ def save_and_scramble(model, directory: Path, key: int = 5, symmetries=WEIGHT_SY
     for name in symmetries:
         argv += ["--symmetry", name]
     assert main(argv) == 0
-    return json.loads((directory / "scrambled" / "key.json").read_text())
+    return validated("scramble_keys", directory / "scrambled" / "key.json")

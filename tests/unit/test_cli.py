@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -12,15 +11,9 @@ import pytest
 import torch
 import transformers as hf
 
+from tests.unit.json_schema import validated
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def strict_json(text: str):
-    """json.loads that refuses NaN/Infinity literals, as a strict parser does."""
-    def refuse(token):
-        raise ValueError(f"non-standard JSON constant {token}")
-
-    return json.loads(text, parse_constant=refuse)
 
 
 def cli(*args, timeout=300):
@@ -48,9 +41,9 @@ def test_check_json_shape_and_exit_zero():
     result = cli("check", "random:gpt2", "--symmetry", "channels", "--symmetry", "tokens", "--key", "99",
                  "--json")
     assert result.returncode == 0, result.stderr
-    report = strict_json(result.stdout)
-    assert set(report) - {"stored_dtype"} == {"model", "family", "dtype", "keys", "passed", "checks", "controls",
-                                              "not_symmetries", "restricted", "oracle"}
+    report = validated("check", result.stdout)
+    assert set(report) - {"stored_dtype"} == {"schema_version", "model", "family", "dtype", "keys", "passed", "checks",
+                                              "controls", "not_symmetries", "restricted", "oracle"}
     assert report["oracle"]["passed"] and report["oracle"]["max_rel_error"] < 1e-12
     assert report["not_symmetries"] == [] and isinstance(report["restricted"], dict)
     assert report["keys"] == {"channels": 99, "tokens": 99}
@@ -127,7 +120,7 @@ def test_scramble_writes_a_function_identical_model(tmp_path):
     result = cli("scramble", "random:gpt2", "--symmetry", "channels", "--symmetry", "heads",
                  "--symmetry", "mlp", "--key", "7", "--out", str(out))
     assert result.returncode == 0, result.stderr
-    record = json.loads((out / "key.json").read_text())
+    record = validated("scramble_keys", out / "key.json")
     assert record["key"] == 7 and set(record["symmetries"]) == {"channels", "heads", "mlp"}
     assert (out / "model.safetensors").exists() and not list(out.glob("*.bin"))
     from perm_core.models.random_models import build_random_model, random_inputs
@@ -145,10 +138,10 @@ def test_check_takes_a_key_per_symmetry_and_a_named_input(capsys):
                "--forward-only", "--json")
     result = cli_here(capsys, *command, "--input", "digit:3")
     assert result.returncode == 0, result.stderr
-    report = strict_json(result.stdout)
+    report = validated("check", result.stdout)
     assert report["keys"] == {"tokens": 5, "mlp": 9}
     assert {c["direction"] for c in report["checks"]} == {"forward"}
-    other = strict_json(cli_here(capsys, *command, "--input", "digit:4").stdout)
+    other = validated("check", cli_here(capsys, *command, "--input", "digit:4").stdout)
 
     def errors(found):
         return [t["max_abs_error"] for c in found["checks"] for t in c["tensors"]]

@@ -15,7 +15,6 @@ What Mistral, Qwen2/3, DistilBERT, RoBERTa and DeiT add, with their deliberate b
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import replace
 
 import pytest
@@ -33,6 +32,7 @@ from perm_core.models.random_models import build_random_model, random_config, ra
 from perm_core.run.numerics import use_exact_numerics
 from perm_core.verify.check import check
 from perm_core.verify.subject import Subject
+from tests.unit.json_schema import validated
 from tests.unit.symmetry_asserts import assert_every_control_breaks, assert_symmetry_holds
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -205,7 +205,7 @@ def test_every_listed_class_is_claimed_whole_and_the_left_out_heads_are_refused(
 def test_cli_check_passes_in_float64(family, capsys):
     if family in FUSED:
         assert main(["check", f"random:{family}", "--dtype", "float64", "--json"]) == 0
-        report = json.loads(capsys.readouterr().out)
+        report = validated("check", capsys.readouterr().out)
         assert report["family"] == family and report["passed"]
     else:
         assert main(["check", f"random:{family}", "--dtype", "float64"]) == 0

@@ -26,6 +26,7 @@ from perm_core.models.defaults import default_inputs
 from perm_core.models.random_models import build_random_model, random_inputs
 from perm_core.verify.check import check, check_scramble
 from perm_core.verify.subject import Subject
+from tests.unit.json_schema import validated
 
 BACKBONE_OUTPUT = "/backbone/layernorm/Add_1_output_0"  # the ONNX value of Dinov2Model.last_hidden_state
 
@@ -254,5 +255,5 @@ def test_cli_check_random_dinov2_json(capsys, one_thread):
     from perm_core.__main__ import main
 
     assert main(["check", "random:dinov2", "--dtype", "float64", "--json"]) == 0
-    payload = json.loads(capsys.readouterr().out)
+    payload = validated("check", capsys.readouterr().out)
     assert payload["passed"] and payload["family"] == "dinov2"

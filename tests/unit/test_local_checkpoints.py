@@ -23,6 +23,7 @@ from perm_core.models.random_models import build_random_model, random_config
 from perm_core.run.numerics import use_exact_numerics
 from perm_core.run.trace import TOKEN_RESID
 from perm_core.verify.subject import Subject
+from tests.unit.json_schema import validated
 
 ROOT = Path(__file__).resolve().parents[2]
 CLASSES = {  # class -> family
@@ -95,7 +96,7 @@ def test_local_directory_keeps_its_class_and_passes_check(class_name, tmp_path, 
         assert default_inputs(loaded)["input_ids"].shape == (1, 12)
     assert cli("check", directory, "--symmetry", "tokens", "--symmetry", "channels", "--symmetry", "rotation",
                "--key", 9, "--json") == 0
-    report = json.loads(capsys.readouterr().out)
+    report = validated("check", capsys.readouterr().out)
     assert report["passed"] and report["family"] == CLASSES[class_name]
 
 
@@ -147,7 +148,7 @@ def test_scramble_float64_keeps_class_and_function(class_name, tmp_path, one_thr
         kept = json.loads((source / "generation_config.json").read_text())
         assert {k: v for k, v in written.items() if k != "transformers_version"} == \
                {k: v for k, v in kept.items() if k != "transformers_version"}
-    record = json.loads((out / "key.json").read_text())
+    record = validated("scramble_keys", out / "key.json")
     assert record["dtype"] == "float64" and record["class"] == class_name
 
     # Plain transformers, the recorded class: same input -> same outputs (hidden states up to the channel map).
@@ -188,7 +189,7 @@ def test_reproduce_command_runs_as_written(tmp_path, one_thread):
     out = tmp_path / "scrambled"
     assert cli("scramble", source, "--symmetry", "mlp", "--symmetry", "rotation", "--key", 77, "--dtype",
                "float64", "--out", out) == 0
-    record = json.loads((out / "key.json").read_text())
+    record = validated("scramble_keys", out / "key.json")
     assert "--out" in record["reproduce"] and "--dtype float64" in record["reproduce"]
     first = {p.name: p.read_bytes() for p in out.iterdir()}
     shutil.rmtree(out)

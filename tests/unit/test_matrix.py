@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import pytest
 
@@ -12,6 +11,7 @@ from perm_core.engine.spec import Rule
 from perm_core.engine.symmetries import SYMMETRIES
 from perm_core.families import llama as llama_family
 from perm_core.verify import matrix
+from tests.unit.json_schema import validated
 
 
 def run_cli(capsys, *argv) -> tuple[int, str]:
@@ -21,7 +21,7 @@ def run_cli(capsys, *argv) -> tuple[int, str]:
 
 def test_matrix_json_shape_and_cells(capsys):
     code, out = run_cli(capsys, "--family", "gpt2", "--family", "gemma3", "--json")
-    document = json.loads(out)
+    document = validated("matrix", out)
     assert code == 0 and document["passed"] is True
     assert document["symmetries"] == list(SYMMETRIES) and document["dtype"] == "float64"
     rows = {row["family"]: row for row in document["families"]}

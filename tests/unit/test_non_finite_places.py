@@ -4,7 +4,6 @@ after it; and through the whole-model check, a report that fails, names it, and 
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
@@ -16,6 +15,7 @@ from perm_core.models.random_models import build_random_model, random_inputs
 from perm_core.verify.check import check
 from perm_core.verify.first_break import first_break, stages
 from perm_core.verify.tolerances import TensorError, tensor_errors
+from tests.unit.json_schema import validated
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 BAD = [math.nan, math.inf, -math.inf]
@@ -74,13 +74,6 @@ def test_a_nan_margin_counts_as_inf_and_is_the_worst_of_its_place():
     assert first_break([TensorError("embed", 0.0, 0.0, 1e-9, finite=False)], n_layers=2) == "embed"
 
 
-def strict(text: str):
-    def refuse(token):
-        raise ValueError(f"not strict JSON: {token}")
-
-    return json.loads(text, parse_constant=refuse)
-
-
 @pytest.mark.parametrize("bad", BAD)
 @pytest.mark.parametrize("where", ["embed", "blocks.1.hidden"])
 def test_a_non_finite_model_fails_the_check_and_its_report_names_the_tensor(bad, where, capsys):
@@ -102,7 +95,7 @@ def test_a_non_finite_model_fails_the_check_and_its_report_names_the_tensor(bad,
     assert (margins["embeddings"] == math.inf) == (where == "embed")
     assert not report.oracle.passed and report.oracle.max_rel_error == math.inf
     print_json(report.to_json())  # what `check --json` prints
-    for payload in (strict(json.dumps(report.to_json(), allow_nan=False)), strict(capsys.readouterr().out)):
+    for payload in (validated("check", report.to_json()), validated("check", capsys.readouterr().out)):
         assert payload["passed"] is False and payload["oracle"]["passed"] is False
         assert payload["oracle"]["max_rel_error"] == "inf"
         first = payload["checks"][0]

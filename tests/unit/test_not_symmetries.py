@@ -4,7 +4,6 @@ claim that it does not hold fails the report when the measurement shows it does 
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import pytest
 import torch
@@ -13,6 +12,7 @@ from perm_core.families import gpt2 as gpt2_family
 from perm_core.models.random_models import build_random_model, random_inputs
 from perm_core.verify.check import check
 from perm_core.verify.tolerances import BROKEN_AT
+from tests.unit.json_schema import validated
 
 
 def _claiming_relative_bias(monkeypatch):
@@ -41,7 +41,7 @@ def test_a_false_does_not_hold_claim_fails_the_report(monkeypatch):
     claim = report.not_symmetries[0]
     assert claim.max_rel_error < 1e-12 and not claim.broken
     assert not report.passed
-    document = json.loads(json.dumps(report.to_json()))
+    document = validated("check", report.to_json())
     assert document["not_symmetries"] == [{"symmetry": "tokens", "reason": claim.reason,
                                            "max_rel_error": claim.max_rel_error, "broken": False}]
 

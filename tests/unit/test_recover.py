@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import copy
-import json
 
 import pytest
 import torch
@@ -20,6 +19,7 @@ from perm_core.verify import recover as recover_module
 from perm_core.verify.recover import recover
 from perm_core.verify.same_function import IncomparableError, compare_models
 from perm_core.verify.subject import Subject
+from tests.unit.json_schema import validated
 
 KEY = 7
 
@@ -177,7 +177,7 @@ def test_cli_scrambled_copy_json_and_exit_codes(tmp_path, capsys):
     capsys.readouterr()
     code, stdout, _ = run_cli(capsys, "random:gpt2", str(out), "--json")
     assert code == 0
-    report = json.loads(stdout, parse_constant=lambda token: pytest.fail(f"non-strict JSON {token}"))
+    report = validated("compare", stdout)
     assert {"a", "b", "family", "same_function", "output_error", "recovered", "residual", "tensors",
             "verdict"} <= set(report)
     assert report["family"] == "gpt2" and report["same_function"] is True and report["verdict"] == "same function"
@@ -191,7 +191,7 @@ def test_cli_scrambled_copy_json_and_exit_codes(tmp_path, capsys):
     unrelated = tmp_path / "seed1"
     build_random_model("gpt2", seed=1)[0].save_pretrained(unrelated)
     code, stdout, _ = run_cli(capsys, "random:gpt2", str(unrelated), "--json")
-    assert code == 1 and json.loads(stdout)["verdict"] == "different functions"
+    assert code == 1 and validated("compare", stdout)["verdict"] == "different functions"
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -23,6 +23,7 @@ from perm_core.run.numerics import use_exact_numerics
 from perm_core.verify import same_function
 from perm_core.verify.same_function import UNIT_ROUNDOFF, compare_models, weight_bound
 from perm_core.verify.subject import Subject
+from tests.unit.json_schema import validated
 from tests.unit.test_recover import with_params
 
 KEY = 5
@@ -70,7 +71,7 @@ def header_dtypes(directory: Path) -> set[str]:
 def compare_json(capsys, a: Path, b: Path) -> tuple[int, dict]:
     code, out, err = cli(capsys, "compare", a, b, "--json")
     assert out, err
-    return code, json.loads(out, parse_constant=lambda token: pytest.fail(f"non-strict JSON {token}"))
+    return code, validated("compare", out)
 
 
 @pytest.mark.parametrize("family, dtype", [("gpt2", torch.float32), ("llama", torch.bfloat16),
@@ -211,13 +212,13 @@ def test_stored_checkpoints_check_and_scramble(family, dtype, shards, tmp_path, 
     assert code == 0, text + err
     assert text.splitlines()[1] == f"weights stored as {name}, checked in float64 (upcast)"
     code, out, _ = cli(capsys, "check", source, "--symmetry", "mlp", "--forward-only", "--dtype", "float32", "--json")
-    report = json.loads(out)
+    report = validated("check", out)
     assert code == 0 and report["stored_dtype"] == name and report["dtype"] == "float32"
 
     out = scrambled(capsys, source, tmp_path / "scrambled")
     assert header_dtypes(out) == {HEADER_DTYPES[dtype]}
     assert json.loads((out / "config.json").read_text())["dtype"] == name
-    record = json.loads((out / "key.json").read_text())
+    record = validated("scramble_keys", out / "key.json")
     assert record["dtype"] == record["stored_dtype"] == name and f"--dtype {name}" in record["reproduce"]
     index = source / "model.safetensors.index.json"
     assert index.exists() == bool(shards)

@@ -20,6 +20,7 @@ from perm_core.stream.check import stream_check
 from perm_core.stream.shards import CheckpointError, ShardReader
 from perm_core.stream.stages import StreamingUnsupportedError, streamed_families
 from perm_core.verify.check import check
+from tests.unit.json_schema import validated
 from tests.unit.symmetry_asserts import assert_same_errors, by_name
 from tests.unit.test_cli import cli_here
 
@@ -71,7 +72,7 @@ def test_streamed_and_whole_model_checks_agree(case, tmp_path):
     assert all(c.broken and c.max_rel_error > 1e-3 for c in streamed.controls)
     assert streamed.oracle.passed and streamed.oracle.max_rel_error == pytest.approx(whole.oracle.max_rel_error)
     assert streamed.restricted == whole.restricted
-    document = json.loads(json.dumps(streamed.to_json(), allow_nan=False))
+    document = validated("check", streamed.to_json())
     assert set(document) == set(whole.to_json()) | {"streamed"}
     assert "each stage" in document["streamed"]["proof"] and document["streamed"]["memory"]["bound_bytes"] > 0
 
@@ -349,7 +350,7 @@ def test_streamed_scramble_writes_the_same_shards_as_the_whole_model_scramble(ca
     assert cli_here(capsys, *common, "--stream", "--out", str(tmp_path / "streamed")).returncode == 0
     assert cli_here(capsys, *common, "--out", str(tmp_path / "whole")).returncode == 0
     source, streamed, whole = (ShardReader(tmp_path / d) for d in (family, "streamed", "whole"))
-    assert streamed.files == source.files and json.loads((tmp_path / "streamed" / "key.json").read_text())["key"] == 7
+    assert streamed.files == source.files and validated("scramble_keys", tmp_path / "streamed" / "key.json")["key"] == 7
     assert {n: e.file for n, e in streamed.entries.items()} == {n: e.file for n, e in source.entries.items()}
     assert sorted(streamed.names()) == sorted(whole.names())
     for name in streamed.names():
@@ -388,13 +389,14 @@ def test_memory_is_bounded_by_the_largest_block(family, tmp_path):
     _, _, directory = saved(family, tmp_path, shard="8MB", **SHAPES[family])
     result = cli("check", str(directory), "--stream", "--symmetry", "channels", "--json")  # a fresh process
     assert result.returncode == 0, result.stderr
-    memory = json.loads(result.stdout)["streamed"]["memory"]
+    report = validated("check", result.stdout)
+    memory = report["streamed"]["memory"]
     assert memory["largest_block_bytes"] > 28 * 2**20
     held_within_its_bound(memory, directory, middle_block="block 3", last_block="block 7")
     # a float64 check's float32 rerun for a round-off allowance fits in the three copies: nothing added for it, and
     # BERT's run here needs one (its last block), so its peak was measured with the rerun in it
     assert memory["allowance_bytes"] == 0
-    allowances = json.loads(result.stdout)["streamed"]["allowances"]
+    allowances = report["streamed"]["allowances"]
     # BERT's block 9 needs one on every CPU seen; whether another family's last block does depends on the CPU's
     # kernels (DistilBERT's did with MKL's AVX2 kernels on an AMD EPYC): only that block may
     stages = [a["stage"] for a in allowances]
@@ -462,7 +464,7 @@ def test_an_ill_conditioned_stage_is_judged_with_its_measured_round_off(dtype, s
         "over_base_tolerance"] and streamed.allowances[0]["measured"][0] == "original"
     assert any(note.startswith("block 1:") for note in streamed.notes)
     assert not any("not measured" in note or "blocks only" in note for note in streamed.notes)
-    document = json.loads(json.dumps(streamed.to_json(), allow_nan=False))
+    document = validated("check", streamed.to_json())
     assert document["streamed"]["allowances"] == streamed.allowances
     assert all(c.broken and c.max_rel_error > 1e-3 for c in streamed.controls)
 
@@ -536,7 +538,7 @@ def test_check_cli_streams_when_told_and_by_itself(tmp_path, capsys, monkeypatch
     command = ("check", str(directory), "--symmetry", "heads", "--json")
     streamed = cli_here(capsys, *command, "--stream")
     assert streamed.returncode == 0, streamed.stderr
-    report = json.loads(streamed.stdout)
+    report = validated("check", streamed.stdout)
     assert report["passed"] and report["streamed"]["memory"]["peak_rss_bytes"] > 0
     assert report["stored_dtype"] == "float32"
     import perm_core.cli._streamed as streaming
@@ -544,10 +546,10 @@ def test_check_cli_streams_when_told_and_by_itself(tmp_path, capsys, monkeypatch
     monkeypatch.setattr(streaming, "available_bytes", lambda: 2**20)
     chosen = cli_here(capsys, *command)
     assert chosen.returncode == 0 and "streaming the check" in chosen.stderr
-    assert "streamed" in json.loads(chosen.stdout)
+    assert "streamed" in validated("check", chosen.stdout)
     monkeypatch.setattr(streaming, "available_bytes", lambda: 2**40)
     whole = cli_here(capsys, *command)  # the control: with room to spare, the whole model is checked
-    assert whole.returncode == 0 and "streamed" not in json.loads(whole.stdout) and not whole.stderr
+    assert whole.returncode == 0 and "streamed" not in validated("check", whole.stdout) and not whole.stderr
     errors = {c["symmetry"] + c["direction"]: c["max_rel_error"] for c in report["checks"]}
     assert all(math.isfinite(e) and e < 1e-13 for e in errors.values())
 
@@ -561,7 +563,7 @@ def test_a_zoo_name_streams_as_its_whole_model_check(capsys):
     command = ("check", "digits-vit", "--symmetry", "heads", "--symmetry", "mlp", "--json")
     streamed, whole = (cli_here(capsys, *command, *extra) for extra in (("--stream",), ()))
     assert streamed.returncode == 0 and whole.returncode == 0, streamed.stderr + whole.stderr
-    mine, theirs = json.loads(streamed.stdout), json.loads(whole.stdout)
+    mine, theirs = validated("check", streamed.stdout), validated("check", whole.stdout)
     assert "streamed" in mine and "streamed" not in theirs and mine["passed"] and theirs["passed"]
     assert [(c["symmetry"], c["direction"], c["passed"]) for c in mine["checks"]] == [
         (c["symmetry"], c["direction"], c["passed"]) for c in theirs["checks"]]
@@ -583,7 +585,7 @@ def test_the_zoo_encoders_stream_by_name(name, capsys):
     command = ("check", name, "--symmetry", "heads", "--forward-only", "--json")
     streamed, whole = (cli_here(capsys, *command, *extra) for extra in (("--stream",), ()))
     assert streamed.returncode == 0 and whole.returncode == 0, streamed.stderr + whole.stderr
-    mine, theirs = json.loads(streamed.stdout), json.loads(whole.stdout)
+    mine, theirs = validated("check", streamed.stdout), validated("check", whole.stdout)
     assert "streamed" in mine and "streamed" not in theirs and mine["passed"] and theirs["passed"]
     assert mine["family"] == theirs["family"] == {"minilm": "bert", "dinov2-s": "dinov2"}[name]
     assert [(c["symmetry"], c["direction"], c["passed"]) for c in mine["checks"]] == [
@@ -599,7 +601,7 @@ def test_check_cli_streams_an_image_checkpoint(tmp_path, capsys):
     _, _, directory = saved("vit", tmp_path)
     result = cli_here(capsys, "check", str(directory), "--stream", "--symmetry", "tokens", "--json")
     assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout)
+    report = validated("check", result.stdout)
     assert report["passed"] and report["family"] == "vit" and "streamed" in report
     errors = [c["max_rel_error"] for c in report["checks"]]
     assert len(errors) == 2 and all(0 < e < 1e-13 for e in errors)

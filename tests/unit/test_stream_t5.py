@@ -19,6 +19,7 @@ from perm_core.stream.check import stream_check
 from perm_core.stream.shards import ShardReader
 from perm_core.stream.stages import StreamingUnsupportedError
 from perm_core.verify.check import check
+from tests.unit.json_schema import validated
 from tests.unit.symmetry_asserts import assert_same_errors, by_name
 from tests.unit.test_cli import cli_here
 
@@ -65,7 +66,7 @@ def test_streamed_and_whole_model_checks_agree(variant, tmp_path):
     assert streamed.oracle.passed and streamed.oracle.max_rel_error == pytest.approx(whole.oracle.max_rel_error)
     assert streamed.oracle.tolerance == pytest.approx(whole.oracle.tolerance, rel=1e-6)
     assert streamed.restricted == whole.restricted and "heads" in streamed.restricted and not streamed.notes
-    document = json.loads(json.dumps(streamed.to_json(), allow_nan=False))
+    document = validated("check", streamed.to_json())
     assert set(document) == set(whole.to_json()) | {"streamed"}
     assert "each stage" in document["streamed"]["proof"] and document["streamed"]["memory"]["bound_bytes"] > 0
 
@@ -174,7 +175,7 @@ def test_streamed_scramble_writes_the_same_shards_as_the_whole_model_scramble(tm
     assert cli_here(capsys, *common, "--stream", "--out", str(tmp_path / "streamed")).returncode == 0
     assert cli_here(capsys, *common, "--out", str(tmp_path / "whole")).returncode == 0
     source, streamed, whole = (ShardReader(tmp_path / d) for d in ("t5", "streamed", "whole"))
-    assert streamed.files == source.files and json.loads((tmp_path / "streamed" / "key.json").read_text())["key"] == 7
+    assert streamed.files == source.files and validated("scramble_keys", tmp_path / "streamed" / "key.json")["key"] == 7
     assert {n: e.file for n, e in streamed.entries.items()} == {n: e.file for n, e in source.entries.items()}
     assert sorted(streamed.names()) == sorted(whole.names())
     for name in streamed.names():
@@ -198,7 +199,7 @@ def test_memory_is_bounded_by_the_largest_block(tmp_path):
                             num_decoder_layers=5)
     result = cli("check", str(directory), "--stream", "--symmetry", "channels", "--json")  # a fresh process
     assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout)
+    report = validated("check", result.stdout)
     assert report["passed"] and [n["symmetry"] for n in report["not_symmetries"]] == []
     memory = report["streamed"]["memory"]
     # a decoder block: self- and cross-attention (8 x 512 x 512) and a gated MLP (3 x 512 x 2048), in float64

@@ -9,7 +9,6 @@ encoder 12 (the last one padding).
 from __future__ import annotations
 
 import copy
-import json
 import math
 
 import pytest
@@ -29,6 +28,7 @@ from perm_core.verify.check import check, check_scramble
 from perm_core.verify.controls import measure_break
 from perm_core.verify.subject import Subject
 from perm_core.verify.tolerances import BROKEN_AT
+from tests.unit.json_schema import validated
 from tests.unit.scrambled_checkpoints import save_and_scramble
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -234,7 +234,7 @@ def test_scrambled_checkpoint_reloaded_by_plain_transformers_gives_the_same_logi
 
 def test_cli_check_random_t5_reports_tokens_as_not_holding(capsys):
     assert main(["check", "random:t5", "--dtype", "float64", "--json"]) == 0
-    payload = json.loads(capsys.readouterr().out)
+    payload = validated("check", capsys.readouterr().out)
     assert payload["passed"] and payload["family"] == "t5"
     assert [n["symmetry"] for n in payload["not_symmetries"]] == ["tokens"]
     assert payload["not_symmetries"][0]["max_rel_error"] > 1e-2

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
@@ -12,6 +10,7 @@ from perm_core.models import inputs, registry
 from perm_core.models.defaults import default_inputs
 from perm_core.models.inputs import InputError
 from perm_core.models.random_models import build_random_model
+from tests.unit.json_schema import validated
 
 TEXT_FAMILIES = ("bert", "gpt2", "llama")
 
@@ -85,7 +84,7 @@ def test_labels_are_id_chips_without_a_tokenizer(random_text_models):
 @pytest.mark.parametrize("family", TEXT_FAMILIES)
 def test_check_on_random_text_models_passes(family, one_thread, capsys):
     assert main(["check", f"random:{family}", "--symmetry", "tokens", "--symmetry", "heads", "--json"]) == 0
-    report = json.loads(capsys.readouterr().out)
+    report = validated("check", capsys.readouterr().out)
     assert report["passed"] and {c["symmetry"] for c in report["checks"]} == {"tokens", "heads", "all"}
 
 
@@ -103,4 +102,4 @@ def test_weights_only_directory_runs_on_token_ids(family, tmp_path, one_thread, 
     assert torch.equal(encoding["input_ids"], default_inputs(loaded)["input_ids"])
     assert not torch.equal(encoding["input_ids"], default_inputs(loaded, seed=1)["input_ids"])
     assert main(["check", str(tmp_path), "--symmetry", "tokens", "--symmetry", "mlp", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["passed"]
+    assert validated("check", capsys.readouterr().out)["passed"]

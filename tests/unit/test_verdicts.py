@@ -22,6 +22,7 @@ from perm_core.verify.check import check, summarize
 from perm_core.verify.results import VacuousCheckError
 from perm_core.verify.subject import KEY_BIAS_REASON, Subject
 from perm_core.verify.tolerances import json_safe, tensor_errors, worst
+from tests.unit.json_schema import validated
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -116,7 +117,7 @@ def test_nan_in_pooler_bias_fails_check_with_strict_json():
     failed = [c for c in report.checks if not c.passed]
     assert failed and all("non-finite" in c.note for c in failed)
     assert any("output.pooler" in c.non_finite for c in failed)
-    payload = strict(json.dumps(report.to_json(), allow_nan=False))
+    payload = validated("check", report.to_json())
     assert payload["passed"] is False
 
 

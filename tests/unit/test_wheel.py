@@ -4,7 +4,6 @@ shipped digits weights read from site-packages."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -142,12 +141,12 @@ def test_installed_perm_core_refuses_an_unknown_model_in_one_line(installed):
 
 @pytest.mark.slow
 def test_the_installed_library_comes_from_site_packages(installed):
-    # perm_core.testing is imported there too once this checkout has it (issue 45's assertion for pytest suites)
-    has_testing = importlib.util.find_spec("perm_core.testing") is not None
-    probe = ("import importlib, importlib.util, json, perm_core, perm_core.models.checkpoints as shipped\n"
-             f"testing = importlib.import_module('perm_core.testing').__file__ if {has_testing} else None\n"
+    # perm_core.testing (the assertion for a researcher's pytest suite) and the JSON schemas, package data too
+    probe = ("import importlib.util, json, perm_core, perm_core.testing, perm_core.models.checkpoints as shipped\n"
+             "from perm_core.schemas import KINDS, schema\n"
              "print(json.dumps({'library': perm_core.__file__, 'digits': str(shipped.shipped_dir('digits-vit')),\n"
-             "    'testing': testing, 'app': [m for m in ('app', 'ui', 'pages') if importlib.util.find_spec(m)]}))")
+             "    'testing': perm_core.testing.__file__, 'schemas': sorted(k for k in KINDS if schema(k)['$schema']),\n"
+             "    'app': [m for m in ('app', 'ui', 'pages') if importlib.util.find_spec(m)]}))")
     result = _run([installed["bin"] / "python", "-c", probe], installed["elsewhere"], installed["env"])
     assert result.returncode == 0, result.stderr[-4000:]
     found = json.loads(result.stdout)
@@ -157,7 +156,7 @@ def test_the_installed_library_comes_from_site_packages(installed):
     assert library == site / "perm_core" / "__init__.py"
     assert digits == site / "perm_core" / "data" / "models" / "digits-vit"
     assert (digits / "model.safetensors").stat().st_size < 5 * 2**20
-    if has_testing:
-        assert Path(found["testing"]).resolve().is_relative_to(site / "perm_core")
+    assert Path(found["testing"]).resolve() == site / "perm_core" / "testing.py"
+    assert found["schemas"] == sorted(["check", "compare", "matrix", "scramble_keys"])
     # control: the app's checkout is not on the installed library's path
     assert found["app"] == []
