@@ -4,14 +4,13 @@ as the whole-model check's does (test_non_finite_places.py)."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 
 from perm_core.cli import print_json
 from perm_core.stream.check import stream_check
-from tests.unit.test_non_finite_places import strict
+from tests.unit.json_schema import validated
 from tests.unit.test_stream import saved
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -42,7 +41,7 @@ def test_a_non_finite_checkpoint_fails_the_streamed_check_naming_the_tensor(wher
     assert margins["block 1"] == math.inf and (margins["embeddings"] == math.inf) == (where == "embed")
     assert not report.oracle.passed and report.oracle.max_rel_error == math.inf
     print_json(report.to_json())
-    for payload in (strict(json.dumps(report.to_json(), allow_nan=False)), strict(capsys.readouterr().out)):
+    for payload in (validated("check", report.to_json()), validated("check", capsys.readouterr().out)):
         assert payload["passed"] is False and payload["oracle"]["max_rel_error"] == "inf"
         first = payload["checks"][0]
         assert first["first_break"] == where and where in first["non_finite"]
