@@ -35,7 +35,8 @@ from perm_core.stream.plan import opened, plan_check
 from perm_core.stream.report import PROOF, StreamedReport, allowance_notes, floor_reasons
 from perm_core.stream.reverse import Element, block_stage, block_stage_tensors, embedding_stage, head_stage
 from perm_core.stream.stages import StreamingUnsupportedError, is_encoder_decoder
-from perm_core.verify.results import NotSymmetry, VacuousCheckError
+from perm_core.verify.check import named_keys
+from perm_core.verify.results import NotSymmetry
 
 __all__ = ["PROOF", "StreamedReport", "stream_check"]
 
@@ -45,20 +46,16 @@ def stream_check(directory, inputs: dict, symmetry_names=symmetries.SYMMETRIES, 
                  dtype: torch.dtype = torch.float64, progress=None) -> StreamedReport:
     """check() of verify.check, stage by stage from the checkpoint's shards (the module docstring): one driver for
     every layout, its stages run by OneStack or, for an encoder-decoder, encoder_decoder_check.TwoStacks."""
-    names = list(symmetry_names)
-    key_of = dict(key) if isinstance(key, Mapping) else {name: key for name in names}
-    if not names:
-        raise VacuousCheckError("no symmetry to check: name at least one")
+    names, key_of = named_keys(symmetry_names, key)
     kind = TwoStacks if is_encoder_decoder(directory) else OneStack
     model, peaks = opened(kind.model_class, directory, inputs, dtype)
     path = kind(model)
     g = model.geometry
     not_holding = g.not_holding()
-    missing = [name for name in names if name in not_holding]
-    if missing and not path.measures_lacking:
+    if any(name in not_holding for name in names) and not path.measures_lacking:
         raise StreamingUnsupportedError("streaming does not measure symmetries an architecture lacks")
-    plan = plan_check(model, directory, inputs, names, key_of, model_name, backward, include_combined, missing)
-    report, count = plan.report, plan.count
+    plan = plan_check(model, directory, inputs, names, key_of, model_name, backward, include_combined)
+    report, count, missing = plan.report, plan.count, plan.missing
     largest = path.largest()
     chunks = model.head_chunks(largest // 4)  # the head stage holds five chunk-sized tensors at once
     report.head_chunks = len(chunks)

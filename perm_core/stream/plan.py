@@ -7,7 +7,6 @@ measures apart.
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -24,8 +23,7 @@ from perm_core.stream.forward import ControlRun
 from perm_core.stream.layout import StreamedModel
 from perm_core.stream.memory import StagePeaks, reset_peak, resident_bytes
 from perm_core.stream.report import StreamedReport, control_result, movement, oracle
-from perm_core.verify.check import cannot_move, summarize
-from perm_core.verify.results import VacuousCheckError
+from perm_core.verify.check import SymmetryPlan, plan_symmetries, summarize
 from perm_core.verify.tolerances import TOLERANCE
 
 
@@ -49,10 +47,24 @@ class Plan:
     report: StreamedReport
     judge: SimpleNamespace  # verify.check.summarize's subject: tolerance, dtype, movable tokens, places
     key_of: dict[str, int]
-    names: list[str]  # the symmetries checked stage by stage: neither one lacked nor tokens that cannot move
-    steps: list[str]  # each of names, then "all" (every one of them at once) where there are two or more
-    controls: dict[str, list[Control]]  # by symmetry in names, none empty
+    symmetry_plan: SymmetryPlan  # what is checked stage by stage, and what is lacked (verify.check.plan_symmetries)
     count: int  # the input's tokens
+
+    @property
+    def names(self) -> list[str]:
+        return self.symmetry_plan.names
+
+    @property
+    def steps(self) -> list[str]:
+        return self.symmetry_plan.steps
+
+    @property
+    def controls(self) -> dict[str, list[Control]]:
+        return self.symmetry_plan.controls
+
+    @property
+    def missing(self) -> list[str]:
+        return self.symmetry_plan.missing
 
     def scrambles(self, geometry) -> dict[str, Scramble]:
         """Each step's element: its symmetries' keys, built on the input's tokens."""
@@ -88,25 +100,14 @@ class Plan:
 
 
 def plan_check(model: StreamedModel, directory, inputs: dict, names: list[str], key_of: dict[str, int],
-               model_name: str, backward: bool, include_combined: bool, lacking: Collection[str] = ()) -> Plan:
-    """The report (its keys: every symmetry named, `lacking` ones too: the caller measures their break), the judge,
-    tokens that cannot move judged at once (verify.check.cannot_move), the restrictions, the steps and each
-    symmetry's negative controls: a symmetry with none is a VacuousCheckError."""
+               model_name: str, backward: bool, include_combined: bool) -> Plan:
+    """The report (its keys: every symmetry named, lacked ones too: the driver measures their break), the judge and
+    the whole-model check's plan of the symmetries (verify.check.plan_symmetries)."""
     g, dtype = model.geometry, model.dtype
     count = n_tokens(inputs, g)
     judge = SimpleNamespace(tolerance=TOLERANCE.get(dtype, TOLERANCE[torch.float32]), dtype=dtype,
                             movable_tokens=g.movable_tokens(count), places=model.places())
     report = StreamedReport(model_name or str(directory), model.family.name, str(dtype).split(".")[-1],
                             {name: key_of[name] for name in names})
-    names = [name for name in names if name not in lacking]
-    if "tokens" in names and judge.movable_tokens < 2:
-        report.checks.extend(cannot_move(judge, "tokens", backward))
-        names.remove("tokens")
-    restrictions = g.restrictions()
-    report.restricted = {name: restrictions[name] for name in names if name in restrictions}
-    steps = names + (["all"] if include_combined and len(names) > 1 else [])
-    controls = {name: symmetries.controls(name, key_of[name], g, count) for name in names}
-    for name, found in controls.items():
-        if not found:
-            raise VacuousCheckError(f"the {name} symmetry has no negative control on {model.family.name}")
-    return Plan(report, judge, key_of, names, steps, controls, count)
+    plan = plan_symmetries(report, judge, g, count, names, key_of, backward, include_combined)
+    return Plan(report, judge, key_of, plan, count)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 
@@ -98,6 +99,46 @@ def cannot_move(subject: Subject, name: str, backward: bool) -> list[CheckResult
     return [summarize(subject, name, d, [], 0.0, "", note) for d in directions]
 
 
+def named_keys(symmetry_names, key: int | Mapping[str, int]) -> tuple[list[str], dict[str, int]]:
+    """The symmetries named, in order, and each one's key (`key`: one for all, or one per name); none named is a
+    VacuousCheckError."""
+    names = list(symmetry_names)
+    if not names:
+        raise VacuousCheckError("no symmetry to check: name at least one")
+    return names, dict(key) if isinstance(key, Mapping) else {name: key for name in names}
+
+
+@dataclass
+class SymmetryPlan:
+    """What a check judges, settled before any element runs: the same for the whole-model and the streamed check."""
+
+    names: list[str]  # the symmetries checked: neither lacked by the architecture nor tokens that cannot move
+    steps: list[str]  # each of names, then "all" (every one of them at once) where there are two or more
+    controls: dict[str, list[symmetries.Control]]  # by symmetry in names, none empty
+    missing: list[str]  # the symmetries named that the architecture lacks: their break is measured
+
+
+def plan_symmetries(report: Report, judge, geometry, count: int | None, names: list[str], key_of: dict[str, int],
+                    backward: bool, include_combined: bool) -> SymmetryPlan:
+    """The plan of `names` on a model of `geometry` and an input of `count` tokens; into `report`, the verdicts of
+    tokens that cannot move (cannot_move, judged by `judge`: summarize's subject) and the restricted forms checked.
+    A symmetry with no negative control is a VacuousCheckError."""
+    not_holding = geometry.not_holding()
+    missing = [name for name in names if name in not_holding]
+    names = [name for name in names if name not in not_holding]
+    if "tokens" in names and judge.movable_tokens < 2:
+        report.checks.extend(cannot_move(judge, "tokens", backward))
+        names.remove("tokens")
+    restrictions = geometry.restrictions()
+    report.restricted = {name: restrictions[name] for name in names if name in restrictions}
+    steps = names + (["all"] if include_combined and len(names) > 1 else [])
+    controls = {name: symmetries.controls(name, key_of[name], geometry, count) for name in names}
+    for name, found in controls.items():
+        if not found:
+            raise VacuousCheckError(f"the {name} symmetry has no negative control on {report.family}")
+    return SymmetryPlan(names, steps, controls, missing)
+
+
 def check(model, inputs: dict, symmetry_names=symmetries.SYMMETRIES, key: int | Mapping[str, int] = 0,
           model_name: str = "", backward: bool = True, include_combined: bool = True, progress=None,
           device: str | torch.device | None = None) -> Report:
@@ -105,10 +146,7 @@ def check(model, inputs: dict, symmetry_names=symmetries.SYMMETRIES, key: int | 
     `key`: one key for every symmetry, or a key per symmetry name (as the app's sidebar sets them).
     `device`: "cpu", "cuda" or "mps": the model moves there (in place, as nn.Module.to) and the inputs with it;
     default: where the model is, the inputs moved to it."""
-    names = list(symmetry_names)
-    key_of = dict(key) if isinstance(key, Mapping) else {name: key for name in names}
-    if not names:
-        raise VacuousCheckError("no symmetry to check: name at least one")
+    names, key_of = named_keys(symmetry_names, key)
     model, inputs = placed(model, inputs, device)
     subject = Subject(model, inputs)
     report = Report(model_name or type(model).__name__, subject.family.name, str(subject.dtype).split(".")[-1],
@@ -120,19 +158,10 @@ def check(model, inputs: dict, symmetry_names=symmetries.SYMMETRIES, key: int | 
         original = subject.trace(backward=backward)
     with clock("oracle"):
         report.oracle = oracle.consult(subject, original)
+    plan = plan_symmetries(report, subject, subject.geometry, subject.n_tokens, names, key_of, backward,
+                           include_combined)
+    names, steps, controls, missing = plan.names, plan.steps, plan.controls, plan.missing
     not_holding = subject.geometry.not_holding()
-    missing = [name for name in names if name in not_holding]
-    names = [name for name in names if name not in not_holding]
-    if "tokens" in names and subject.movable_tokens < 2:
-        report.checks.extend(cannot_move(subject, "tokens", backward))
-        names.remove("tokens")
-    restrictions = subject.geometry.restrictions()
-    report.restricted = {name: restrictions[name] for name in names if name in restrictions}
-    steps = names + (["all"] if include_combined and len(names) > 1 else [])
-    controls = {name: symmetries.controls(name, key_of[name], subject.geometry, subject.n_tokens) for name in names}
-    for name, found in controls.items():
-        if not found:
-            raise VacuousCheckError(f"the {name} symmetry has no negative control on {subject.family.name}")
     # One unit per scrambled run: each check, each control (runs are about equally long).
     total, done = len(steps) + len(missing) + sum(len(c) for c in controls.values()), 0
 
