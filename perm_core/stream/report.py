@@ -22,8 +22,8 @@ from perm_core.stream.layout import StreamedModel
 from perm_core.stream.memory import MemoryBound
 from perm_core.verify.oracle import OracleResult
 from perm_core.verify.results import ControlResult, Report
-from perm_core.verify.subject import KEY_BIAS_REASON, most_moved
-from perm_core.verify.tolerances import MOVED_AT, ROUNDOFF_CAP, ROUNDOFF_SAFETY, TOLERANCE, relative_error
+from perm_core.verify.subject import KEY_BIAS_REASON, element_movement, weights_moved
+from perm_core.verify.tolerances import ROUNDOFF_CAP, ROUNDOFF_SAFETY, TOLERANCE, relative_error
 
 PROOF = ("each stage (the embedding, every block, the head) was checked on the original run's own input there, "
          "and backward on the original's gradient at its output, both transformed as the element says: each stage "
@@ -59,23 +59,14 @@ def control_result(r: ControlRun, scales: dict, floor_reasons: dict) -> ControlR
 
 
 def movement(model: StreamedModel, scramble: Scramble, movable_tokens: int) -> tuple[float, str]:
-    """verify.subject.Subject.element_movement, each weight read when it is asked for, smallest first."""
-    moved: dict[str, float] = {}
-    if scramble.tokens is not None and movable_tokens > 0:
-        index = scramble.tokens.index
-        shifted = int((index != torch.arange(len(index))).sum())
-        if shifted:
-            moved[f"tokens: {shifted} of {movable_tokens} movable moved"] = shifted / movable_tokens
-    if not max(moved.values(), default=0.0) >= MOVED_AT:
+    """verify.subject.element_movement, each weight read from the shards when it is reached, smallest first."""
+    def pairs():
         for name in sorted(model.names, key=lambda n: model.reader.entries[n].numel):
             before = model.reader.read(name, model.dtype)
             after = transform_param(before, model.claims[name], scramble)
-            if after is before:
-                continue
-            moved[f"weight {name}"] = relative_error(before, after)
-            if moved[f"weight {name}"] >= MOVED_AT:
-                break
-    return most_moved(moved)
+            if after is not before:
+                yield name, before, after
+    return element_movement(scramble, movable_tokens, lambda: weights_moved(pairs()))
 
 
 def floor_reasons(model: StreamedModel) -> dict[str, str]:

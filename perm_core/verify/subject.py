@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import torch
 
@@ -33,9 +33,9 @@ from perm_core.verify.tolerances import (
     TOLERANCE,
     TensorError,
     judged,
-    largest_magnitude,
     measure_roundoff,
     relative_differences,
+    relative_error,
     scales,
 )
 
@@ -187,32 +187,20 @@ class Subject:
         stopping at the first that moved by `enough`: one moved weight is the proof, and a full pass over
         every weight would cost as much as building them. `params` may build each tensor when asked
         (TransformedOnDemand): then only the tensors up to the first moved one are built."""
-        moved = {}
-        for name in sorted(params, key=lambda n: self.params[n].numel()):
-            after = params[name]
-            if after is self.params[name] or after.shape != self.params[name].shape:
-                continue
-            before, after = self.params[name].detach(), after.detach()
-            _, rel, _ = relative_differences({name: before}, {name: after}, {name: largest_magnitude(before)})[name]
-            moved[f"weight {name}"] = rel
-            if rel >= enough:
-                break
-        return moved
+        def pairs():
+            for name in sorted(params, key=lambda n: self.params[n].numel()):
+                after = params[name]
+                if after is not self.params[name] and after.shape == self.params[name].shape:
+                    yield name, self.params[name].detach(), after.detach()
+        return weights_moved(pairs(), enough)
 
     def element_movement(self, scramble: Scramble) -> tuple[float, str]:
         """How far the element moves what it acts on, each tensor against its own size: the input's tokens (the
         share of movable tokens it moves, each with its ids and position) and the weights (weight_movement).
         A check is vacuous exactly when this is below MOVED_AT; forward and backward share it, since both
         directions run the same element on the same input and weights."""
-        moved: dict[str, float] = {}
-        if scramble.tokens is not None and self.movable_tokens > 0:
-            index = scramble.tokens.index
-            shifted = int((index != torch.arange(len(index), device=index.device)).sum())
-            if shifted:
-                moved[f"tokens: {shifted} of {self.movable_tokens} movable moved"] = shifted / self.movable_tokens
-        if not max(moved.values(), default=0.0) >= MOVED_AT:
-            moved.update(self.weight_movement(TransformedOnDemand(self, scramble)))
-        return most_moved(moved)
+        return element_movement(scramble, self.movable_tokens,
+                                lambda: self.weight_movement(TransformedOnDemand(self, scramble)))
 
     def movement(self, original: dict[str, Record], scrambled: dict[str, Record],
                  weights=None) -> tuple[float, str]:
@@ -229,6 +217,35 @@ class Subject:
         if weights is not None and not max(moved.values(), default=0.0) >= MOVED_AT:
             moved.update(weights() if callable(weights) else weights)
         return most_moved(moved)
+
+
+def weights_moved(pairs: Iterable[tuple[str, torch.Tensor, torch.Tensor]], enough: float = MOVED_AT
+                  ) -> dict[str, float]:
+    """'weight NAME' -> the relative change (own scale) of each (name, before, after) in the order given (smallest
+    first: the cheapest proof), stopping at the first that moved by `enough`; `pairs` may read or build each tensor
+    only when it is reached (a streamed check reads them from the shards)."""
+    moved = {}
+    for name, before, after in pairs:
+        moved[f"weight {name}"] = rel = relative_error(before, after)
+        if rel >= enough:
+            break
+    return moved
+
+
+def element_movement(scramble: Scramble, movable_tokens: int, weights) -> tuple[float, str]:
+    """How far an element moves what it acts on, each tensor against its own size: the input's tokens (the share of
+    movable tokens it moves, each with its ids and position) and, where they moved less than MOVED_AT, the weights
+    (`weights()`: weights_moved's dict, asked only then). A check is vacuous exactly when this is below MOVED_AT; the
+    whole-model and the streamed check both measure it so."""
+    moved: dict[str, float] = {}
+    if scramble.tokens is not None and movable_tokens > 0:
+        index = scramble.tokens.index
+        shifted = int((index != torch.arange(len(index), device=index.device)).sum())
+        if shifted:
+            moved[f"tokens: {shifted} of {movable_tokens} movable moved"] = shifted / movable_tokens
+    if not max(moved.values(), default=0.0) >= MOVED_AT:
+        moved.update(weights())
+    return most_moved(moved)
 
 
 def most_moved(moved: dict[str, float]) -> tuple[float, str]:
