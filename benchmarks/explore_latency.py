@@ -48,8 +48,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from perm_core.models import zoo  # noqa: E402
-from serve.local_server import CHROMIUM_FLAGS, chromium_executable, start_streamlit  # noqa: E402
-from tests.e2e.conftest import DRAWN, RUN_BEGINS_WITHIN_MS, RUN_OVER, SCRIPT_STATE  # noqa: E402
+from serve.local_server import (  # noqa: E402  # noqa: E402
+    CHROMIUM_FLAGS,
+    DRAWN,
+    RUN_BEGINS_WITHIN_MS,
+    RUN_OVER,
+    SCRIPT_STATE,
+    chromium_executable,
+    start_streamlit,
+)
 
 VIEWPORT = {"width": 1440, "height": 900}
 QUIET_MS = 300
