@@ -19,6 +19,18 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
+# Streamlit's own record of the session, on its root element: "initial" before the first run, "running" or
+# "rerunRequested" during one, "notRunning" after it (or "compilationError"); and the websocket's state.
+SCRIPT_STATE = "document.querySelector('[data-testid=\"stApp\"]')?.getAttribute('data-test-script-state')"
+RUN_OVER = f"""() => ['notRunning', 'compilationError'].includes({SCRIPT_STATE})
+  && document.querySelector('[data-testid="stApp"]').getAttribute('data-test-connection-state') === 'CONNECTED'"""
+# Every chart in the main area drawn by plotly (it draws after the run's last message), no element still a skeleton
+DRAWN = """() => document.querySelectorAll('[data-testid="stMain"] [data-testid*="Skeleton"]').length === 0
+  && Array.from(document.querySelectorAll('[data-testid="stMain"] [data-testid="stPlotlyChart"]'))
+    .every(chart => chart.querySelector('.js-plotly-plot .main-svg'))"""
+RUN_BEGINS_WITHIN_MS = 1000  # after a click or a key, the run has this long to begin (then it is waited for)
+
+
 def chromium_executable() -> str | None:
     """Debian's chromium (make chromium installs it), or None."""
     return shutil.which("chromium")

@@ -13,7 +13,14 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-from serve.local_server import CHROMIUM_FLAGS, chromium_executable
+from serve.local_server import (
+    CHROMIUM_FLAGS,
+    DRAWN,
+    RUN_BEGINS_WITHIN_MS,
+    RUN_OVER,
+    SCRIPT_STATE,
+    chromium_executable,
+)
 from tests.e2e.shared_server import shared_app_url
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,16 +78,6 @@ def page(browser, request):
     context.close()
 
 
-# Streamlit's own record of the session, on its root element: "initial" before the first run, "running" or
-# "rerunRequested" during one, "notRunning" after it (or "compilationError"); and the websocket's state.
-SCRIPT_STATE = "document.querySelector('[data-testid=\"stApp\"]')?.getAttribute('data-test-script-state')"
-RUN_OVER = f"""() => ['notRunning', 'compilationError'].includes({SCRIPT_STATE})
-  && document.querySelector('[data-testid="stApp"]').getAttribute('data-test-connection-state') === 'CONNECTED'"""
-# Every chart in the main area drawn by plotly (it draws after the run's last message), no element still a skeleton
-DRAWN = """() => document.querySelectorAll('[data-testid="stMain"] [data-testid*="Skeleton"]').length === 0
-  && Array.from(document.querySelectorAll('[data-testid="stMain"] [data-testid="stPlotlyChart"]'))
-    .every(chart => chart.querySelector('.js-plotly-plot .main-svg'))"""
-RUN_BEGINS_WITHIN_MS = 1000
 
 
 def wait_for_app(page, timeout_ms: int = 120_000) -> None:

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import DRAWN, wait_for_app
+from serve.local_server import DRAWN
+from tests.e2e.conftest import wait_for_app
 
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "out" / "screenshots"
 WIDTHS = (1024, 1440)
