@@ -51,8 +51,7 @@ def stream_check(directory, inputs: dict, symmetry_names=symmetries.SYMMETRIES, 
     model, peaks = opened(kind.model_class, directory, inputs, dtype)
     path = kind(model)
     g = model.geometry
-    not_holding = g.not_holding()
-    if any(name in not_holding for name in names) and not path.measures_lacking:
+    if any(name in g.not_holding() for name in names) and not path.measures_lacking:
         raise StreamingUnsupportedError("streaming does not measure symmetries an architecture lacks")
     plan = plan_check(model, directory, inputs, names, key_of, model_name, backward, include_combined)
     report, count, missing = plan.report, plan.count, plan.missing
@@ -61,9 +60,9 @@ def stream_check(directory, inputs: dict, symmetry_names=symmetries.SYMMETRIES, 
     report.head_chunks = len(chunks)
 
     run, control_runs = plan.original_run(model, inputs, chunks, path.forward_pass, peaks, progress)
-    for name in missing:
+    for name, reason in missing.items():
         scramble = symmetries.build_many({name: key_of[name]}, g, count)
-        report.not_symmetries.append(NotSymmetry(name, not_holding[name], path.measure_break(inputs, scramble, run)))
+        report.not_symmetries.append(NotSymmetry(name, reason, path.measure_break(inputs, scramble, run)))
     if missing:
         peaks.end("symmetries it lacks")
     scrambles = plan.scrambles(g)

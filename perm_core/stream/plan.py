@@ -63,7 +63,7 @@ class Plan:
         return self.symmetry_plan.controls
 
     @property
-    def missing(self) -> list[str]:
+    def missing(self) -> dict[str, str]:
         return self.symmetry_plan.missing
 
     def scrambles(self, geometry) -> dict[str, Scramble]:

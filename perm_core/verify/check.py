@@ -115,7 +115,7 @@ class SymmetryPlan:
     names: list[str]  # the symmetries checked: neither lacked by the architecture nor tokens that cannot move
     steps: list[str]  # each of names, then "all" (every one of them at once) where there are two or more
     controls: dict[str, list[symmetries.Control]]  # by symmetry in names, none empty
-    missing: list[str]  # the symmetries named that the architecture lacks: their break is measured
+    missing: dict[str, str]  # each symmetry named that the architecture lacks, with why: its break is measured
 
 
 def plan_symmetries(report: Report, judge, geometry, count: int | None, names: list[str], key_of: dict[str, int],
@@ -124,7 +124,7 @@ def plan_symmetries(report: Report, judge, geometry, count: int | None, names: l
     tokens that cannot move (cannot_move, judged by `judge`: summarize's subject) and the restricted forms checked.
     A symmetry with no negative control is a VacuousCheckError."""
     not_holding = geometry.not_holding()
-    missing = [name for name in names if name in not_holding]
+    missing = {name: not_holding[name] for name in names if name in not_holding}
     names = [name for name in names if name not in not_holding]
     if "tokens" in names and judge.movable_tokens < 2:
         report.checks.extend(cannot_move(judge, "tokens", backward))
@@ -161,7 +161,6 @@ def check(model, inputs: dict, symmetry_names=symmetries.SYMMETRIES, key: int | 
     plan = plan_symmetries(report, subject, subject.geometry, subject.n_tokens, names, key_of, backward,
                            include_combined)
     names, steps, controls, missing = plan.names, plan.steps, plan.controls, plan.missing
-    not_holding = subject.geometry.not_holding()
     # One unit per scrambled run: each check, each control (runs are about equally long).
     total, done = len(steps) + len(missing) + sum(len(c) for c in controls.values()), 0
 
@@ -180,12 +179,12 @@ def check(model, inputs: dict, symmetry_names=symmetries.SYMMETRIES, key: int | 
             advance(f"{name}: control {control.name}")
             with clock("controls"):
                 report.controls.append(explain_unbroken(subject, control, run_control(subject, control, original)))
-    for name in missing:
+    for name, reason in missing.items():
         advance(f"{name}: measuring why it does not hold")
         scramble = subject.build({name: key_of[name]})
         with clock("not_symmetries"):
             broken_by = measure_break(subject, scramble, original)
-        report.not_symmetries.append(NotSymmetry(name, not_holding[name], broken_by))
+        report.not_symmetries.append(NotSymmetry(name, reason, broken_by))
     if progress:
         progress(1.0, "done")
     return report
