@@ -35,6 +35,7 @@ from collections.abc import Iterable, Mapping
 import torch
 
 from perm_core.engine.symmetries import SYMMETRIES
+from perm_core.models.registry import DTYPES
 from perm_core.run.numerics import use_exact_numerics
 from perm_core.run.trace import MixedDtypeError
 from perm_core.verify.check import check
@@ -42,8 +43,6 @@ from perm_core.verify.results import CheckResult, Report
 from perm_core.verify.tolerances import worst
 
 __all__ = ["assert_symmetric", "failure_table", "prepared_copy"]
-
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 def assert_symmetric(model, inputs: dict, symmetries: str | Iterable[str], key: int | Mapping[str, int] = 0,

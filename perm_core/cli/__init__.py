@@ -128,6 +128,14 @@ def add_model_options(parser, revisions=("--revision",)) -> None:
                                                            "inputs run (default: cpu)")
 
 
+def host_only_when_streaming(device: str | None, command: str, whole: str) -> None:
+    """UsageError for a device other than the CPU with --stream: the streamed paths read the shards into host memory.
+    `command` is what the line calls the streamed run; `whole`, how to run the whole model instead."""
+    if device is not None and device != "cpu":
+        raise UsageError(f"--device {device}: {command} runs on the CPU only (its shards are read into host memory); "
+                         f"drop --device, or {whole} without --stream")
+
+
 def device_or_usage_error(device: str | None) -> None:
     """A device this machine has, or UsageError with why not (None: the default, the CPU)."""
     from perm_core.run.devices import DeviceError, resolve_device

@@ -8,6 +8,7 @@ from perm_core.cli import (
     UsageError,
     add_model_options,
     device_or_usage_error,
+    host_only_when_streaming,
     key_or_usage_error,
     load_or_usage_error,
     print_json,
@@ -49,9 +50,7 @@ def run(args) -> int:
     keys = keys_or_usage_error(args.key or ["0"], names)
     device_or_usage_error(args.device)
     if args.stream or streams_by_itself(args.model, DTYPES[args.dtype], args.revision):
-        if args.device is not None and args.device != "cpu":
-            raise UsageError(f"--device {args.device}: the streamed check runs on the CPU only (its shards are read "
-                             "into host memory); drop --device, or check the whole model without --stream")
+        host_only_when_streaming(args.device, "the streamed check", "check the whole model")
         report = streamed_report(args, names, keys)
     else:
         loaded = load_or_usage_error(args.model, DTYPES[args.dtype], args.revision, args.device)

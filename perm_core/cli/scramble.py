@@ -20,6 +20,7 @@ from perm_core.cli import (
     UsageError,
     add_model_options,
     device_or_usage_error,
+    host_only_when_streaming,
     key_or_usage_error,
     largest_shard_bytes,
     load_or_usage_error,
@@ -59,9 +60,7 @@ def run(args) -> int:
     key = key_or_usage_error(args.key)
     device_or_usage_error(args.device)
     if args.stream:
-        if args.device is not None and args.device != "cpu":
-            raise UsageError(f"--device {args.device}: scramble --stream runs on the CPU only (its shards are read "
-                             "into host memory); drop --device, or scramble the whole model without --stream")
+        host_only_when_streaming(args.device, "scramble --stream", "scramble the whole model")
         return run_streamed(args, key)
     stored = stored_dtype(args.model, args.revision)
     dtype = WRITE_DTYPES[args.dtype] if args.dtype else stored or torch.float32
