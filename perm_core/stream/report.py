@@ -21,9 +21,10 @@ from perm_core.stream.forward import ControlRun
 from perm_core.stream.layout import StreamedModel
 from perm_core.stream.memory import MemoryBound
 from perm_core.verify.oracle import OracleResult
+from perm_core.verify.oracle import judged as judged_by_oracle
 from perm_core.verify.results import ControlResult, Report
 from perm_core.verify.subject import KEY_BIAS_REASON, element_movement, weights_moved
-from perm_core.verify.tolerances import ROUNDOFF_CAP, ROUNDOFF_SAFETY, TOLERANCE, relative_error
+from perm_core.verify.tolerances import TOLERANCE
 
 PROOF = ("each stage (the embedding, every block, the head) was checked on the original run's own input there, "
          "and backward on the original's gradient at its output, both transformed as the element says: each stage "
@@ -99,24 +100,12 @@ def allowance_notes(allowance: Allowances, model: StreamedModel, report: Streame
 
 
 def oracle(model: StreamedModel, inputs: dict, run, chunks: list[tuple[int, int]], forward_pass) -> OracleResult:
-    """verify.oracle.consult, streamed: the stock forward's outputs (the logits; a headless model's last hidden state
-    and pooled output) against the traced ones, the worst reported, and where the stock code's own arithmetic needs
-    it (T5's layer norm in float32), the allowance of that output's measured round-off: the path's `forward_pass`
-    rerun in the other of float32 and float64, by a model of the same class on the same reader."""
-    name, error = next(iter(model.output_axes)), 0.0
-    for output in model.output_axes:
-        found = relative_error(run.stock_outputs[output], run.records[output])
-        if not found <= error:
-            name, error = output, found
-    base = TOLERANCE.get(model.dtype, TOLERANCE[torch.float32])
-    tolerance = base
-    if not error <= base and error != float("inf"):
-        other = torch.float32 if model.dtype == torch.float64 else torch.float64
-        rerun, _ = forward_pass(type(model)(model.reader.directory, other, model.reader), inputs, stock=False,
-                                head_chunks=chunks)
-        exact, rounded = run.records[name], rerun.records[name]
-        if other == torch.float64:
-            exact, rounded = rounded, exact
-        roundoff = relative_error(exact.to(torch.float64), rounded.to(torch.float64))
-        tolerance = min(max(base, ROUNDOFF_SAFETY * roundoff), ROUNDOFF_CAP)
-    return OracleResult(name, error, tolerance, model.stock_attention)
+    """verify.oracle.judged on the streamed outputs (the logits; a headless model's last hidden state and pooled
+    output) against the stock forward's that rode along; an output's round-off, where the rule asks for it, is the
+    path's `forward_pass` rerun in the other dtype by a model of the same class on the same reader."""
+    def rerun(dtype: torch.dtype, name: str) -> torch.Tensor:
+        other = type(model)(model.reader.directory, dtype, model.reader)
+        return forward_pass(other, inputs, stock=False, head_chunks=chunks)[0].records[name]
+
+    traced = {name: run.records[name] for name in model.output_axes}
+    return judged_by_oracle(run.stock_outputs, traced, model.dtype, model.stock_attention, rerun)

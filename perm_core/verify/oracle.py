@@ -89,33 +89,38 @@ def _field(name: str) -> str:
 
 def consult(subject, original: dict) -> OracleResult | None:
     """Every output the original run traced (logits, QA scores, pooled and last hidden states) against the stock
-    forward's; the worst one is reported. None where the run traced no output."""
+    forward's (judged); None where the run traced no output."""
     names = [n for n in original if trace_names.is_output(n)]
     if not names:
         return None
     kwargs = stock_kwargs(subject.inputs, subject.geometry, subject.dtype)
     with stock_numerics(subject.model) as attention, torch.no_grad():
         out = subject.model(**kwargs)
-    worst_name, worst_error = names[0], 0.0
-    for name in names:
-        stock = getattr(out, _field(name), None)
-        traced = original[name].tensor
-        if stock is None or stock.shape != traced.shape:
-            return OracleResult(name, float("inf"), TOLERANCE.get(subject.dtype, ROUNDOFF_CAP), attention)
-        error = relative_error(stock.detach(), traced)
+    stock = {name: getattr(out, _field(name), None) for name in names}
+    traced = {name: original[name].tensor for name in names}
+    return judged(stock, traced, subject.dtype, attention,
+                  lambda dtype, name: subject.trace(dtype=dtype)[name].tensor)
+
+
+def judged(stock: dict, traced: dict[str, torch.Tensor], dtype: torch.dtype, attention: str, rerun) -> OracleResult:
+    """The oracle's verdict, the one rule of the whole-model and the streamed check: each traced output against the
+    stock forward's (a missing or misshapen one is an error of +inf), the worst reported with its tolerance: the
+    dtype's, or what that output's measured round-off allows (module docstring). rerun(other_dtype, name): the same
+    traced output from a run in the other of float32 and float64, asked only when the error needs it."""
+    worst_name, worst_error = next(iter(traced)), 0.0
+    for name, tensor in traced.items():
+        found = stock.get(name)
+        if found is None or found.shape != tensor.shape:
+            return OracleResult(name, float("inf"), TOLERANCE.get(dtype, ROUNDOFF_CAP), attention)
+        error = relative_error(found.detach(), tensor)
         if not error <= worst_error:
             worst_name, worst_error = name, error
-    return OracleResult(worst_name, worst_error, _tolerance(subject, original, worst_name, worst_error), attention)
-
-
-def _tolerance(subject, original: dict, name: str, error: float) -> float:
-    """The dtype's tolerance, or what the output's measured float32 round-off allows (module docstring); the
-    round-off is measured only when the error needs it: a forward of the same traced run in the other dtype."""
-    base = TOLERANCE.get(subject.dtype, TOLERANCE[torch.float32])
-    if error <= base or error == float("inf"):
-        return base
-    other = torch.float32 if subject.dtype == torch.float64 else torch.float64
-    rerun = subject.trace(dtype=other)[name].tensor
-    exact, rounded = (original[name].tensor, rerun) if other == torch.float32 else (rerun, original[name].tensor)
+    base = TOLERANCE.get(dtype, TOLERANCE[torch.float32])
+    if worst_error <= base or worst_error == float("inf"):
+        return OracleResult(worst_name, worst_error, base, attention)
+    other = torch.float32 if dtype == torch.float64 else torch.float64
+    again = rerun(other, worst_name)
+    mine = traced[worst_name]
+    exact, rounded = (mine, again) if other == torch.float32 else (again, mine)
     roundoff = relative_error(exact.to(torch.float64), rounded.to(torch.float64))
-    return min(max(base, ROUNDOFF_SAFETY * roundoff), ROUNDOFF_CAP)
+    return OracleResult(worst_name, worst_error, min(max(base, ROUNDOFF_SAFETY * roundoff), ROUNDOFF_CAP), attention)
