@@ -28,7 +28,7 @@ import torch
 from perm_core.engine.spec import Scramble
 from perm_core.engine.tokens import model_inputs
 from perm_core.stream.tally import Scales, Tally
-from perm_core.verify.tolerances import TensorError, judged
+from perm_core.verify.tolerances import TensorError, judged, judged_with_roundoff
 
 
 class Allowances:
@@ -113,14 +113,8 @@ class Allowances:
         return {n: rel if finite else math.inf for n, (_, rel, finite) in tally.differences(scale).items()}
 
     def judged(self, label: str, differences: dict) -> list[TensorError]:
-        """Subject.errors' verdicts: the base tolerance; over it, the original's measured round-off; still over,
-        the element's own as well."""
-        errors = judged(differences, self.dtype, self.floor_reasons)
-        if not (self.enabled and any(e.finite and not e.passed for e in errors)):
-            return errors
-        errors = judged(differences, self.dtype, self.floor_reasons, self.roundoff)
-        own = self.own.get(label)
-        if own and any(e.finite and not e.passed for e in errors):
-            both = {n: max(self.roundoff.get(n, 0.0), own.get(n, 0.0)) for n in {*self.roundoff, *own}}
-            errors = judged(differences, self.dtype, self.floor_reasons, both)
-        return errors
+        """Subject.errors' verdicts by the same rule (tolerances.judged_with_roundoff), with the stages' measured
+        round-off: the original's, and the element's own where it was measured."""
+        return judged_with_roundoff(differences, self.dtype, self.floor_reasons,
+                                    (lambda: self.roundoff) if self.enabled else None,
+                                    lambda: self.own.get(label, {}))

@@ -32,7 +32,7 @@ from perm_core.verify.tolerances import (
     MOVED_AT,
     TOLERANCE,
     TensorError,
-    judged,
+    judged_with_roundoff,
     measure_roundoff,
     relative_differences,
     relative_error,
@@ -151,15 +151,10 @@ class Subject:
         # `measured`: differences already taken (parameter gradients compared as backward made them).
         found = relative_differences(reference, restored, self._scales(original, names, dtype))
         differences = {n: measured[n] if n in measured else found[n] for n in names if n in measured or n in found}
-        errors = judged(differences, dtype, self.floor_reasons)
-        if self.dtype in (torch.float32, torch.float64) and any(e.finite and not e.passed for e in errors):
-            roundoff = self.roundoff(original)
-            errors = judged(differences, dtype, self.floor_reasons, roundoff)
-            if scramble is not None and any(e.finite and not e.passed for e in errors):
-                own = self._scrambled_roundoff(restored, scramble)
-                roundoff = {n: max(roundoff.get(n, 0.0), own.get(n, 0.0)) for n in {*roundoff, *own}}
-                errors = judged(differences, dtype, self.floor_reasons, roundoff)
-        return errors
+        measurable = self.dtype in (torch.float32, torch.float64)
+        return judged_with_roundoff(
+            differences, dtype, self.floor_reasons, (lambda: self.roundoff(original)) if measurable else None,
+            (lambda: self._scrambled_roundoff(restored, scramble)) if scramble is not None else None)
 
     def _scrambled_roundoff(self, restored: dict[str, torch.Tensor], scramble: Scramble) -> dict[str, float]:
         """The scrambled run's round-off: its un-scrambled records against the same run in the other dtype."""

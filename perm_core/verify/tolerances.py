@@ -306,6 +306,24 @@ def judged(differences: dict[str, tuple[float, float, bool]], dtype: torch.dtype
     return errors
 
 
+def judged_with_roundoff(differences: dict[str, tuple[float, float, bool]], dtype: torch.dtype,
+                         floor_reasons: dict[str, str], original_roundoff=None, own_roundoff=None) -> list[TensorError]:
+    """The round-off allowance rule of every check, whole-model or streamed (module docstring): the base tolerance;
+    only where a finite tensor is over it (a measured round-off costs a rerun), the original run's measured
+    round-off (`original_roundoff()`, None where it cannot be measured); where one is still over, the larger of it
+    and the element's own run's (`own_roundoff()`: a permutation reorders sums, so it can round more)."""
+    errors = judged(differences, dtype, floor_reasons)
+    if original_roundoff is None or all(e.passed or not e.finite for e in errors):
+        return errors
+    roundoff = original_roundoff()
+    errors = judged(differences, dtype, floor_reasons, roundoff)
+    if own_roundoff is None or all(e.passed or not e.finite for e in errors):
+        return errors
+    own = own_roundoff()
+    both = {n: max(roundoff.get(n, 0.0), own.get(n, 0.0)) for n in {*roundoff, *own}}
+    return judged(differences, dtype, floor_reasons, both)
+
+
 def measure_roundoff(float32_run: dict, float64_run: dict, floor_reasons: dict[str, str]) -> dict[str, float]:
     """name -> relative distance of a float32 run from the same computation in float64."""
     reference = {n: getattr(r, "tensor", r) for n, r in float64_run.items()}
