@@ -198,21 +198,30 @@ def _backward_records(out, records, params, kwargs, claims, g: Geometry, on_para
 
 def _streamed_grads(loss, targets, params: dict, claims, on_param_grad) -> list:
     """torch.autograd.grad's list, with every parameter's entry None: each is handed to on_param_grad as soon
-    as it is accumulated, then dropped, so its memory serves the next one."""
-    def hand_over(name):
-        def hook(leaf):
-            grad, leaf.grad = leaf.grad, None
-            on_param_grad(name, Record(grad, claims[name].rule.axes, claims[name].layer))
-        return hook
-
+    as it is accumulated (handing_over_grads)."""
     leaves = set(map(id, params.values()))
-    handles = [leaf.register_post_accumulate_grad_hook(hand_over(name)) for name, leaf in params.items()]
     others = [t for t in targets if id(t) not in leaves]
     for tensor in others:
         tensor.retain_grad()
-    try:
+    with handing_over_grads(params, claims, on_param_grad):
         torch.autograd.backward(loss, inputs=targets)
+    return [None if id(t) in leaves else t.grad for t in targets]
+
+
+@contextlib.contextmanager
+def handing_over_grads(leaves: dict[str, torch.Tensor], claims, take):
+    """For the duration, each parameter leaf's gradient is handed to take(name, Record) as soon as backward has
+    accumulated it, then dropped from the leaf, so that its memory serves the next one: no model-sized set of
+    gradients is held (the whole-model check's backward, and each stage of a streamed one)."""
+    def hand_over(name):
+        def hook(leaf):
+            grad, leaf.grad = leaf.grad, None
+            take(name, Record(grad, claims[name].rule.axes, claims[name].layer))
+        return hook
+
+    handles = [leaf.register_post_accumulate_grad_hook(hand_over(name)) for name, leaf in leaves.items()]
+    try:
+        yield
     finally:
         for handle in handles:
             handle.remove()
-    return [None if id(t) in leaves else t.grad for t in targets]

@@ -32,11 +32,17 @@ from perm_core.stream.forward import OriginalRun, forward_pass
 from perm_core.stream.layout import StreamedModel
 from perm_core.stream.memory import MemoryBound, StagePeaks
 from perm_core.stream.plan import opened, plan_check
-from perm_core.stream.report import PROOF, StreamedReport, allowance_notes, floor_reasons
-from perm_core.stream.reverse import Element, block_stage, block_stage_tensors, embedding_stage, head_stage
-from perm_core.stream.stages import StreamingUnsupportedError, is_encoder_decoder
+from perm_core.stream.report import PROOF, StreamedReport, allowance_notes, explained, floor_reasons
+from perm_core.stream.reverse import (
+    BlockStage,
+    Element,
+    block_stage,
+    block_stage_tensors,
+    embedding_stage,
+    head_stage,
+)
+from perm_core.stream.stages import is_encoder_decoder
 from perm_core.verify.check import named_keys
-from perm_core.verify.results import NotSymmetry
 
 __all__ = ["PROOF", "StreamedReport", "stream_check"]
 
@@ -51,20 +57,13 @@ def stream_check(directory, inputs: dict, symmetry_names=symmetries.SYMMETRIES, 
     model, peaks = opened(kind.model_class, directory, inputs, dtype)
     path = kind(model)
     g = model.geometry
-    if any(name in g.not_holding() for name in names) and not path.measures_lacking:
-        raise StreamingUnsupportedError("streaming does not measure symmetries an architecture lacks")
     plan = plan_check(model, directory, inputs, names, key_of, model_name, backward, include_combined)
-    report, count, missing = plan.report, plan.count, plan.missing
+    report, count = plan.report, plan.count
     largest = path.largest()
     chunks = model.head_chunks(largest // 4)  # the head stage holds five chunk-sized tensors at once
     report.head_chunks = len(chunks)
 
     run, control_runs = plan.original_run(model, inputs, chunks, path.forward_pass, peaks, progress)
-    for name, reason in missing.items():
-        scramble = symmetries.build_many({name: key_of[name]}, g, count)
-        report.not_symmetries.append(NotSymmetry(name, reason, path.measure_break(inputs, scramble, run)))
-    if missing:
-        peaks.end("symmetries it lacks")
     scrambles = plan.scrambles(g)
     path.refuse(scrambles)
     elements = {name: Element(model, inputs, scramble) for name, scramble in scrambles.items()}
@@ -84,7 +83,9 @@ def stream_check(directory, inputs: dict, symmetry_names=symmetries.SYMMETRIES, 
     path.embedding(run, elements, backward, grad, stash, original_inputs)
     peaks.end("embedding")
 
-    plan.verdicts(model, elements, allowance, control_runs, run.scales.final(floor, dtype), floor, backward)
+    def explain(control_run, result):
+        return explained(model, inputs, control_run, result, chunks, path.forward_pass, floor)
+    plan.verdicts(model, elements, allowance, control_runs, run.scales.final(floor, dtype), floor, backward, explain)
     report.notes.extend(allowance_notes(allowance, model, report, path.stage_tensors, *path.note_places))
     peaks.end("comparisons")
     report.memory = path.memory(run, count, largest, peaks, transforms, elements, control_runs)
@@ -98,7 +99,6 @@ class OneStack:
     original's gradient at its input to the one before it, then the embedding."""
 
     model_class = StreamedModel
-    measures_lacking = False
     stage_tensors = staticmethod(block_stage_tensors)
     forward_pass = staticmethod(forward_pass)
     note_places = ("the blocks", "the embedding or the head")
@@ -117,7 +117,7 @@ class OneStack:
 
     def block(self, layer: int, run: OriginalRun, elements: dict[str, Element], backward: bool,
               grad: torch.Tensor | None, kwargs: dict, allowance: Allowances) -> torch.Tensor | None:
-        return block_stage(self.model, layer, run, elements, backward, grad, kwargs, allowance)
+        return block_stage(BlockStage(self.model, layer, run), run, elements, backward, grad, kwargs, allowance)
 
     def embedding(self, run: OriginalRun, elements: dict[str, Element], backward: bool, grad: torch.Tensor | None,
                   stash: dict, original_inputs: dict) -> None:

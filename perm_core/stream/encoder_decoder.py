@@ -23,7 +23,7 @@ dry run of each stack's own forward stopped at its first block.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -34,11 +34,10 @@ from perm_core.families.stages import EncoderDecoderLayout
 from perm_core.run import trace_names
 from perm_core.run.stateless import functional_call
 from perm_core.run.trace import TOKEN_RESID
-from perm_core.stream.forward import ControlRun, control_runs, stock_start
+from perm_core.stream.forward import ControlRun, OriginalRun, control_runs, stock_start
 from perm_core.stream.layout import BlockRecorder, StopAtBlock, StreamedModel, module_at
 from perm_core.stream.shards import ShardReader
 from perm_core.stream.stages import StreamingUnsupportedError, family_for, is_encoder_decoder
-from perm_core.stream.tally import Scales, Tally
 
 DECODER_RESID = (None, None, "resid")  # the decoder's tokens never move (engine.tokens)
 STACKS = ("encoder", "decoder")
@@ -277,19 +276,10 @@ class EncoderDecoderModel(StreamedModel):
 
 
 @dataclass
-class EncoderDecoderRun:
-    """The original run: the whole-model trace's forward records, each block's inputs, the encoder's output."""
+class EncoderDecoderRun(OriginalRun):
+    """The original run (stream.forward.OriginalRun: the rows looked up are both stacks') and the encoder's output."""
 
-    block_inputs: list[torch.Tensor] = field(default_factory=list)
-    records: dict[str, torch.Tensor] = field(default_factory=dict)
-    scales: Scales = field(default_factory=Scales)
-    looked_up: list[int] = field(default_factory=list)
-    stock_outputs: dict[str, torch.Tensor] = field(default_factory=dict)
     encoder_out: torch.Tensor | None = None  # the encoder's normed output: every decoder block's cross input
-
-    @property
-    def stock_logits(self) -> torch.Tensor | None:
-        return self.stock_outputs.get(trace_names.LOGITS)
 
 
 def block_tensor_names(model: EncoderDecoderModel, layer: int) -> dict[str, str]:
@@ -310,10 +300,11 @@ def model_ids(kwargs: dict) -> list[int]:
 
 
 def forward_pass(model: EncoderDecoderModel, inputs: dict, controls: list[Control] = (), stock: bool = True,
-                 head_chunks: list[tuple[int, int]] | None = None, progress=None
+                 head_chunks: list[tuple[int, int]] | None = None, progress=None, lacking: list[Control] = ()
                  ) -> tuple[EncoderDecoderRun, list[ControlRun]]:
     """The original run (and, with `stock`, transformers' own forward beside it), each control compared at every
-    stage on the original's input there until it breaks (stream.forward.forward_pass, for two stacks)."""
+    stage on the original's input there until it breaks, each of `lacking` on its own activations to the end
+    (stream.forward.forward_pass, for two stacks)."""
     g, dtype = model.geometry, model.dtype
     kwargs = model_inputs(inputs, g, Scramble(), dtype)
     layer_kwargs = model.layer_kwargs(kwargs)
@@ -321,15 +312,18 @@ def forward_pass(model: EncoderDecoderModel, inputs: dict, controls: list[Contro
     embedding = model.embedding_weights(run.looked_up)
     embeds = model.embed(embedding, run.looked_up, kwargs)
     for name, embed in zip(EMBEDS, embeds, strict=True):
-        _keep(run, name, embed)
+        run.keep(name, embed)
     if stock:
         stock_layers, stock_embeds = stock_start(model, inputs, embedding, run.looked_up)
-    runs = control_runs(model, inputs, controls)
+    runs = control_runs(model, inputs, controls) + control_runs(model, inputs, lacking, own=True)
     for c in runs:
         moved = transform_params(embedding, model.spec, c.control.scramble, model.claims)
-        for name, original, out in zip(EMBEDS, embeds, model.embed(moved, run.looked_up, c.kwargs), strict=True):
+        outs = model.embed(moved, run.looked_up, c.kwargs)
+        for name, original, out in zip(EMBEDS, embeds, outs, strict=True):
             axes = TOKEN_RESID if name == trace_names.EMBED else DECODER_RESID
             c.tally.add(name, original, apply_axes(out, axes, c.inverse))
+        if c.own:
+            c.hidden, c.decoder_start = outs
         c.judge(list(EMBEDS), run.scales, "the embeddings")
     del embedding
     hidden, stock_hidden = embeds[0], stock_embeds[0] if stock else None
@@ -347,18 +341,24 @@ def forward_pass(model: EncoderDecoderModel, inputs: dict, controls: list[Contro
         found = {names["hidden"]: out, names["attn"]: attention, **({names["cross"]: cross} if cross is not None
                                                                      else {})}
         for name, tensor in found.items():
-            _keep(run, name, tensor)
+            run.keep(name, tensor)
         axes = {names["hidden"]: hidden_axes(stack), names["attn"]: attention_axes(layer, stack),
                 names.get("cross"): cross_axes(layer)}
         for c in runs:
-            if c.broken_at:
+            if not c.follows:
                 continue
             scramble = c.control.scramble
             moved = transform_params(weights, model.spec, scramble, model.claims)
             moved_table = transform_param(table, model.claims[model.table(layer)], scramble)
-            moved_encoder = None if encoder_out is None else apply_axes(encoder_out, TOKEN_RESID, scramble)
-            c_found = model.block(layer, moved, apply_axes(hidden, hidden_axes(stack), scramble),
-                                  c.layer_kwargs[layer], moved_table, moved_encoder)
+            if c.own and stack == "decoder" and index == 0:
+                c.hidden, c.decoder_start = c.decoder_start, None
+            moved_encoder = None if encoder_out is None else (
+                c.encoder_out if c.own else apply_axes(encoder_out, TOKEN_RESID, scramble))
+            c_found = model.block(layer, moved, c.input_at(hidden, hidden_axes(stack)), c.layer_kwargs[layer],
+                                  moved_table, moved_encoder)
+            if c.own:
+                c.hidden = c_found[0]
+                c.encoder_out = c_found[0] if layer == model.n_encoder - 1 else c.encoder_out
             for (name, original), tensor in zip(found.items(), c_found, strict=False):
                 c.tally.add(name, original, apply_axes(tensor, axes[name], c.inverse, layer))
             c.judge(list(found), run.scales, f"block {layer}")
@@ -382,61 +382,18 @@ def forward_pass(model: EncoderDecoderModel, inputs: dict, controls: list[Contro
         if stock:
             stock_pieces.append(model.head(chunk, {}, stock_hidden, stock=True)[trace_names.LOGITS])
         for c in runs:
-            if not c.broken_at:
+            if c.follows:
                 moved = transform_params(chunk, model.spec, c.control.scramble, model.claims)
-                c_logits = model.head(moved, {}, apply_axes(hidden, DECODER_RESID, c.control.scramble))
+                c_logits = model.head(moved, {}, c.input_at(hidden, DECODER_RESID))
                 c.tally.add(trace_names.LOGITS, logits, apply_axes(c_logits[trace_names.LOGITS], model.logits_axes,
                                                                 c.inverse))
         del chunk
-    _keep(run, trace_names.LOGITS, torch.cat(pieces, dim=-1))
+    run.keep(trace_names.LOGITS, torch.cat(pieces, dim=-1))
     for c in runs:
-        if not c.broken_at:
+        c.hidden = c.encoder_out = None  # its outputs are compared: nothing of it is run again
+        if c.follows:
             c.judge([trace_names.LOGITS], run.scales, "the head")
     if stock:
         run.stock_outputs = {trace_names.LOGITS: torch.cat(stock_pieces, dim=-1)}
     return run, runs
 
-
-def measure_break(model: EncoderDecoderModel, inputs: dict, scramble: Scramble, run: EncoderDecoderRun) -> float:
-    """verify.controls.measure_break, streamed: the transformed model's forward, stage by stage on its own activations
-    (an element that is no symmetry moves them: the break it causes is what is measured), un-scrambled and compared
-    with the original run's forward records; the worst relative error."""
-    g, dtype = model.geometry, model.dtype
-    kwargs = model_inputs(inputs, g, scramble, dtype)
-    layer_kwargs = model.layer_kwargs(kwargs)
-    inverse = scramble.inverse()
-    tally = Tally()
-    moved = transform_params(model.embedding_weights(run.looked_up), model.spec, scramble, model.claims)
-    embeds = model.embed(moved, run.looked_up, kwargs)
-    for name, embed, axes in zip(EMBEDS, embeds, (TOKEN_RESID, DECODER_RESID), strict=True):
-        tally.add(name, run.records[name], apply_axes(embed, axes, inverse))
-    hidden, encoder_out = embeds[0], None
-    for layer in range(model.n_layers):
-        stack, index = model.stack_of(layer)
-        if stack == "decoder" and index == 0:
-            hidden = embeds[1]
-        weights, table = model.stage_weights(layer)
-        weights = transform_params(weights, model.spec, scramble, model.claims)
-        table = transform_param(table, model.claims[model.table(layer)], scramble)
-        out, attention, cross = model.block(layer, weights, hidden, layer_kwargs[layer], table, encoder_out)
-        names = block_tensor_names(model, layer)
-        tally.add(names["hidden"], run.records[names["hidden"]], apply_axes(out, hidden_axes(stack), inverse))
-        tally.add(names["attn"], run.records[names["attn"]],
-                  apply_axes(attention, attention_axes(layer, stack), inverse, layer))
-        if cross is not None:
-            tally.add(names["cross"], run.records[names["cross"]], apply_axes(cross, cross_axes(layer), inverse, layer))
-        hidden = out
-        if layer == model.n_encoder - 1:
-            encoder_out = out
-        del weights, table
-    for start, stop in [(0, model.reader.entries[model.head_name].shape[0])]:
-        chunk = transform_params(model.head_chunk(start, stop), model.spec, scramble, model.claims)
-        logits = model.head(chunk, {}, hidden)[trace_names.LOGITS]
-        tally.add(trace_names.LOGITS, run.records[trace_names.LOGITS][..., start:stop],
-                  apply_axes(logits, model.logits_axes, inverse))
-    return tally.worst_relative(run.scales.final({}, dtype), {})
-
-
-def _keep(run: EncoderDecoderRun, name: str, tensor: torch.Tensor) -> None:
-    run.records[name] = tensor.detach()
-    run.scales.add(name, run.records[name])

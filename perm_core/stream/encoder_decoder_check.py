@@ -11,10 +11,6 @@ compared, and the encoder is streamed in reverse on that gradient; its table's g
 block 0. Each stage is still checked on the original's own input and output gradient, so the induction of
 stream.check holds stage by stage, and a part that one stage gets wrong shows in the sum it is added to.
 
-The whole-model check measures a symmetry the architecture lacks (T5's tokens: its relative position bias reads
-sequence order) by the break of its element; streamed, the transformed model runs stage by stage on its own
-activations, and its forward records are compared with the original run's (encoder_decoder.measure_break).
-
 A block's stage with a tensor over its dtype's base tolerance gets its own measured round-off as its allowance
 (stream.allowance, as one stack's blocks do); the embedding's, the head's and the sums' are not measured, and the
 report's notes say where that made a tensor fail.
@@ -38,15 +34,15 @@ from perm_core.stream.encoder_decoder import (
     cross_axes,
     forward_pass,
     hidden_axes,
-    measure_break,
 )
 from perm_core.stream.memory import MemoryBound, StagePeaks
 from perm_core.stream.reverse import (
     Element,
     as_leaf,
+    block_stage,
     cast,
-    gradient_hook,
-    measure_roundoff,
+    frames,
+    handed_over,
     with_head_rows,
 )
 from perm_core.stream.stages import StreamingUnsupportedError
@@ -77,46 +73,6 @@ class Sums:
         return total
 
 
-def _run_stage(model: EncoderDecoderModel, layer: int, weights: dict[str, torch.Tensor], table: torch.Tensor,
-               hidden: torch.Tensor, encoder_out: torch.Tensor | None, grad_out: torch.Tensor | None, kwargs: dict,
-               backward: bool, found, element: Element | None = None) -> dict[str, torch.Tensor]:
-    """One run of block `layer` with `weights` and its stack's position `table` on `hidden` (and a decoder block's
-    `encoder_out`), moved by `element` if one is given (stream.reverse._run_block, with two more inputs): its
-    tensors, restored to the original's frame, handed to found(name, tensor) as they are made. Returns, backward,
-    its parts of the sums: the table's gradient and a decoder block's gradient at the encoder's output."""
-    stack, _ = model.stack_of(layer)
-    names = block_tensor_names(model, layer)
-    axes = hidden_axes(stack)
-    moved = element.moved if element is not None else lambda t, axes, layer=None: t
-    restored = element.restored if element is not None else lambda t, axes, layer=None: t.detach()
-    leaves = {n: as_leaf(w, backward) for n, w in weights.items()}
-    weights.clear()  # the leaves are the only copy
-    table = as_leaf(table, backward)
-    handles = [w.register_post_accumulate_grad_hook(gradient_hook(found, n, model.claims[n], restored))
-               for n, w in leaves.items()] if backward else []
-    try:
-        inputs = as_leaf(moved(hidden, axes), backward)
-        encoder = None if encoder_out is None else as_leaf(moved(encoder_out, TOKEN_RESID), backward)
-        out, attention, cross = model.block(layer, leaves, inputs, kwargs, table, encoder)
-        found(names["hidden"], restored(out, axes))
-        found(names["attn"], restored(attention, attention_axes(layer, stack), layer))
-        if cross is not None:
-            found(names["cross"], restored(cross, cross_axes(layer), layer))
-        if not backward:
-            return {}
-        extra = [table] + ([encoder] if encoder is not None else [])
-        torch.autograd.backward(out, moved(grad_out, axes), inputs=[inputs, *extra, *leaves.values()])
-        found(names["grad_in"], restored(inputs.grad, axes))
-        claim = model.claims[model.table(layer)]
-        parts = {trace_names.param_grad(model.table(layer)): restored(table.grad, claim.rule.axes, claim.layer)}
-        if encoder is not None:
-            parts[trace_names.grad(trace_names.hidden(model.n_encoder - 1))] = restored(encoder.grad, TOKEN_RESID)
-        return parts
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
 def stage_tensors(model: EncoderDecoderModel, layer: int, backward: bool = True) -> list[str]:
     """Every tensor block `layer`'s stage compares itself (stream.reverse.block_stage_tensors): its output, its
     attention and cross-attention and, backward, its input's gradient and its own parameters' gradients (the sums
@@ -126,55 +82,55 @@ def stage_tensors(model: EncoderDecoderModel, layer: int, backward: bool = True)
     return forward + ([names["grad_in"], *map(trace_names.param_grad, model.block_names(layer))] if backward else [])
 
 
-def block_stage(model: EncoderDecoderModel, layer: int, run: EncoderDecoderRun, elements: dict[str, Element],
-                backward: bool, grad_out: torch.Tensor | None, original_kwargs: dict, sums: Sums,
-                allowance: Allowances | None = None) -> torch.Tensor | None:
-    """Compare block `layer` under every element, with the stage's round-off allowance measured where a tensor
-    needs it (`allowance`, as stream.reverse.block_stage does); its parts of the sums added to `sums`. Returns the
-    original's gradient at its hidden input."""
-    stack, _ = model.stack_of(layer)
-    names = model.block_names(layer)
-    table_name = model.table(layer)
-    tensor_names = block_tensor_names(model, layer)
-    hidden = run.block_inputs[layer]
-    encoder_out = run.encoder_out if stack == "decoder" else None
-    original = {tensor_names[k]: run.records[tensor_names[k]] for k in ("hidden", "attn", "cross")
-                if k in tensor_names}
+class StackBlock:
+    """An encoder-decoder block's stage for stream.reverse.block_stage: besides a one-stack block's (BlockStage), its
+    stack's position table read and moved with its weights, a decoder block's encoder output as a second input, and
+    each run's parts of the sums (the table's gradient, a decoder block's at the encoder's output) added to `sums`."""
 
-    def keep(name: str, tensor: torch.Tensor) -> None:
-        if trace_names.is_grad(name):  # the forward's are the original run's records already
-            original[name] = tensor
-            run.scales.add(name, tensor)
+    def __init__(self, model: EncoderDecoderModel, layer: int, run: EncoderDecoderRun, sums: Sums):
+        self.names = names = block_tensor_names(model, layer)
+        self.model, self.layer, self.sums, self.grad_in = model, layer, sums, names["grad_in"]
+        self.stack, self.hidden = model.stack_of(layer)[0], run.block_inputs[layer]
+        self.encoder_out = run.encoder_out if self.stack == "decoder" else None
+        self.records = {names[k]: run.records[names[k]] for k in ("hidden", "attn", "cross") if k in names}
+        self.table = model.table(layer)
+        self.weight_names = [*model.block_names(layer), self.table]
 
-    if backward:
-        weights, table = model.stage_weights(layer)
-        sums.add(None, _run_stage(model, layer, weights, table, hidden, encoder_out, grad_out, original_kwargs,
-                                  True, keep))
-    grad_in = original.get(tensor_names["grad_in"])
-    claims = model.claims
+    def tensors(self, backward: bool) -> list[str]:
+        return stage_tensors(self.model, self.layer, backward)
 
-    def transformed(element: Element | None, dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """The block's weights and its stack's table moved by `element`'s scramble (None: as stored), in `dtype`."""
-        def one(n: str) -> torch.Tensor:
-            stored = model.reader.read(n, model.dtype)
-            return (stored if element is None else transform_param(stored, claims[n], element.scramble)).to(dtype)
-        return {n: one(n) for n in names}, one(table_name)
+    def add(self, owner: str | None, parts: dict) -> None:
+        self.sums.add(owner, parts)
 
-    for label, element in elements.items():
-        sums.add(label, _run_stage(model, layer, *transformed(element, model.dtype), hidden, encoder_out, grad_out,
-                                   element.layer_kwargs[layer], backward,
-                                   lambda name, tensor, tally=element.tally: tally.add(name, original[name], tensor),
-                                   element))
-    if allowance is None:
-        return grad_in
-
-    def run_once(on: EncoderDecoderModel, transform: Element | None, dtype: torch.dtype, element: Element | None,
-                 kwargs: dict, found) -> None:  # its parts of the sums are not measured (the module docstring)
-        _run_stage(on, layer, *transformed(transform, dtype), cast(hidden, dtype), cast(encoder_out, dtype),
-                   cast(grad_out, dtype), kwargs, backward, found, element)
-
-    measure_roundoff(allowance, layer, elements, original, run.scales, stage_tensors(model, layer, backward), run_once)
-    return grad_in
+    def run(self, on: EncoderDecoderModel, weights: dict[str, torch.Tensor], dtype: torch.dtype,
+            grad_out: torch.Tensor | None, kwargs: dict, backward: bool, found, element: Element | None) -> dict:
+        """stream.reverse.BlockStage.run, with the table among `weights` and a decoder block's encoder output as a
+        second input. Returns, backward, its parts of the sums: the table's gradient and a decoder block's gradient
+        at the encoder's output."""
+        layer, names, axes = self.layer, self.names, hidden_axes(self.stack)
+        moved, restored = frames(element)
+        table = as_leaf(weights.pop(self.table), backward)
+        leaves = {n: as_leaf(w, backward) for n, w in weights.items()}
+        weights.clear()  # the leaves are the only copy
+        with handed_over(leaves, on.claims, found, restored, backward):
+            inputs = as_leaf(moved(cast(self.hidden, dtype), axes), backward)
+            encoder = None if self.encoder_out is None else as_leaf(moved(cast(self.encoder_out, dtype), TOKEN_RESID),
+                                                                    backward)
+            out, attention, cross = on.block(layer, leaves, inputs, kwargs, table, encoder)
+            found(names["hidden"], restored(out, axes))
+            found(names["attn"], restored(attention, attention_axes(layer, self.stack), layer))
+            if cross is not None:
+                found(names["cross"], restored(cross, cross_axes(layer), layer))
+            if not backward:
+                return {}
+            extra = [table] + ([encoder] if encoder is not None else [])
+            torch.autograd.backward(out, moved(cast(grad_out, dtype), axes), inputs=[inputs, *extra, *leaves.values()])
+            found(names["grad_in"], restored(inputs.grad, axes))
+            claim = on.claims[self.table]
+            parts = {trace_names.param_grad(self.table): restored(table.grad, claim.rule.axes, claim.layer)}
+            if encoder is not None:
+                parts[trace_names.grad(trace_names.hidden(on.n_encoder - 1))] = restored(encoder.grad, TOKEN_RESID)
+            return parts
 
 
 def embedding_stage(model: EncoderDecoderModel, run: EncoderDecoderRun, elements: dict[str, Element],
@@ -209,11 +165,9 @@ def embedding_stage(model: EncoderDecoderModel, run: EncoderDecoderRun, elements
 class TwoStacks:
     """An encoder-decoder's stages for stream.check's one driver: the decoder's blocks walked back first, the sums
     several stages add to compared once complete (the decoder's table and the encoder's output gradient where the
-    walk leaves the decoder, the encoder's table before the embedding), then the encoder's; a symmetry the
-    architecture lacks measured by its element's break (measure_break)."""
+    walk leaves the decoder, the encoder's table before the embedding), then the encoder's."""
 
     model_class = EncoderDecoderModel
-    measures_lacking = True
     stage_tensors = staticmethod(stage_tensors)
     forward_pass = staticmethod(forward_pass)
     note_places = ("the blocks' own tensors", "the embedding, the head or in a sum over blocks")
@@ -226,9 +180,6 @@ class TwoStacks:
     def largest(self) -> int:
         m = self.model
         return max(m.bytes_of([*m.block_names(layer), m.table(layer)]) for layer in range(m.n_layers))
-
-    def measure_break(self, inputs: dict, scramble: Scramble, run: EncoderDecoderRun) -> float:
-        return measure_break(self.model, inputs, scramble, run)
 
     def refuse(self, scrambles: dict[str, Scramble]) -> None:
         if any(scramble.tokens is not None for scramble in scrambles.values()):  # the decoder's tokens never move:
@@ -243,7 +194,7 @@ class TwoStacks:
         if layer == m.n_encoder - 1:  # the decoder is done: its sums are complete
             self.sums.compare(trace_names.param_grad(m.tables["decoder"]))
             grad = self.sums.compare(trace_names.grad(trace_names.hidden(layer)))
-        grad = block_stage(m, layer, run, elements, backward, grad, kwargs, self.sums, allowance)
+        grad = block_stage(StackBlock(m, layer, run, self.sums), run, elements, backward, grad, kwargs, allowance)
         if layer == m.n_encoder:  # the decoder's first block: its input gradient is the decoder embedding's
             self.decoder_grad, grad = grad, None
         return grad

@@ -24,7 +24,8 @@ from perm_core.stream.layout import StreamedModel
 from perm_core.stream.memory import StagePeaks, reset_peak, resident_bytes
 from perm_core.stream.report import StreamedReport, control_result, movement, oracle
 from perm_core.verify.check import SymmetryPlan, plan_symmetries, summarize
-from perm_core.verify.tolerances import TOLERANCE
+from perm_core.verify.results import NotSymmetry
+from perm_core.verify.tolerances import TOLERANCE, judged, worst_rel
 
 
 def opened(model_class: type[StreamedModel], directory, inputs: dict, dtype: torch.dtype
@@ -41,30 +42,14 @@ def opened(model_class: type[StreamedModel], directory, inputs: dict, dtype: tor
 
 
 @dataclass
-class Plan:
-    """What a streamed check judges, settled before any stage runs (plan_check)."""
+class Plan(SymmetryPlan):
+    """What a streamed check judges, settled before any stage runs (plan_check): the whole-model check's plan of the
+    symmetries (verify.check.plan_symmetries), with its report, judge, keys and the input's tokens."""
 
     report: StreamedReport
     judge: SimpleNamespace  # verify.check.summarize's subject: tolerance, dtype, movable tokens, places
     key_of: dict[str, int]
-    symmetry_plan: SymmetryPlan  # what is checked stage by stage, and what is lacked (verify.check.plan_symmetries)
     count: int  # the input's tokens
-
-    @property
-    def names(self) -> list[str]:
-        return self.symmetry_plan.names
-
-    @property
-    def steps(self) -> list[str]:
-        return self.symmetry_plan.steps
-
-    @property
-    def controls(self) -> dict[str, list[Control]]:
-        return self.symmetry_plan.controls
-
-    @property
-    def missing(self) -> dict[str, str]:
-        return self.symmetry_plan.missing
 
     def scrambles(self, geometry) -> dict[str, Scramble]:
         """Each step's element: its symmetries' keys, built on the input's tokens."""
@@ -74,28 +59,39 @@ class Plan:
 
     def original_run(self, model: StreamedModel, inputs: dict, chunks: list[tuple[int, int]], forward_pass,
                      stages: StagePeaks, progress=None):
-        """The path's forward_pass (the original run, every control riding along, the stock forward beside it) and
-        the oracle into the report, each ending its stage. Returns the run and the ControlRuns."""
-        run, control_runs = forward_pass(model, inputs, [c for found in self.controls.values() for c in found],
-                                         head_chunks=chunks, progress=progress)
+        """The path's forward_pass (the original run, every control and every lacking symmetry's element riding
+        along, the stock forward beside it), the lacking symmetries' measured breaks and the oracle into the report,
+        each ending its stage. Returns the run and the ControlRuns (the lacking symmetries' among them)."""
+        g = model.geometry
+        lacking = [Control(name, "lacking", reason, lambda name=name: symmetries.build_many(
+            {name: self.key_of[name]}, g, self.count)) for name, reason in self.missing.items()]
+        run, runs = forward_pass(model, inputs, [c for found in self.controls.values() for c in found],
+                                 head_chunks=chunks, progress=progress, lacking=lacking)
         stages.end("original run and controls")
+        scales = run.scales.final({}, model.dtype)  # forward tensors only: none is judged against a floor
+        for r in (r for r in runs if r.own):  # verify.controls.measure_break's figure, on the streamed records
+            amount = worst_rel(judged(r.tally.differences(scales), model.dtype, {}))
+            self.report.not_symmetries.append(NotSymmetry(r.control.symmetry, r.control.description, amount))
         self.report.oracle = oracle(model, inputs, run, chunks, forward_pass)
         stages.end("oracle")
-        return run, control_runs
+        return run, runs
 
     def verdicts(self, model: StreamedModel, elements: dict, allowance: Allowances, control_runs: list[ControlRun],
-                 scales: dict, floor_reasons: dict[str, str], backward: bool) -> None:
+                 scales: dict, floor_reasons: dict[str, str], backward: bool, explain) -> None:
         """Each step's verdicts into the report, forward and (with `backward`) backward apart, from its element's
-        tally judged with the stages' allowances, then its symmetry's controls; the allowances used with them."""
+        tally judged with the stages' allowances, then its symmetry's controls, an unbroken one explained where it
+        can be (explain(run, result): stream.report.explained); the allowances used with them."""
         report = self.report
-        by_symmetry = {name: [r for r in control_runs if r.control.symmetry == name] for name in self.names}
+        by_symmetry = {name: [r for r in control_runs if r.control.symmetry == name and not r.own]
+                       for name in self.names}
         for name in self.steps:
             errors = allowance.judged(name, elements[name].tally.differences(scales))
             moved, what = movement(model, elements[name].scramble, self.judge.movable_tokens)
             for direction in ("forward", "backward") if backward else ("forward",):
                 mine = [e for e in errors if trace_names.is_grad(e.name) == (direction == "backward")]
                 report.checks.append(summarize(self.judge, name, direction, mine, moved, what))
-            report.controls.extend(control_result(r, scales, floor_reasons) for r in by_symmetry.get(name, []))
+            report.controls.extend(explain(r, control_result(r, scales, floor_reasons, model.dtype))
+                                   for r in by_symmetry.get(name, []))
         report.allowances = allowance.used
 
 
@@ -110,4 +106,4 @@ def plan_check(model: StreamedModel, directory, inputs: dict, names: list[str], 
     report = StreamedReport(model_name or str(directory), model.family.name, str(dtype).split(".")[-1],
                             {name: key_of[name] for name in names})
     plan = plan_symmetries(report, judge, g, count, names, key_of, backward, include_combined)
-    return Plan(report, judge, key_of, plan, count)
+    return Plan(**vars(plan), report=report, judge=judge, key_of=key_of, count=count)

@@ -1,10 +1,12 @@
 """The report of a streamed check and what every streamed path (one stack, stream.check; an encoder-decoder,
 stream.encoder_decoder_check) builds it from: the verdicts of verify.check, with the proof the streamed check
-rests on, its memory and its round-off allowances; a control's result; how far an element moves what it acts on.
+rests on, its memory and its round-off allowances.
 
-The rules both paths share are written here once: the notes on round-off allowances, the tensors judged against a
-floor (floor_reasons) and the oracle, each told what differs (the path's forward pass, the tensors a block's stage
-compares, where its round-off is not measured). What a check plans and its verdicts: stream.plan.
+Each rule is the whole-model check's own function, given what a streamed check holds: a control's amount
+(tolerances.worst_rel) and why an unbroken one is not informative (verify.controls.explained_unbroken, on the
+checkpoint's tensors read from the shards), how far an element moves what it acts on (verify.subject.element_movement),
+the tensors judged against a floor (verify.subject.key_bias_floors) and the oracle (verify.oracle.judged). Written
+here: the notes on where round-off allowances were measured. What a check plans and its verdicts: stream.plan.
 """
 
 from __future__ import annotations
@@ -15,16 +17,17 @@ from dataclasses import dataclass, field
 import torch
 
 from perm_core.engine.spec import Scramble, transform_param
-from perm_core.run import trace_names
 from perm_core.stream.allowance import Allowances
 from perm_core.stream.forward import ControlRun
 from perm_core.stream.layout import StreamedModel
 from perm_core.stream.memory import MemoryBound
+from perm_core.stream.shards import ReplacedReader
+from perm_core.verify.controls import explained_unbroken
 from perm_core.verify.oracle import OracleResult
 from perm_core.verify.oracle import judged as judged_by_oracle
 from perm_core.verify.results import ControlResult, Report
-from perm_core.verify.subject import KEY_BIAS_REASON, element_movement, weights_moved
-from perm_core.verify.tolerances import TOLERANCE
+from perm_core.verify.subject import OnDemand, element_movement, key_bias_floors, weights_moved
+from perm_core.verify.tolerances import TOLERANCE, judged, worst_rel
 
 PROOF = ("each stage (the embedding, every block, the head) was checked on the original run's own input there, "
          "and backward on the original's gradient at its output, both transformed as the element says: each stage "
@@ -49,14 +52,28 @@ class StreamedReport(Report):
         return {**super().to_json(), "streamed": streamed}
 
 
-def control_result(r: ControlRun, scales: dict, floor_reasons: dict) -> ControlResult:
+def control_result(r: ControlRun, scales: dict, floor_reasons: dict, dtype: torch.dtype) -> ControlResult:
+    """A control's result by the whole-model check's rule (its worst relative error, tolerances.worst_rel); broken
+    where the stage it broke at was found (stream.forward.ControlRun.judge)."""
     c = r.control
-    amount = r.tally.worst_relative(scales, floor_reasons)
+    amount = worst_rel(judged(r.tally.differences(scales), dtype, floor_reasons))
     if r.broken_at:
         return ControlResult(c.symmetry, c.name, c.description, True, amount,
                              f"{r.broken_at} (on the original's input there; streamed)")
-    return ControlResult(c.symmetry, c.name, c.description, False, amount,
-                         note="streamed: an unbroken control is not tested for being uninformative here")
+    return ControlResult(c.symmetry, c.name, c.description, False, amount)
+
+
+def explained(model: StreamedModel, inputs: dict, r: ControlRun, result: ControlResult, chunks: list[tuple[int, int]],
+              forward_pass, floor_reasons: dict) -> ControlResult:
+    """verify.controls.explained_unbroken, streamed: the checkpoint's tensors scanned from the shards, and the
+    control rerun by the path's `forward_pass` on the same reader with the uniform ones randomized."""
+    stored = OnDemand(model.claims, lambda name: model.reader.read(name, model.dtype))
+    def rerun(replaced: dict[str, torch.Tensor]) -> ControlResult:
+        varied = type(model)(model.reader.directory, model.dtype, ReplacedReader(model.reader, replaced))
+        original, [again] = forward_pass(varied, inputs, [r.control], stock=False, head_chunks=chunks)
+        return control_result(again, original.scales.final(floor_reasons, model.dtype), floor_reasons, model.dtype)
+    tolerance = TOLERANCE.get(model.dtype, TOLERANCE[torch.float32])
+    return explained_unbroken(r.control, result, tolerance, stored, model.claims, rerun)
 
 
 def movement(model: StreamedModel, scramble: Scramble, movable_tokens: int) -> tuple[float, str]:
@@ -71,10 +88,8 @@ def movement(model: StreamedModel, scramble: Scramble, movable_tokens: int) -> t
 
 
 def floor_reasons(model: StreamedModel) -> dict[str, str]:
-    """The gradients judged against a floor, and why (verify.subject.KEY_BIAS_REASON): a key bias's, zero in exact
-    arithmetic where no rotary embedding turns the keys, so only round-off is left to compare."""
-    return {trace_names.param_grad(n): KEY_BIAS_REASON for n, c in model.claims.items()
-            if c.rule.tag == "attn.k" and len(model.reader.entries[n].shape) == 1 and not model.geometry.rope}
+    """verify.subject.key_bias_floors, each parameter's shape read from the shards' headers."""
+    return key_bias_floors(model.claims, lambda name: len(model.reader.entries[name].shape), model.geometry)
 
 
 def allowance_notes(allowance: Allowances, model: StreamedModel, report: StreamedReport,

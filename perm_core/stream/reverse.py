@@ -12,12 +12,14 @@ parameter's gradient compared as backward makes it and dropped (as verify.check.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from perm_core.engine.spec import PIXELS, Scramble, apply_axes, transform_param
 from perm_core.engine.tokens import model_inputs
 from perm_core.run import trace_names
-from perm_core.run.trace import TOKEN_RESID, invariant_loss
+from perm_core.run.trace import TOKEN_RESID, handing_over_grads, invariant_loss
 from perm_core.stream.allowance import Allowances
 from perm_core.stream.forward import OriginalRun, attention_axes
 from perm_core.stream.layout import StreamedModel
@@ -149,78 +151,92 @@ def block_stage_tensors(model: StreamedModel, layer: int, backward: bool = True)
             *(trace_names.param_grad(n) for n in model.block_names(layer) if backward)]
 
 
-def _run_block(model: StreamedModel, layer: int, weights: dict[str, torch.Tensor], hidden: torch.Tensor,
-               grad_out: torch.Tensor | None, kwargs: dict, backward: bool, found, element: Element | None = None):
-    """One run of block `layer` with `weights` on `hidden` (and backward, `grad_out` at its output), moved by
-    `element` if one is given: each of its tensors, restored to the original's frame, is handed to
-    found(name, tensor) as it is made, a parameter's gradient as backward makes it (then dropped)."""
-    out_name, attn_name, in_name = _block_tensor_names(model, layer)
-    moved = element.moved if element is not None else lambda t, axes, layer=None: t
-    restored = element.restored if element is not None else lambda t, axes, layer=None: t.detach()
-    leaves = {n: as_leaf(w, backward) for n, w in weights.items()}
-    weights.clear()  # the leaves are the only copy
-    handles = [w.register_post_accumulate_grad_hook(gradient_hook(found, n, model.claims[n], restored))
-               for n, w in leaves.items()] if backward else []
-    try:
-        inputs = as_leaf(moved(hidden, TOKEN_RESID), backward)
-        out, attention = model.block(layer, leaves, inputs, kwargs)
-        found(out_name, restored(out, TOKEN_RESID))
-        found(attn_name, restored(attention, attention_axes(layer), layer))
-        if backward:
-            torch.autograd.backward(out, moved(grad_out, TOKEN_RESID), inputs=[inputs, *leaves.values()])
-            found(in_name, restored(inputs.grad, TOKEN_RESID))
-    finally:
-        for handle in handles:
-            handle.remove()
+def handed_over(leaves: dict[str, torch.Tensor], claims, found, restored, backward: bool):
+    """run.trace.handing_over_grads for a stage (with `backward`): each parameter's gradient, un-scrambled by
+    `restored`, handed to found("grad.param.NAME", ...) as backward fills it."""
+    if not backward:
+        return contextlib.nullcontext()
+    return handing_over_grads(leaves, claims, lambda name, record: found(
+        trace_names.param_grad(name), restored(record.tensor, record.axes, record.layer)))
 
 
-def gradient_hook(found, name: str, claim, restored):
-    """A hook for a parameter leaf: hands its gradient, un-scrambled by `restored`, to found("grad.param.NAME", ...)
-    as backward fills it, and drops it from the leaf."""
-    def hook(leaf: torch.Tensor) -> None:
-        grad, leaf.grad = leaf.grad, None
-        found(trace_names.param_grad(name), restored(grad, claim.rule.axes, claim.layer))
-    return hook
+class BlockStage:
+    """A one-stack block's stage for block_stage: the tensors it compares (the original's forward ones recorded by
+    the original run), the weights it reads and one run of it (an encoder-decoder's: encoder_decoder_check)."""
+
+    def __init__(self, model: StreamedModel, layer: int, run: OriginalRun):
+        self.model, self.layer, self.hidden = model, layer, run.block_inputs[layer]
+        self.out, self.attn, self.grad_in = _block_tensor_names(model, layer)
+        self.records = {self.out: run.records[self.out], self.attn: run.records[self.attn]}
+        self.weight_names = model.block_names(layer)
+
+    def tensors(self, backward: bool) -> list[str]:
+        return block_stage_tensors(self.model, self.layer, backward)
+
+    def add(self, owner: str | None, parts: dict) -> None:
+        """Nothing is summed over several stages: each stage's gradients are complete when it ends."""
+
+    def run(self, on: StreamedModel, weights: dict[str, torch.Tensor], dtype: torch.dtype,
+            grad_out: torch.Tensor | None, kwargs: dict, backward: bool, found, element: Element | None) -> dict:
+        """One run of the block on `on` (the checked model or its twin in the other dtype) with `weights`, on the
+        original's input and output gradient in `dtype`, moved by `element` if one is given: each of its tensors,
+        restored to the original's frame, handed to found(name, tensor) as it is made, a parameter's gradient as
+        backward makes it (then dropped)."""
+        moved, restored = frames(element)
+        leaves = {n: as_leaf(w, backward) for n, w in weights.items()}
+        weights.clear()  # the leaves are the only copy
+        with handed_over(leaves, on.claims, found, restored, backward):
+            inputs = as_leaf(moved(cast(self.hidden, dtype), TOKEN_RESID), backward)
+            out, attention = on.block(self.layer, leaves, inputs, kwargs)
+            found(self.out, restored(out, TOKEN_RESID))
+            found(self.attn, restored(attention, attention_axes(self.layer), self.layer))
+            if backward:
+                torch.autograd.backward(out, moved(cast(grad_out, dtype), TOKEN_RESID),
+                                        inputs=[inputs, *leaves.values()])
+                found(self.grad_in, restored(inputs.grad, TOKEN_RESID))
+        return {}
 
 
-def block_stage(model: StreamedModel, layer: int, run: OriginalRun, elements: dict[str, Element], backward: bool,
-                grad_out: torch.Tensor | None, original_kwargs: dict,
-                allowance: Allowances | None = None) -> torch.Tensor | None:
-    """Compare block `layer` under every element (`original_kwargs`: what the original block is given besides its
-    input), with the stage's round-off allowance measured where a tensor needs it (`allowance`); returns the
-    original's gradient at its input."""
-    names = model.block_names(layer)
-    hidden = run.block_inputs[layer]
-    out_name, attn_name, in_name = _block_tensor_names(model, layer)
-    original = {out_name: run.records[out_name], attn_name: run.records[attn_name]}
+def frames(element: Element | None):
+    """(moved, restored): a stage's inputs into `element`'s frame and its tensors back (None: as they are)."""
+    if element is None:
+        return (lambda t, axes, layer=None: t), (lambda t, axes, layer=None: t.detach())
+    return element.moved, element.restored
+
+
+def block_stage(stage, run: OriginalRun, elements: dict[str, Element], backward: bool, grad_out: torch.Tensor | None,
+                original_kwargs: dict, allowance: Allowances | None = None) -> torch.Tensor | None:
+    """Compare a block's `stage` (BlockStage, or an encoder-decoder's) under every element, the same steps for
+    every layout: the original block run backward once on the original's input and output gradient (its forward
+    tensors are the original run's records), then each element's transformed block on them, moved, its tensors
+    un-scrambled and compared; the stage's round-off allowance measured where a tensor needs it (`allowance`); each
+    run's parts of sums over several stages handed to stage.add. `original_kwargs`: what the original block is given
+    besides its input. Returns the original's gradient at its input."""
+    model, layer = stage.model, stage.layer
+    original = dict(stage.records)
 
     def keep(name: str, tensor: torch.Tensor) -> None:
         if trace_names.is_grad(name):  # the forward's are the original run's records already
             original[name] = tensor
             run.scales.add(name, tensor)
 
-    if backward:
-        _run_block(model, layer, model.read(names), hidden, grad_out, original_kwargs, True, keep)
-    grad_in = original.get(in_name)
-
     def transformed(element: Element | None, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-        """The block's weights moved by `element`'s scramble (None: as stored), in `dtype`."""
+        """The stage's weights moved by `element`'s scramble (None: as stored), in `dtype`."""
         return {n: (w if element is None else transform_param(w, model.claims[n], element.scramble)).to(dtype)
-                for n, w in ((n, model.reader.read(n, model.dtype)) for n in names)}
-
-    for element in elements.values():
-        _run_block(model, layer, transformed(element, model.dtype), hidden, grad_out, element.layer_kwargs[layer],
-                   backward, lambda name, tensor, tally=element.tally: tally.add(name, original[name], tensor), element)
-    if allowance is None:
-        return grad_in
+                for n, w in ((n, model.reader.read(n, model.dtype)) for n in stage.weight_names)}
 
     def run_once(on: StreamedModel, transform: Element | None, dtype: torch.dtype, element: Element | None,
-                 kwargs: dict, found) -> None:
-        _run_block(on, layer, transformed(transform, dtype), cast(hidden, dtype), cast(grad_out, dtype), kwargs,
-                   backward, found, element)
+                 kwargs: dict, found) -> dict:
+        return stage.run(on, transformed(transform, dtype), dtype, grad_out, kwargs, backward, found, element)
 
-    measure_roundoff(allowance, layer, elements, original, run.scales, block_stage_tensors(model, layer, backward),
-                     run_once)
+    if backward:
+        stage.add(None, run_once(model, None, model.dtype, None, original_kwargs, keep))
+    grad_in = original.get(stage.grad_in)
+    for label, element in elements.items():
+        stage.add(label, run_once(model, element, model.dtype, element, element.layer_kwargs[layer],
+                                  lambda name, tensor, tally=element.tally: tally.add(name, original[name], tensor)))
+    if allowance is not None:  # the parts of sums a rerun gives are not measured (encoder_decoder_check)
+        measure_roundoff(allowance, layer, elements, original, run.scales, stage.tensors(backward), run_once)
     return grad_in
 
 

@@ -153,6 +153,28 @@ class ShardReader:
             _read_at(handle, offset, tensor, entry.file)
 
 
+class ReplacedReader:
+    """A checkpoint's reader with some tensors given other values (`replaced`, by name, whole; the rest read from
+    the shards): a control's rerun on a copy with some tensors randomized (verify.controls.explained_unbroken)."""
+
+    def __init__(self, reader: ShardReader, replaced: dict[str, torch.Tensor]):
+        self._reader, self.replaced = reader, replaced
+
+    def __getattr__(self, name: str):
+        return getattr(self._reader, name)
+
+    def read(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+        return _cast(self.replaced[name].clone(), dtype) if name in self.replaced else self._reader.read(name, dtype)
+
+    def rows(self, name: str, indices: list[int], dtype: torch.dtype | None = None) -> torch.Tensor:
+        return _cast(self.replaced[name][indices], dtype) if name in self.replaced else self._reader.rows(
+            name, indices, dtype)
+
+    def row_range(self, name: str, start: int, stop: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+        return _cast(self.replaced[name][start:stop].clone(), dtype) if name in self.replaced else (
+            self._reader.row_range(name, start, stop, dtype))
+
+
 def _read_at(handle, offset: int, tensor: torch.Tensor, file: str) -> None:
     """Fill a contiguous tensor with the bytes at `offset` of an open file."""
     if not tensor.numel():

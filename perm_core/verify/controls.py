@@ -18,7 +18,13 @@ from perm_core.run.trace import Record
 from perm_core.run.vocabulary import cut_to_rows_read
 from perm_core.verify.results import ControlResult, VacuousCheckError
 from perm_core.verify.subject import Subject, inverse_of_spaces
-from perm_core.verify.tolerances import BROKEN_AT, largest_magnitude, relative_differences, tensor_errors, worst_rel
+from perm_core.verify.tolerances import (
+    BROKEN_AT,
+    largest_magnitude,
+    relative_differences,
+    tensor_errors,
+    worst_rel,
+)
 
 
 def run_control(subject: Subject, control: symmetries.Control, original: dict[str, Record]) -> ControlResult:
@@ -45,32 +51,44 @@ def uniform_tensors(params: Mapping[str, torch.Tensor]) -> list[str]:
 
 
 def randomized(params: Mapping[str, torch.Tensor], names: list[str], seed: int = 0) -> dict[str, torch.Tensor]:
-    """A copy of `params` with each named tensor given distinct values around its own (or around 1 if it is 0)."""
+    """The named tensors of `params` (which may read each one when asked), each given distinct values around its
+    own (or around 1 if it is 0): a copy's replacements."""
     generator = torch.Generator().manual_seed(seed)
-    copied = dict(params)
+    found = {}
     for name in names:
         p = params[name].detach()
         level = p.reshape(-1)[0].abs().item() or 1.0
         noise = torch.randn(p.shape, generator=generator, dtype=torch.float64).to(p.device, p.dtype)
-        copied[name] = p + 0.5 * level * noise
-    return copied
+        found[name] = p + 0.5 * level * noise
+    return found
 
 
 def explain_unbroken(subject: Subject, control: symmetries.Control, result: ControlResult) -> ControlResult:
+    """explained_unbroken on a whole model: the randomized copy is the same model with those tensors replaced."""
+    def rerun(replaced: dict[str, torch.Tensor]) -> ControlResult:
+        varied = subject.with_params({**subject.params, **replaced})
+        return run_control(varied, control, varied.trace())
+    return explained_unbroken(control, result, subject.tolerance, subject.params, subject.claims, rerun)
+
+
+def explained_unbroken(control: symmetries.Control, result: ControlResult, tolerance: float,
+                       params: Mapping[str, torch.Tensor], claims: dict, rerun) -> ControlResult:
     """A control that did not break is not informative (and does not fail the report) only when this checkpoint
-    cannot tell it from the symmetry, shown, not assumed: its error here is round-off, some tensors are uniform,
-    and on a copy with exactly those tensors randomized the same control breaks. Otherwise it stays NOT BROKEN."""
-    if result.broken or not result.max_rel_error <= subject.tolerance:
+    cannot tell it from the symmetry, shown, not assumed: its error here is round-off (within `tolerance`), some of
+    `params` are uniform, and on a copy with exactly those tensors randomized the same control breaks
+    (rerun(replaced): the control's result on the checkpoint with the tensors in `replaced` instead; the whole-model
+    and the streamed check each run it their way). Otherwise it stays NOT BROKEN. `params` may read each tensor when
+    asked: they are scanned only for a control that needs it."""
+    if result.broken or not result.max_rel_error <= tolerance:
         return result  # a broken control, or one broken by more than round-off: nothing to explain
     skipped = control.scramble.skip_tags | {"norm"}  # what a control leaves out is named first
-    uniform = sorted(uniform_tensors(subject.params), key=lambda n: subject.claims[n].rule.tag not in skipped)
+    uniform = sorted(uniform_tensors(params), key=lambda n: claims[n].rule.tag not in skipped)
     if not uniform:
         return result
-    varied = subject.with_params(randomized(subject.params, uniform))
-    elsewhere = run_control(varied, control, varied.trace())
+    elsewhere = rerun(randomized(params, uniform))
     if not elsewhere.broken:
         return result
-    example = subject.params[uniform[0]].reshape(-1)[0].item()
+    example = params[uniform[0]].reshape(-1)[0].item()
     note = (f"not informative on this checkpoint: {len(uniform)} tensor(s) are uniform here ({uniform[0]} is "
             f"{example:g} everywhere), so the control's element is itself a symmetry (error "
             f"{result.max_rel_error:.1e}); with those tensors randomized it breaks by {elsewhere.max_rel_error:.1e}")

@@ -55,9 +55,7 @@ class Subject:
         self.inputs = inputs
         self.dtype = next(iter(self.params.values())).dtype
         self.n_tokens = n_tokens(inputs, self.geometry) if inputs else None
-        self.floor_reasons = {trace_names.param_grad(name): KEY_BIAS_REASON for name, claim in self.claims.items()
-                              if claim.rule.tag == "attn.k" and self.params[name].dim() == 1
-                              and not self.geometry.rope}
+        self.floor_reasons = key_bias_floors(self.claims, lambda name: self.params[name].dim(), self.geometry)
         self._roundoff: dict[int, tuple] = {}
         self._early_originals: dict[str, torch.Tensor] = {}
         self._scales_of: dict[tuple, tuple] = {}
@@ -214,6 +212,14 @@ class Subject:
         return most_moved(moved)
 
 
+def key_bias_floors(claims: dict[str, Claim], ndim, geometry: Geometry) -> dict[str, str]:
+    """The gradients judged against a floor, and why (KEY_BIAS_REASON): a key bias's (ndim(name): a parameter's
+    number of axes), zero in exact arithmetic where no rotary embedding turns the keys, so that only round-off is
+    left to compare. The whole-model and the streamed check both take theirs from here."""
+    return {} if geometry.rope else {trace_names.param_grad(name): KEY_BIAS_REASON for name, claim in claims.items()
+                                     if claim.rule.tag == "attn.k" and ndim(name) == 1}
+
+
 def weights_moved(pairs: Iterable[tuple[str, torch.Tensor, torch.Tensor]], enough: float = MOVED_AT
                   ) -> dict[str, float]:
     """'weight NAME' -> the relative change (own scale) of each (name, before, after) in the order given (smallest
@@ -251,25 +257,33 @@ def most_moved(moved: dict[str, float]) -> tuple[float, str]:
     return moved[what], what
 
 
-class TransformedOnDemand(Mapping):
-    """The scrambled parameter dict, each tensor built when it is asked for (the same tensor transform_params
-    gives): a check does not keep a model-sized set alive through its comparisons for the few weights it may
-    ask for."""
+class OnDemand(Mapping):
+    """A dict of tensors under `names` (a collection), each made by get(name) when it is asked for and not kept: a
+    check does not hold a model-sized set alive for the few tensors it looks at."""
 
-    def __init__(self, subject: Subject, scramble: Scramble):
-        self._subject, self._scramble = subject, scramble
+    def __init__(self, names, get):
+        self._names, self._get = names, get
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        return transform_param(self._subject.params[name], self._subject.claims[name], self._scramble)
+        return self._get(name)
 
-    def __contains__(self, name) -> bool:  # Mapping's own would build the tensor to answer
-        return name in self._subject.params
+    def __contains__(self, name) -> bool:  # Mapping's own would make the tensor to answer
+        return name in self._names
 
     def __iter__(self):
-        return iter(self._subject.params)
+        return iter(self._names)
 
     def __len__(self) -> int:
-        return len(self._subject.params)
+        return len(self._names)
+
+
+class TransformedOnDemand(OnDemand):
+    """The scrambled parameter dict, each tensor built when it is asked for (the same tensor transform_params
+    gives)."""
+
+    def __init__(self, subject: Subject, scramble: Scramble):
+        super().__init__(subject.params, lambda name: transform_param(subject.params[name], subject.claims[name],
+                                                                      scramble))
 
 
 class Unscrambled(Mapping):

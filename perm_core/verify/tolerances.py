@@ -3,7 +3,7 @@ let a NaN or an infinity pass.
 
 The rules, written once for the checks, the controls, Explore, Backward, Rotation and Fusion:
 * A tensor's relative error is max |a - b| / max |b|, on the tensor's *own* scale.
-* A tensor that is zero in exact arithmetic (named in `Subject.floor_reasons`, verify/check.py: the gradient
+* A tensor that is zero in exact arithmetic (named by verify.subject.key_bias_floors: the gradient
   of a key bias: softmax ignores a shift shared by a whole row) holds only round-off, so it is judged
   against FLOOR x the largest tensor of its kind instead; the report lists every such tensor and why.
 * A non-finite value in either tensor, or a non-finite error, is an error of +inf: it fails every
@@ -104,13 +104,18 @@ def kind_of(name: str) -> str:
 
 def scales(tensors: dict[str, torch.Tensor], floor_reasons: dict[str, str], dtype: torch.dtype) -> dict:
     """Each tensor's reference scale: its own largest |value|, or for exact zeros the kind floor."""
-    own = {n: largest_magnitude(t) for n, t in tensors.items()}
+    return floored({n: largest_magnitude(t) for n, t in tensors.items()}, floor_reasons, dtype)
+
+
+def floored(own: dict[str, float], floor_reasons: dict[str, str], dtype: torch.dtype) -> dict[str, float]:
+    """Each tensor's own scale (its largest |value|: whole, or over every piece a streamed check saw), or for an
+    exact zero (`floor_reasons`) FLOOR x the largest finite scale of its kind."""
     largest = {}
     for name, value in own.items():
         if math.isfinite(value):
             largest[kind_of(name)] = max(largest.get(kind_of(name), 0.0), value)
     floor = FLOOR.get(dtype, FLOOR[torch.float32])
-    return {n: floor * largest.get(kind_of(n), 0.0) if n in floor_reasons else own[n] for n in tensors}
+    return {n: floor * largest.get(kind_of(n), 0.0) if n in floor_reasons else v for n, v in own.items()}
 
 
 def relative_differences(reference: dict[str, torch.Tensor], other: dict[str, torch.Tensor],
@@ -151,13 +156,16 @@ def relative_differences(reference: dict[str, torch.Tensor], other: dict[str, to
             continue
         # Taken in the tensors' own dtype: near-equal floats subtract exactly (Sterbenz), and one pass is
         # enough for finiteness too, since NaN propagates through max and inf - inf is NaN.
-        diff = differences[name]
-        if not (math.isfinite(diff) and math.isfinite(scale[name])):
-            found[name] = (math.inf, math.inf, False)
-            continue
-        rel = diff / scale[name] if scale[name] > 0 else (0.0 if diff == 0 else math.inf)
-        found[name] = (diff, rel, True)
+        found[name] = relative(differences[name], scale[name])
     return found
+
+
+def relative(diff: float, scale: float) -> tuple[float, float, bool]:
+    """(max |a - b|, relative difference, finite) of a tensor from its max |a - b| and its scale: (inf, inf, False)
+    where either is not finite; over a zero scale, any difference but zero is infinitely large."""
+    if not (math.isfinite(diff) and math.isfinite(scale)):
+        return math.inf, math.inf, False
+    return diff, diff / scale if scale > 0 else (0.0 if diff == 0 else math.inf), True
 
 
 def _in_one_call(reference: dict[str, torch.Tensor], other) -> dict[str, float]:

@@ -91,7 +91,7 @@ def test_a_control_hidden_only_by_uniform_tensors_is_not_informative_and_says_wh
     result = run_control(subject, control, subject.trace())
     explained = explain_unbroken(subject, control, result)
     uniform = controls_module.uniform_tensors(subject.params)
-    varied = subject.with_params(controls_module.randomized(subject.params, uniform))
+    varied = subject.with_params({**subject.params, **controls_module.randomized(subject.params, uniform)})
     elsewhere = run_control(varied, control, varied.trace()).max_rel_error
     assert not result.broken and result.max_rel_error <= subject.tolerance and elsewhere > BROKEN_AT
     assert (explained.broken, explained.max_rel_error, explained.informative) == (False, result.max_rel_error, False)
@@ -121,7 +121,7 @@ def test_without_uniform_tensors_an_unbroken_control_stays_not_broken(monkeypatc
     model, inputs = hf_init("vit")
     at_init = Subject(model, inputs)
     uniform = controls_module.uniform_tensors(at_init.params)
-    subject = at_init.with_params(controls_module.randomized(at_init.params, uniform))
+    subject = at_init.with_params({**at_init.params, **controls_module.randomized(at_init.params, uniform)})
     assert not controls_module.uniform_tensors(subject.params)
     runs = []
     monkeypatch.setattr(controls_module, "run_control", lambda *a: runs.append(a) or run_control(*a))

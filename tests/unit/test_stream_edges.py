@@ -18,6 +18,7 @@ from perm_core.stream.check import stream_check
 from perm_core.stream.layout import StreamedModel
 from perm_core.stream.report import oracle
 from perm_core.stream.tally import Scales, Tally
+from perm_core.verify.check import check
 from perm_core.verify.tolerances import BROKEN_AT, ROUNDOFF_CAP, ROUNDOFF_SAFETY, TOLERANCE
 from tests.unit.test_stream import plant, saved
 
@@ -252,3 +253,32 @@ def test_the_oracle_catches_a_traced_stage_bug_in_a_float64_family(family, monke
     assert not report.oracle.passed and not report.passed
     assert 1e-4 < report.oracle.max_rel_error < 1e-1 and report.oracle.tolerance < 1e-5
     assert not report.to_json()["oracle"]["passed"]
+
+
+def test_a_control_hidden_only_by_uniform_tensors_is_explained_as_the_whole_model_check_does(monkeypatch, tmp_path):
+    """At Hugging Face's init (norm gains ones, biases zeros) norms_not_permuted cannot bite: streamed, as whole, it
+    is not informative, shown by rerunning it on a copy with the uniform tensors randomized (read through the same
+    shards). The negative control in the same reports: a true symmetry planted as a control is not explained away
+    (its randomized copy does not break either), stays NOT BROKEN and fails both."""
+    from perm_core.engine import symmetries
+    from tests.unit.test_control_edges import hf_init
+
+    model, inputs = hf_init("vit")
+    model.save_pretrained(tmp_path / "vit", max_shard_size="40KB")
+    real = symmetries.controls
+    monkeypatch.setattr(symmetries, "controls", lambda name, key, g, n=None: real(name, key, g, n) + [
+        symmetries.Control(name, "true_element", "the symmetry itself", lambda: symmetries.build(name, key, g, n))])
+    whole = check(model, inputs, ["channels"], key=3)
+    streamed = stream_check(tmp_path / "vit", inputs, ["channels"], key=3)
+    notes = []
+    for report in (whole, streamed):
+        hidden = next(c for c in report.controls if c.name == "norms_not_permuted")
+        planted = next(c for c in report.controls if c.name == "true_element")
+        assert not hidden.broken and not hidden.informative and hidden.holds and hidden.max_rel_error < 1e-12
+        assert float(hidden.note.rsplit("breaks by ", 1)[1]) > BROKEN_AT
+        notes.append(hidden.note.split(" (error ")[0])  # the error itself is each run's own round-off
+        assert not planted.broken and planted.informative and not planted.holds and planted.note == ""
+        assert all(c.passed for c in report.checks) and not report.passed
+    assert notes[0] == notes[1] and "uniform here" in notes[0]  # the same tensors named, the same example
+    assert [(c.name, c.broken, c.informative) for c in streamed.controls] == [
+        (c.name, c.broken, c.informative) for c in whole.controls]
