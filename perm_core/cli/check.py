@@ -144,6 +144,8 @@ def format_report(report) -> str:
         lines += [f"    {reason}" for reason in reasons]
     for symmetry, reason in report.restricted.items():
         lines += ["", f"{symmetry} is checked in a restricted form: {reason}"]
+    for symmetry, reason in report.not_applicable.items():
+        lines += ["", f"{symmetry} is not applicable: {reason}"]
     if report.not_symmetries:
         lines += ["", f"{'does not hold':<14} {'measured break':>14}  evidence  reason"]
         for n in report.not_symmetries:
