@@ -290,3 +290,37 @@ def test_scrambled_checkpoint_reloads_in_plain_transformers(family, tmp_path):
         moved.copy_(dict(original.named_parameters())[router])  # the router rows put back: a control
         broken = scrambled(ids).logits
     assert ((broken - expected).abs().max() / expected.abs().max()).item() > BROKEN
+
+
+# --- compare: the experts' order and each expert's neuron order recovered from the weights alone ---
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_compare_recovers_the_experts_and_their_neurons(family):
+    import copy
+
+    from perm_core.engine.transforms import composed
+    from perm_core.verify.same_function import compare_models
+
+    a = moe_model(family)
+    subject = Subject(a)
+    key = symmetries.build_many({name: 5 for name in symmetries.WEIGHT_SYMMETRIES}, subject.geometry)
+    b = copy.deepcopy(a)
+    with torch.no_grad():
+        for name, tensor in subject.transformed_params(key).items():
+            dict(b.named_parameters())[name].copy_(tensor)
+    result = compare_models(a, b, [random_inputs(family, a, seed=3)], "A", "B")
+    assert result.verdict == "same function" and result.exit_code == 0 and result.residual < 1e-12
+    found = result.recovered.element
+    for layer in range(subject.geometry.n_layers):
+        for role in ("experts", "expert_mlp"):
+            (mine,), (theirs,) = composed(found.spaces[(role, layer)]), composed(key.spaces[(role, layer)])
+            assert torch.equal(mine.index, theirs.index), (role, layer)
+    summary = result.recovered.summary()
+    assert summary["experts"]["of"] == 8 and summary["experts"]["moved"] >= 2
+    assert summary["mlp"]["moved"] > summary["mlp"]["of"] // 2
+    moved = dict(b.named_parameters())  # a control: one layer's router rows of B rolled by one
+    router = next(n for n in moved if n.endswith(("mlp.gate.weight", "router.weight")))
+    with torch.no_grad():
+        moved[router].copy_(torch.roll(moved[router], 1, 0))
+    assert compare_models(a, b, [random_inputs(family, a, seed=3)], "A", "B").verdict != "same function"
