@@ -29,6 +29,10 @@ def test_matrix_json_shape_and_cells(capsys):
     for row in rows.values():
         assert set(row["cells"]) == set(SYMMETRIES)
         for symmetry, cell in row["cells"].items():
+            if symmetry == "experts":  # dense families: nothing to reorder, said so, nothing measured
+                assert cell["status"] == matrix.NOT_APPLICABLE and "no mixture-of-experts" in cell["reason"]
+                assert cell["controls"] == 0 and cell["max_rel_error"] == 0
+                continue
             assert cell["status"] in (matrix.HOLDS, matrix.RESTRICTED), (row["family"], symmetry)
             assert 0 < cell["max_rel_error"] <= 1e-9
             assert cell["controls"] >= 1 and cell["controls_broken"] == cell["controls"]
