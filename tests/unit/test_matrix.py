@@ -84,5 +84,5 @@ def test_a_row_is_the_same_bits_whatever_the_process_thread_count():
             rows.append(matrix.family_row("gpt2"))
     finally:
         torch.set_num_threads(saved)
-    errors = [[row.cells[s].max_rel_error for s in SYMMETRIES] for row in rows]
+    errors = [[row.cells[s].max_rel_error for s in SYMMETRIES if s != "experts"] for row in rows]  # experts: n/a
     assert errors[0] == errors[1] and all(0 < e < 1e-12 for e in errors[0])
