@@ -370,3 +370,15 @@ def test_the_router_translation_keeps_the_function_and_one_row_alone_breaks_it(f
     scale = base.abs().max()
     assert ((moved - base).abs().max() / scale).item() < EXACT  # softmax and top k read only differences
     assert ((alone - base).abs().max() / scale).item() > BROKEN
+
+
+def test_assert_symmetric_on_a_mixture_of_experts():
+    from perm_core.testing import assert_symmetric
+
+    model = moe_model("gpt_oss", dtype=torch.float32)
+    report = assert_symmetric(model, random_inputs("gpt_oss", model, seed=3), ("experts", "mlp"), key=3,
+                              dtype="float64", backward=False)
+    assert report.dtype == "float64" and {c.symmetry for c in report.checks} == {"experts", "mlp", "all"}
+    dense = build_random_model("llama", seed=3)[0]  # nothing to reorder: said, not passed
+    with pytest.raises(VacuousCheckError, match="no mixture-of-experts layers"):
+        assert_symmetric(dense, random_inputs("llama", dense, seed=3), "experts", backward=False)
