@@ -382,3 +382,18 @@ def test_assert_symmetric_on_a_mixture_of_experts():
     dense = build_random_model("llama", seed=3)[0]  # nothing to reorder: said, not passed
     with pytest.raises(VacuousCheckError, match="no mixture-of-experts layers"):
         assert_symmetric(dense, random_inputs("llama", dense, seed=3), "experts", backward=False)
+
+
+def test_cli_check_of_a_mixture_of_experts_json(capsys):
+    from tests.unit.json_schema import validated
+
+    assert main(["check", "random:qwen2_moe", "--symmetry", "experts", "--symmetry", "mlp", "--key", "9",
+                 "--dtype", "float64", "--json"]) == 0
+    report = validated("check", capsys.readouterr().out)
+    assert report["passed"] and report["family"] == "qwen2_moe" and "not_applicable" not in report
+    assert {c["name"] for c in report["controls"]} == {"router_not_permuted", "router_alone", "output_not_permuted",
+                                                      "expert_down_not_permuted"}
+    assert main(["check", "random:gpt2", "--symmetry", "experts", "--symmetry", "mlp", "--json"]) == 0
+    report = validated("check", capsys.readouterr().out)
+    assert "no mixture-of-experts layers" in report["not_applicable"]["experts"]
+    assert {c["symmetry"] for c in report["checks"]} == {"mlp"}
