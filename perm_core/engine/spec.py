@@ -215,13 +215,14 @@ def apply_axes(tensor: torch.Tensor, axes, scramble: Scramble, layer: int | None
 
 
 def _apply_merged(tensor, axis, merged: Merged, scramble, layer):
-    """The outer and this axis flattened into one (outer major), transformed as one axis, laid back."""
+    """The outer and this axis flattened into one (outer major), transformed as one axis, laid back; the tensor
+    itself, as it lies, where nothing acts on the merged space."""
+    if not any(scramble.chain(*(part if isinstance(part, tuple) else (part, layer))) for part in parts_of(merged)):
+        return tensor
     outer = merged.outer % tensor.dim()
     moved = tensor.movedim((outer, axis), (0, 1))
     flat = moved.reshape(-1, *moved.shape[2:])
     done = apply_axes(flat, (merged.inner,) + (None,) * (flat.dim() - 1), scramble, layer)
-    if done is flat:  # nothing acts on the merged space
-        return tensor
     return done.reshape(moved.shape).movedim((0, 1), (outer, axis)).contiguous()
 
 

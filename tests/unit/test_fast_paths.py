@@ -11,7 +11,7 @@ import torch
 
 from perm_core.engine import symmetries
 from perm_core.engine.patches import shuffle_patches
-from perm_core.engine.spec import PIXELS, Concat, Gain, Merged, Scramble
+from perm_core.engine.spec import PIXELS, Concat, Gain, Merged, Scramble, parts_of
 from perm_core.engine.transforms import BlockOrthogonal, Permutation
 from perm_core.explore.exploration import Exploration, control_options
 from perm_core.families import family_names
@@ -35,6 +35,8 @@ def stepwise_axes(tensor, axes, scramble: Scramble, layer, patch_size=None):
     if axes == PIXELS:
         return shuffle_patches(tensor, scramble.tokens, patch_size) if scramble.tokens is not None else tensor
     for axis, role in enumerate(axes):
+        if isinstance(role, Merged) and not any(scramble.chain(part, layer) for part in parts_of(role)):
+            continue  # nothing acts on the merged space: the tensor as it is, as the engine leaves it
         if isinstance(role, Merged):  # the two axes as one, outer major: a fused expert tensor's experts x neurons
             moved = tensor.movedim((role.outer, axis), (0, 1))
             flat = stepwise_axes(moved.reshape(-1, *moved.shape[2:]), (role.inner,) + (None,) * (moved.dim() - 2),
