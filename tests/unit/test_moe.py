@@ -397,3 +397,11 @@ def test_cli_check_of_a_mixture_of_experts_json(capsys):
     report = validated("check", capsys.readouterr().out)
     assert "no mixture-of-experts layers" in report["not_applicable"]["experts"]
     assert {c["symmetry"] for c in report["checks"]} == {"mlp"}
+
+
+def test_the_streamed_check_refuses_a_mixture_of_experts_in_one_line(tmp_path, capsys):
+    moe_model("mixtral").save_pretrained(tmp_path, safe_serialization=True)
+    capsys.readouterr()  # the save's own progress bar
+    assert main(["check", str(tmp_path), "--stream", "--symmetry", "experts", "--dtype", "float64"]) == 2
+    message = capsys.readouterr().err.strip()
+    assert len(message.splitlines()) == 1 and "MixtralForCausalLM" in message and "streaming supports" in message
