@@ -3,7 +3,7 @@
 import streamlit as st
 
 from perm_core.engine.symmetries import SYMMETRIES
-from perm_core.verify.matrix import FAILED, NOT_HOLDING, RESTRICTED, families, family_row
+from perm_core.verify.matrix import FAILED, NOT_APPLICABLE, NOT_HOLDING, RESTRICTED, families, family_row
 from ui.long_run import long_run
 from ui.matrix_table import COLOURS, LABELS, LEGEND, matrix_html
 from ui.sidebar import SYMMETRY_LABELS, ensure_view
@@ -41,10 +41,11 @@ def main() -> None:
         st.error(f"{len(failed)} cell(s) FAILED their check: {', '.join(failed)}. Run `python -m perm_core check "
                  "random:FAMILY` for the report.")
     else:
-        n_exact = sum(r.cells[s].status != NOT_HOLDING for r in rows for s in SYMMETRIES)
-        st.success(f"{len(rows)} families x {len(SYMMETRIES)} symmetries: {n_exact} hold exactly (in full or in a "
-                   f"restricted form), {len(rows) * len(SYMMETRIES) - n_exact} do not hold and each break was "
-                   "measured; every negative control broke.")
+        statuses = [r.cells[s].status for r in rows for s in SYMMETRIES]
+        n_missing, n_na = statuses.count(NOT_HOLDING), statuses.count(NOT_APPLICABLE)
+        st.success(f"{len(rows)} families x {len(SYMMETRIES)} symmetries: {len(statuses) - n_missing - n_na} hold "
+                   f"exactly (in full or in a restricted form), {n_missing} do not hold and each break was "
+                   f"measured, {n_na} have nothing to act on; every negative control broke.")
 
     st.subheader("Why a symmetry is restricted or missing")
     reasons = [f"- **{r.family} / {SYMMETRY_LABELS[s]}** ({LABELS[r.cells[s].status]}, "

@@ -6,15 +6,27 @@ import html
 from urllib.parse import urlencode
 
 from perm_core.engine.symmetries import SYMMETRIES
-from perm_core.verify.matrix import FAILED, HOLDS, MATRIX_DTYPE, MATRIX_KEY, NOT_HOLDING, RESTRICTED, Row
+from perm_core.verify.matrix import (
+    FAILED,
+    HOLDS,
+    MATRIX_DTYPE,
+    MATRIX_KEY,
+    NOT_APPLICABLE,
+    NOT_HOLDING,
+    RESTRICTED,
+    Row,
+)
 
 # The app's one colour convention: green = exact, amber = exact in a restricted form, grey = the architecture
 # does not have it (measured), red = something is wrong.
-COLOURS = {HOLDS: "#d8f0dc", RESTRICTED: "#fcefc7", NOT_HOLDING: "#e4e4e7", FAILED: "#f8d0d0"}
-LABELS = {HOLDS: "holds", RESTRICTED: "restricted", NOT_HOLDING: "does not hold", FAILED: "FAILED"}
+COLOURS = {HOLDS: "#d8f0dc", RESTRICTED: "#fcefc7", NOT_HOLDING: "#e4e4e7", NOT_APPLICABLE: "#ffffff",
+           FAILED: "#f8d0d0"}
+LABELS = {HOLDS: "holds", RESTRICTED: "restricted", NOT_HOLDING: "does not hold", NOT_APPLICABLE: "n/a",
+          FAILED: "FAILED"}
 LEGEND = {HOLDS: "exact: worst float64 relative error of the check, forward and backward",
           RESTRICTED: "exact in a restricted form (hover, or see the reasons below)",
           NOT_HOLDING: "the architecture does not have it: the number is the measured break of its standard element",
+          NOT_APPLICABLE: "nothing in the architecture for it to act on (experts on a dense model)",
           FAILED: "the check failed: a bug"}
 
 

@@ -27,7 +27,7 @@ from ui.runtime import shared_model
 from ui.state import DEFAULT_KEYS, parse_bool, seed, use_navigation_registry
 
 SYMMETRY_LABELS = {"tokens": "Tokens", "channels": "Channels", "heads": "Heads", "head_channels": "Head channels",
-                   "mlp": "MLP neurons", "rotation": "Rotations"}
+                   "mlp": "MLP neurons", "rotation": "Rotations", "experts": "Experts"}
 DEFAULT_ON = ("tokens", "channels")
 MAX_TOKENS = 128  # the Explore page draws tokens x tokens maps; longer texts are truncated with a notice
 # The trained models, then a tiny random model of every supported family (the symmetry matrix links to them).
@@ -307,7 +307,8 @@ def _text_input(view: View) -> None:
 
 def _keys(view: View) -> None:
     st.caption("A key is a whole number 0 .. 2^64-1; each switched-on symmetry draws its transform from it.")
-    lacking = geometry_of(view.loaded.model).not_holding() if view.loaded is not None else {}
+    geometry = geometry_of(view.loaded.model) if view.loaded is not None else None
+    lacking = {**geometry.not_holding(), **geometry.not_applicable()} if geometry is not None else {}
     for name in SYMMETRIES:
         seed(f"on_{name}", name in DEFAULT_ON, parse_bool)
         seed(f"k_{name}", str(DEFAULT_KEYS[name]))

@@ -45,6 +45,7 @@ def run(args) -> int:
     from perm_core.models.defaults import default_inputs
     from perm_core.run.progress import terminal_bar
     from perm_core.verify.check import check
+    from perm_core.verify.results import VacuousCheckError
 
     names = args.symmetry or list(SYMMETRIES)
     keys = keys_or_usage_error(args.key or ["0"], names)
@@ -55,9 +56,12 @@ def run(args) -> int:
     else:
         loaded = load_or_usage_error(args.model, DTYPES[args.dtype], args.revision, args.device)
         inputs = default_inputs(loaded) if args.input is None else input_or_usage_error(loaded, args.input)
-        with terminal_bar(f"check {args.model}") as progress:
-            report = check(loaded.model, inputs, names, keys, model_name=args.model, progress=progress,
-                           backward=not args.forward_only, device=args.device)
+        try:
+            with terminal_bar(f"check {args.model}") as progress:
+                report = check(loaded.model, inputs, names, keys, model_name=args.model, progress=progress,
+                               backward=not args.forward_only, device=args.device)
+        except VacuousCheckError as error:  # e.g. only experts named, on a dense model
+            raise UsageError(str(error).splitlines()[0]) from None
     stored = stored_dtype(args.model, args.revision)  # a checkpoint's own dtype: upcast (or rounded) to --dtype
     stored_name = None if stored is None else str(stored).removeprefix("torch.")
     if args.json:
@@ -144,6 +148,8 @@ def format_report(report) -> str:
         lines += [f"    {reason}" for reason in reasons]
     for symmetry, reason in report.restricted.items():
         lines += ["", f"{symmetry} is checked in a restricted form: {reason}"]
+    for symmetry, reason in report.not_applicable.items():
+        lines += ["", f"{symmetry} is not applicable: {reason}"]
     if report.not_symmetries:
         lines += ["", f"{'does not hold':<14} {'measured break':>14}  evidence  reason"]
         for n in report.not_symmetries:

@@ -33,9 +33,9 @@ def run(args) -> int:
 
 def format_matrix(rows) -> str:
     from perm_core.engine.symmetries import SYMMETRIES
-    from perm_core.verify.matrix import HOLDS, NOT_HOLDING, RESTRICTED
+    from perm_core.verify.matrix import HOLDS, NOT_APPLICABLE, NOT_HOLDING, RESTRICTED
 
-    marks = {HOLDS: "holds", RESTRICTED: "restricted", NOT_HOLDING: "NO"}
+    marks = {HOLDS: "holds", RESTRICTED: "restricted", NOT_HOLDING: "NO", NOT_APPLICABLE: "n/a"}
     lines = [f"{'family':<10}" + "".join(f"{s:>17}" for s in SYMMETRIES) + "  check"]
     reasons = []
     for row in rows:
@@ -47,5 +47,6 @@ def format_matrix(rows) -> str:
                 reasons.append(f"  {row.family} / {symmetry} ({cell.status}): {cell.reason}")
         lines.append(f"{row.family:<10}" + "".join(cells) + f"  {'passed' if row.passed else 'FAILED'}")
     lines += ["", "holds / restricted: worst float64 relative error of the check (forward and backward); NO: the "
-              "symmetry does not hold, with the measured break of its standard element", "", *reasons]
+              "symmetry does not hold, with the measured break of its standard element; n/a: nothing in the "
+              "architecture for it to act on (experts on a dense model)", "", *reasons]
     return "\n".join(lines)

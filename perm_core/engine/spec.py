@@ -13,10 +13,13 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from perm_core.engine.transforms import AxisTransform, Permutation, apply_chain, invert_chain
+from perm_core.engine.transforms import AxisTransform, BlockOrthogonal, Permutation, apply_chain, invert_chain
 
 # Roles that exist once per block: a rule's `(?P<layer>\d+)` group says which block.
-LAYERED_ROLES = frozenset({"q", "k", "v", "o", "mlp", "heads"})
+# "experts" is a mixture-of-experts layer's expert axis (router rows); "expert_mlp" its experts' hidden neurons as
+# one space of experts x neurons, expert-major (see Merged); "expert_gate_up" a fused gate|up axis of those taken
+# whole, which only a negative control transforms (see Concat.whole).
+LAYERED_ROLES = frozenset({"q", "k", "v", "o", "mlp", "heads", "experts", "expert_mlp", "expert_gate_up"})
 # Roles of the whole model. "positions" is the token axis of a learned position table (ViT),
 # which moves with the tokens; "tokens" is the sequence axis of activations.
 GLOBAL_ROLES = frozenset({"resid", "tokens", "positions"})
@@ -38,6 +41,9 @@ class Concat:
 
     parts: tuple[tuple[str, int], ...]  # (role, size within one group)
     groups: int = 1
+    # A role for the fused axis taken whole, transformed before it is split: no symmetry sets it (a transform of
+    # the whole axis mixes the parts), only negative controls that ignore how the parts are laid out do.
+    whole: str | None = None
 
     def split(self, tensor: torch.Tensor, axis: int) -> list[torch.Tensor]:
         """Each part's whole space along `axis`, in the order of `parts`."""
@@ -51,6 +57,40 @@ class Concat:
         """The inverse of `split`."""
         runs = [piece.movedim(axis, -1).unflatten(-1, (self.groups, -1)) for piece in pieces]
         return torch.cat(runs, dim=-1).flatten(-2).movedim(-1, axis)
+
+
+@dataclass(frozen=True)
+class Merged:
+    """An axis that, with the earlier axis `outer` of the same tensor, is one space, `outer` major: a fused expert
+    tensor [experts, 2 x neurons, d_model] holds its experts' neurons as one space of experts x neurons, so that a
+    reordering of the experts and a permutation of each expert's own neurons are both one gather of that space. The
+    outer axis's own entry in the rule is None; `inner` is the merged space's role, or a Concat of them."""
+
+    outer: int
+    inner: str | Concat
+
+
+@dataclass(frozen=True)
+class Gain:
+    """A per-channel gain (a norm's weight) on a space some element may rotate: a diagonal map D, on which an
+    element M acts by conjugation, M D M^T. For a signed permutation M that is diag(|M| g): the gain gathered, its
+    signs ignored. No other orthogonal map keeps it diagonal; |M| then gives a gain that breaks the model, as a
+    negative control must. (OLMoE's Q/K norm: one gain per head channel of the whole projection.)"""
+
+    role: str
+
+
+def parts_of(role) -> list:
+    """The roles (a name, or (name, layer)) one axis entry of a rule or record reads, fused and merged ones too."""
+    if role is None:
+        return []
+    if isinstance(role, Merged):
+        return parts_of(role.inner)
+    if isinstance(role, Gain):
+        return [role.role]
+    if isinstance(role, Concat):
+        return [part for part, _ in role.parts] + ([role.whole] if role.whole else [])
+    return [role]
 
 
 @dataclass(frozen=True)
@@ -153,8 +193,18 @@ def apply_axes(tensor: torch.Tensor, axes, scramble: Scramble, layer: int | None
     for axis, role in enumerate(axes):
         if role is None:
             continue
+        if isinstance(role, Merged):
+            tensor = _apply_merged(tensor, axis, role, scramble, layer)
+            continue
         if isinstance(role, Concat):
             tensor = _apply_concat(tensor, axis, role, scramble, layer)
+            continue
+        if isinstance(role, Gain):
+            chain = tuple(BlockOrthogonal(t.blocks.abs()) if isinstance(t, BlockOrthogonal) else t
+                          for t in scramble.chain(role.role, layer))
+            if chain:
+                _check_size(chain, tensor.shape[axis], role.role)
+                tensor = apply_chain(chain, tensor, axis)
             continue
         role, role_layer = role if isinstance(role, tuple) else (role, layer)
         chain = scramble.chain(role, role_layer)
@@ -164,7 +214,23 @@ def apply_axes(tensor: torch.Tensor, axes, scramble: Scramble, layer: int | None
     return tensor
 
 
+def _apply_merged(tensor, axis, merged: Merged, scramble, layer):
+    """The outer and this axis flattened into one (outer major), transformed as one axis, laid back; the tensor
+    itself, as it lies, where nothing acts on the merged space."""
+    if not any(scramble.chain(*(part if isinstance(part, tuple) else (part, layer))) for part in parts_of(merged)):
+        return tensor
+    outer = merged.outer % tensor.dim()
+    moved = tensor.movedim((outer, axis), (0, 1))
+    flat = moved.reshape(-1, *moved.shape[2:])
+    done = apply_axes(flat, (merged.inner,) + (None,) * (flat.dim() - 1), scramble, layer)
+    return done.reshape(moved.shape).movedim((0, 1), (outer, axis)).contiguous()
+
+
 def _apply_concat(tensor, axis, concat: Concat, scramble, layer):
+    whole = scramble.chain(concat.whole, layer) if concat.whole else ()
+    if whole:
+        _check_size(whole, tensor.shape[axis], concat.whole)
+        tensor = apply_chain(whole, tensor, axis)
     pieces = []
     for piece, (role, _) in zip(concat.split(tensor, axis), concat.parts, strict=True):
         chain = scramble.chain(role, layer)

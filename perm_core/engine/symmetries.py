@@ -12,20 +12,22 @@ from dataclasses import dataclass, field
 
 import torch
 
-from perm_core.engine import keys
+from perm_core.engine import keys, moe
 from perm_core.engine.spec import Scramble
 from perm_core.engine.transforms import BlockOrthogonal, Permutation
 from perm_core.families import Geometry
 
-SYMMETRIES = ("tokens", "channels", "heads", "head_channels", "mlp", "rotation")
+SYMMETRIES = ("tokens", "channels", "heads", "head_channels", "mlp", "rotation", "experts")
 WEIGHT_SYMMETRIES = SYMMETRIES[1:]
 DESCRIPTIONS = {
     "tokens": "inter-token permutation of the input (positions move with their tokens)",
     "channels": "intra-token permutation of the residual stream, weights permuted to match",
     "heads": "permutation of attention heads (key/value groups move with their query heads)",
     "head_channels": "permutation of channels inside each head (one for Q/K, one for V/O)",
-    "mlp": "permutation of MLP hidden neurons",
+    "mlp": "permutation of MLP hidden neurons (in a mixture of experts: each expert its own, and the shared expert's)",
     "rotation": "per-head orthogonal rotations: Q/K by R, V by S and O by S^T",
+    "experts": "reordering of each mixture-of-experts layer's routed experts with their router rows and biases "
+               "(a shared expert stays)",
 }
 
 
@@ -132,8 +134,12 @@ def head_channels(key: int, g: Geometry, permute_qk: bool | None = None) -> Scra
 
 
 def mlp(key: int, g: Geometry) -> Scramble:
-    return Scramble(_per_layer(g, lambda layer: {"mlp": (Permutation(keys.permutation(key, g.d_mlp,
-                                                                                      f"mlp/{layer}")),)}))
+    """The dense MLP's (or shared expert's) neurons, and inside a mixture of experts each expert's own."""
+    def build(layer):
+        dense = {"mlp": (Permutation(keys.permutation(key, g.d_mlp, f"mlp/{layer}")),)} if g.d_mlp else {}
+        return {**dense, **moe.expert_neurons(key, g, layer)}
+
+    return Scramble(_per_layer(g, build))
 
 
 QK_ROTATIONS = ("general", "planes", "half_turns", "signs")
@@ -206,7 +212,7 @@ def build(name: str, key: int, g: Geometry, n_tokens: int | None = None) -> Scra
             raise ValueError("the tokens symmetry needs the number of input tokens")
         return Scramble(tokens=token_permutation(key, n_tokens, g.fixed_tokens, g.fixed_last_token))
     builders = {"channels": channels, "heads": heads, "head_channels": head_channels, "mlp": mlp,
-                "rotation": rotation}
+                "rotation": rotation, "experts": moe.experts}
     if name not in builders:
         raise ValueError(f"unknown symmetry {name!r}; choose from {', '.join(SYMMETRIES)}")
     return _drawn(builders[name], key, g)
@@ -336,7 +342,7 @@ def controls(name: str, key: int, g: Geometry, n_tokens: int | None = None) -> l
             found.append(Control(name, "rotary_channels_moved",
                                  "the rotary Q/K channels permuted (the same way in Q and K)",
                                  lambda: _rotary_channels_moved(key, g)))
-    elif name == "mlp":
+    elif name == "mlp" and g.d_mlp:
         found.append(Control(name, "output_not_permuted", "MLP input side permuted, output projection not",
                              lambda: element().with_controls(skip_tags=frozenset({"mlp.out"}))))
     elif name == "rotation":
@@ -354,6 +360,9 @@ def controls(name: str, key: int, g: Geometry, n_tokens: int | None = None) -> l
             found.append(Control(name, "plane_rotation_with_qk_norm" if g.rope else "general_rotation_with_qk_norm",
                                  "a Q/K rotation that mixes channels with different Q/K norm gains",
                                  lambda: rotation(key, g, qk="planes" if g.rope else "general")))
+    if name in ("mlp", "experts"):
+        found += moe.controls(name, key, g, element,
+                              lambda control, description, make: Control(name, control, description, make))
     return found
 
 
@@ -388,7 +397,9 @@ def key_space_bits(name: str, g: Geometry, n_tokens: int | None = None) -> float
     if name == "head_channels":
         return g.n_layers * g.n_kv_heads * (perm_bits(g.head_dim) + perm_bits(movable_qk_channels(g)))
     if name == "mlp":
-        return g.n_layers * perm_bits(g.d_mlp)
+        return g.n_layers * perm_bits(g.d_mlp) + moe.key_space_bits(name, g)
+    if name == "experts":
+        return moe.key_space_bits(name, g)
     if name == "rotation":
         return float("inf")
     raise ValueError(f"unknown symmetry {name!r}")

@@ -18,18 +18,24 @@ def _registry() -> dict[str, Family]:
         gemma3,
         gpt2,
         gpt_neox,
+        gpt_oss,
         llama,
         mistral,
+        mixtral,
+        olmoe,
         phi3,
         qwen2,
+        qwen2_moe,
         qwen3,
+        qwen3_moe,
         roberta,
         t5,
         vit,
     )
 
     return {fam.FAMILY.name: fam.FAMILY for fam in (vit, bert, gpt2, llama, gemma3, dinov2, gpt_neox, phi3, mistral,
-                                                    qwen2, qwen3, distilbert, roberta, deit, t5)}
+                                                    qwen2, qwen3, distilbert, roberta, deit, t5,
+                                                    mixtral, qwen2_moe, qwen3_moe, olmoe, gpt_oss)}
 
 
 def family_names() -> list[str]:

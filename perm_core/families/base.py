@@ -51,6 +51,14 @@ class Geometry:
     # Image families: the tokens the position table holds (patches of config.image_size plus the leading fixed
     # tokens). An image giving another count cannot be checked: its tokens would not match the table's rows.
     image_tokens: int | None = None
+    # Mixture of experts (every block's MLP): n_experts routed experts of d_expert hidden neurons each, stored fused
+    # (perm_core.families.moe); d_mlp is then a shared expert's width (Qwen2-MoE), or 0 where there is none.
+    n_experts: int = 0
+    d_expert: int = 0
+    experts_interleaved: bool = False  # gate and up columns alternate in the fused gate_up axis (gpt-oss)
+    # The Q/K norm is one RMSNorm over the whole projection (all heads at once, one gain per head channel of each
+    # head: OLMoE), not one per head with a gain shared by the heads: see restrictions.
+    qk_norm_full_width: bool = False
 
     def __post_init__(self):
         if self.fixed_tokens is None:
@@ -109,6 +117,12 @@ class Geometry:
                 "while V/O rotate freely." if self.rope else
                 "The Q/K norm gain differs from channel to channel and does not move, so Q/K channels may only "
                 "flip sign, while V/O rotate freely.")
+        if self.qk_norm_full_width:
+            found["rotation"] = (
+                "The Q/K norm is one RMSNorm over the whole projection with its own gain per head channel: its mean "
+                "square is kept by any rotation, but its gain is not, so Q/K only flip the sign of whole rotary "
+                "planes (half-turns; the gains stay), while V/O rotate freely. Heads and channel permutations move "
+                "the gains with their channels.")
         if self.shared_head_bias:
             found["heads"] = ("Every self-attention layer of a stack reads the same relative position bias, one "
                               "column per head, so all layers of a stack move their heads by one shared "
@@ -123,6 +137,13 @@ class Geometry:
             found["tokens"] = ("The relative position bias is computed from the order of the tokens in the "
                                "sequence and takes no position ids, so moved tokens see different biases.")
         return found
+
+    def not_applicable(self) -> dict[str, str]:
+        """symmetry -> why this architecture has nothing it could act on (one sentence): a check leaves it out and
+        says so, as no break can be measured of an element that moves nothing."""
+        if self.n_experts:
+            return {}
+        return {"experts": "no mixture-of-experts layers: this architecture has no experts to reorder"}
 
 
 @dataclass(frozen=True)

@@ -294,6 +294,9 @@ def forward(model: torch.nn.Module, params: dict, kwargs: dict):
     None where there is no graph: a large model, a stopping capture, or a model that refused to be traced."""
     if model.training:  # dropout draws random numbers per run
         return None
+    config = getattr(model, "config", None)
+    if getattr(config, "num_local_experts", 0) or getattr(config, "num_experts", 0):
+        return None  # a mixture of experts loops over the experts its router chose: a branch on the weights' values
     if not fits_a_graph(params):
         return None
     if not all(torch.is_tensor(v) or isinstance(v, (bool, int, float, str, type(None))) or isinstance(v, dict)

@@ -29,7 +29,7 @@ from collections import OrderedDict
 import torch
 
 from perm_core import limits
-from perm_core.engine.spec import Concat, Scramble, apply_axes
+from perm_core.engine.spec import Concat, Gain, Merged, Scramble, apply_axes, parts_of
 from perm_core.engine.transforms import Permutation, composed
 from perm_core.fast.batched_gathers import gather_many, steps_of
 
@@ -49,18 +49,16 @@ SYMMETRIES_OF_ROLE = {
     "o": ("heads", "head_channels", "rotation"),
     "heads": ("heads",),
     "mlp": ("mlp",),
+    "experts": ("experts",),
+    "expert_mlp": ("experts", "mlp"),
+    "expert_gate_up": (),  # only a negative control transforms it (Concat.whole)
 }
 
 
 def roles_of(axes) -> set[str]:
     found = set()
     for role in axes if isinstance(axes, tuple) else ():
-        if role is None:
-            continue
-        if isinstance(role, Concat):
-            found.update(part for part, _ in role.parts)
-        else:
-            found.add(role[0] if isinstance(role, tuple) else role)
+        found.update(part[0] if isinstance(part, tuple) else part for part in parts_of(role))
     return found
 
 
@@ -284,14 +282,18 @@ def _kept_part(subject, moved_keys: dict, bound: int) -> dict:
 
 def gather_indices(axes, scramble: Scramble, layer, shape: tuple) -> tuple | None:
     """Per axis, the one index that the element gathers it by (None where nothing acts on it): transformed =
-    original gathered by these, axis by axis. None when a rotation acts on some axis (arithmetic, not a gather)."""
-    if not isinstance(axes, tuple):
+    original gathered by these, axis by axis. None when a rotation acts on some axis (arithmetic, not a gather), or
+    when two axes are one space (Merged: its gather is not one index per axis)."""
+    if not isinstance(axes, tuple) or any(isinstance(role, Merged) for role in axes):
         return None
     found = []
     for axis, role in enumerate(axes):
         if role is None:
             found.append(None)
             continue
+        role = role.role if isinstance(role, Gain) else role  # a gain is gathered as its space is
+        if isinstance(role, Concat) and role.whole and scramble.chain(role.whole, layer):
+            return None  # the whole fused axis gathered, then each part: not one index per part
         parts = role.parts if isinstance(role, Concat) else ((role, None),)
         chains = []
         for part, _ in parts:

@@ -16,6 +16,9 @@ RANDOM_SIZES = ("tiny", "base")
 TINY_VOCAB = 120
 DECODER_TOKENS = 7  # encoder-decoders (T5): the decoder input's length, unlike the encoder's 12
 
+_MOE = dict(vocab_size=TINY_VOCAB, hidden_size=48, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=3,
+            max_position_embeddings=64, num_experts_per_tok=2, tie_word_embeddings=False, bos_token_id=0,
+            eos_token_id=0, pad_token_id=None)
 CONFIGS = {
     ("vit", "tiny"): lambda: hf.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                           intermediate_size=64, image_size=16, patch_size=4, num_channels=3,
@@ -114,6 +117,19 @@ CONFIGS = {
                                             num_labels=5),
     ("deit", "base"): lambda: hf.DeiTConfig(hidden_size=384, num_attention_heads=6, intermediate_size=1536,
                                             num_labels=1000),  # deit-small-distilled-patch16-224's shape
+    # Mixtures of experts: four experts of 16 neurons, two chosen per token, three key/value groups of two query
+    # heads (no base sizes: the real ones are billions of parameters). Qwen2-MoE's shared expert is 24 wide; Qwen3-MoE's
+    # heads are 12 wide; gpt-oss's 8 wide, with a window of 4 on its sliding layers that a 12-token input exceeds.
+    ("mixtral", "tiny"): lambda: hf.MixtralConfig(**_MOE, intermediate_size=16, num_local_experts=4),
+    ("qwen2_moe", "tiny"): lambda: hf.Qwen2MoeConfig(**_MOE, moe_intermediate_size=16, num_experts=4,
+                                                     shared_expert_intermediate_size=24, qkv_bias=True),
+    ("qwen3_moe", "tiny"): lambda: hf.Qwen3MoeConfig(**_MOE, head_dim=12, moe_intermediate_size=16, num_experts=4,
+                                                     attention_bias=True),
+    ("olmoe", "tiny"): lambda: hf.OlmoeConfig(**_MOE, intermediate_size=16, num_experts=4),
+    ("gpt_oss", "tiny"): lambda: hf.GptOssConfig(
+        **_MOE, head_dim=8, intermediate_size=16, num_local_experts=4, sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4}),  # no YaRN at 64 positions
 }
 DEFAULT_CLASSES = {"vit": "ViTForImageClassification", "bert": "BertForMaskedLM", "gpt2": "GPT2LMHeadModel",
                    "llama": "LlamaForCausalLM", "gemma3": "Gemma3ForCausalLM", "dinov2": "Dinov2Model",
@@ -121,7 +137,9 @@ DEFAULT_CLASSES = {"vit": "ViTForImageClassification", "bert": "BertForMaskedLM"
                    "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                    "distilbert": "DistilBertForMaskedLM", "roberta": "RobertaForMaskedLM",
                    "deit": "DeiTForImageClassificationWithTeacher",
-                   "t5": "T5ForConditionalGeneration"}
+                   "t5": "T5ForConditionalGeneration", "mixtral": "MixtralForCausalLM",
+                   "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM",
+                   "gpt_oss": "GptOssForCausalLM"}
 IMAGE_FAMILIES = ("vit", "dinov2", "deit")
 
 
@@ -143,6 +161,8 @@ def randomize_(model: torch.nn.Module, seed: int) -> torch.nn.Module:
             if param.dim() == 1:
                 is_scale = name.endswith("weight")  # LayerNorm / RMSNorm gains
                 value = 1.0 + 0.4 * noise if is_scale else 0.3 * noise
+            elif name.endswith("_bias"):  # gpt-oss's expert biases [experts, width]
+                value = 0.3 * noise
             elif name == "shared.weight" or "relative_attention_bias" in name:  # T5's embedding; a position
                 value = noise * (3.0 if "bias" in name else 1.0)  # bias that moved tokens visibly feel
             elif any(part in name for part in ("embed", "wte", "wpe", "cls_token", "distillation_token")):

@@ -35,7 +35,7 @@ from perm_core.models.record import (  # noqa: F401 - the zoo's names for them
 from perm_core.models.zoo import DEFAULT_IMAGE_MODEL, DEFAULT_TEXT_MODEL  # noqa: F401 - the registry's defaults
 
 FAMILIES = ("vit", "bert", "gpt2", "llama", "gemma3", "dinov2", "gpt_neox", "phi3", "mistral", "qwen2", "qwen3",
-            "distilbert", "roberta", "deit", "t5")
+            "distilbert", "roberta", "deit", "t5", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss")
 DTYPES = {"float32": torch.float32, "float64": torch.float64}  # the precisions every loader and page offers
 OFFLINE_NAMES = zoo.NAMES
 
@@ -76,6 +76,7 @@ _RANDOM_TASKS = {
     "roberta": "masked-lm",
     "deit": "image-classification",
     "t5": "seq2seq",
+    **{family: "causal-lm" for family in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss")},
 }
 
 

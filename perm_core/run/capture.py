@@ -69,7 +69,10 @@ def request_here():
 
 def output_projection(subject, layer: int) -> str:
     """The module of block `layer`'s MLP output projection (the spec's "mlp.out" weight): its input is the MLP's
-    hidden activation, [B, T, d_mlp], in every family."""
+    hidden activation, [B, T, d_mlp], in every dense family. A mixture of experts has none such: its experts run
+    on tokens flattened to [B * T, d] (and Qwen2-MoE's shared expert too), so its blocks are told as MLP-less."""
+    if subject.geometry.n_experts:
+        raise ValueError(f"the blocks of {subject.family.name} are mixtures of experts: no dense MLP to view")
     for name, claim in subject.claims.items():
         if claim.layer == layer and claim.rule.tag == "mlp.out" and subject.params[name].dim() == 2:
             return name.rsplit(".", 1)[0]

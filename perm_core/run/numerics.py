@@ -25,7 +25,7 @@ EXACT_EAGER = "perm_core_eager"
 
 
 def exact_eager_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None,
-                          position_bias=None, **kwargs):
+                          position_bias=None, s_aux=None, **kwargs):
     groups = query.shape[1] // key.shape[1]
     if groups > 1:  # grouped-query attention: each key/value head serves `groups` query heads
         key = key.repeat_interleave(groups, dim=1)
@@ -38,7 +38,13 @@ def exact_eager_attention(module, query, key, value, attention_mask, scaling=Non
         scores = scores + position_bias
     if attention_mask is not None:
         scores = scores + attention_mask[:, :, :, : key.shape[-2]]
-    probs = torch.softmax(scores, dim=-1)
+    if s_aux is not None:  # gpt-oss's attention sinks: one extra logit per head in the softmax, then dropped
+        sinks = s_aux.reshape(1, -1, 1, 1).expand(scores.shape[0], -1, scores.shape[-2], 1)
+        combined = torch.cat([scores, sinks.to(scores.dtype)], dim=-1)
+        combined = combined - combined.max(dim=-1, keepdim=True).values  # as the stock code does
+        probs = torch.softmax(combined, dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1)
     probs = torch.nn.functional.dropout(probs, p=dropout, training=module.training)
     output = torch.matmul(probs, value).transpose(1, 2).contiguous()
     return output, probs
@@ -63,11 +69,31 @@ def _gemma_rms_norm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
     return (states * (1.0 + self.weight.to(compute_dtype))).to(hidden_states.dtype)
 
 
+def _exact_router_forward(self, hidden_states: torch.Tensor):
+    """A softmax-then-top-k router (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE) with its softmax in the model's dtype
+    (stock: float32); Mixtral always renormalizes the top k, the others where norm_topk_prob says."""
+    hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+    logits = torch.nn.functional.linear(hidden_states, self.weight)
+    probs = torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+    top, index = torch.topk(probs, self.top_k, dim=-1)
+    if getattr(self, "norm_topk_prob", True):
+        top = top / top.sum(dim=-1, keepdim=True)
+    return logits, top.to(logits.dtype), index
+
+
+SOFTMAX_ROUTERS = ("MixtralTopKRouter", "Qwen2MoeTopKRouter", "Qwen3MoeTopKRouter", "OlmoeTopKRouter")
+
+
 def use_exact_numerics(model) -> None:
     """Prepare a freshly loaded model (weights untouched): exact eager attention, full-precision RMSNorm."""
     model.set_attn_implementation(EXACT_EAGER)
+    if getattr(model.config, "_experts_implementation", None) not in (None, "eager"):
+        # Fused experts run through grouped_mm by default, which refuses float64: the loop over experts takes it.
+        model.set_experts_implementation("eager")
     for module in model.modules():
         if type(module).__name__ == "Gemma3RMSNorm" and hasattr(module, "eps"):
             module.forward = types.MethodType(_gemma_rms_norm_forward, module)
         elif type(module).__name__.endswith(("RMSNorm", "T5LayerNorm")) and hasattr(module, "variance_epsilon"):
             module.forward = types.MethodType(_rms_norm_forward, module)
+        elif type(module).__name__ in SOFTMAX_ROUTERS:
+            module.forward = types.MethodType(_exact_router_forward, module)

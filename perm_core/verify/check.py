@@ -123,6 +123,12 @@ def plan_symmetries(report: Report, judge, geometry, count: int | None, names: l
     """The plan of `names` on a model of `geometry` and an input of `count` tokens; into `report`, the verdicts of
     tokens that cannot move (cannot_move, judged by `judge`: summarize's subject) and the restricted forms checked.
     A symmetry with no negative control is a VacuousCheckError."""
+    not_applicable = geometry.not_applicable()
+    report.not_applicable = {name: not_applicable[name] for name in names if name in not_applicable}
+    names = [name for name in names if name not in not_applicable]
+    if not names:
+        raise VacuousCheckError(f"nothing to check on {report.family}: "
+                                + "; ".join(f"{n}: {why}" for n, why in report.not_applicable.items()))
     not_holding = geometry.not_holding()
     missing = {name: not_holding[name] for name in names if name in not_holding}
     names = [name for name in names if name not in not_holding]

@@ -102,8 +102,8 @@ def _early_break(subject: Subject, control: symmetries.Control) -> tuple[float, 
     """(relative error, where) of the MLP activation of block EARLY_LAYER, un-scrambled with the intended
     element, against the original's; None for a model with fewer blocks or a non-finite error."""
     g = subject.geometry
-    if g.n_layers <= EARLY_LAYER:
-        return None
+    if g.n_layers <= EARLY_LAYER or g.n_experts:  # no dense MLP activation to stop at (capture.output_projection):
+        return None  # the full traced run decides
     module = output_projection(subject, EARLY_LAYER)
     original = subject.early_original(module)
     # What the run reads before it stops: no head, and of the vocabulary table only the input's rows.

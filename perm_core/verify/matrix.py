@@ -17,6 +17,7 @@ from perm_core.schemas import SCHEMA_VERSION
 from perm_core.verify.tolerances import json_safe, worst
 
 HOLDS, RESTRICTED, NOT_HOLDING, FAILED = "holds", "restricted", "does not hold", "FAILED"
+NOT_APPLICABLE = "not applicable"  # nothing in the architecture for it to act on (experts on a dense model)
 MATRIX_KEY = 12345
 MATRIX_DTYPE = "float64"  # every cell is measured in float64 (build_random_model below)
 
@@ -60,6 +61,9 @@ def family_row(family: str, key: int = MATRIX_KEY) -> Row:
         checks = [c for c in report.checks if c.symmetry == symmetry]
         controls = [c for c in report.controls if c.symmetry == symmetry]
         missing = [n for n in report.not_symmetries if n.symmetry == symmetry]
+        if symmetry in report.not_applicable:
+            row.cells[symmetry] = Cell(NOT_APPLICABLE, 0.0, report.not_applicable[symmetry])
+            continue
         if missing:
             status = NOT_HOLDING if missing[0].broken else FAILED
             row.cells[symmetry] = Cell(status, missing[0].max_rel_error, missing[0].reason)

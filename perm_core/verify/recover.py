@@ -11,6 +11,9 @@ uses a cost that is exactly zero at the right answer and visibly positive elsewh
           and the rows of every query head of the group; a map that is a permutation matrix to 1e-9 is
           kept as a head-channel permutation, any other is a rotation.
   mlp     per layer, MLP neurons by LSA on distances between the rows of the MLP space.
+  experts per mixture-of-experts layer, the experts' order by LSA on the rows of the experts space (router rows
+          and biases, gpt-oss's down-projection biases), then each expert's neurons by LSA on its own rows of the
+          experts' neuron space (spec.Merged) against those of the expert it came from.
 Tokens are not recovered: a token permutation acts on the inputs, never on the weights.
 A channel permutation inside a head followed by a rotation is one orthogonal map, so with both present only
 their product is determined; it is reported as a rotation (see symmetries.head_channels and .rotation).
@@ -24,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from perm_core.applications.matching import assignment, procrustes
-from perm_core.engine.spec import LAYERED_ROLES, Claim, Concat, FamilySpec, Scramble, transform_params
+from perm_core.engine.spec import LAYERED_ROLES, Claim, Concat, FamilySpec, Gain, Merged, Scramble, transform_params
 from perm_core.engine.transforms import BlockOrthogonal, Permutation
 from perm_core.families import Geometry
 
@@ -54,6 +57,8 @@ class Recovered:
     groups: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> A's key/value group per B position
     in_head: dict[tuple[int, str, int], InHead] = field(default_factory=dict)  # (layer, side, B group) -> map
     mlp: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> A's neuron per B position
+    experts: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> A's expert per B position
+    expert_mlp: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> A's (expert, neuron), flat
 
     def summary(self) -> dict[str, dict]:
         """symmetry -> how much of the model its part of the element moves."""
@@ -68,7 +73,11 @@ class Recovered:
                       "groups_of": sum(len(g) for g in self.groups.values())},
             "head_channels": {"moved": sum(m.permutation is not None and _moved(m.permutation) > 0 for m in maps),
                               "of": len(maps)},
-            "mlp": {"moved": sum(_moved(p) for p in self.mlp.values()), "of": sum(len(p) for p in self.mlp.values())},
+            "mlp": {"moved": sum(_moved(p) for p in self.mlp.values()) + sum(
+                        _moved_within(n, self.experts[layer]) for layer, n in self.expert_mlp.items()),
+                    "of": sum(len(p) for p in self.mlp.values()) + sum(len(n) for n in self.expert_mlp.values())},
+            "experts": {"moved": sum(_moved(e) for e in self.experts.values()),
+                        "of": sum(len(e) for e in self.experts.values())},
             "rotation": {"rotated": len(rotations), "of": len(maps),
                          "max_deviation": max(((r - eye).abs().max().item() for r in rotations), default=0.0)},
         }
@@ -76,6 +85,12 @@ class Recovered:
 
 def _moved(index: torch.Tensor) -> int:
     return int((index != torch.arange(len(index))).sum())
+
+
+def _moved_within(neurons: torch.Tensor, order: torch.Tensor) -> int:
+    """Neurons not in their place inside their expert, once the experts are put in order."""
+    width = len(neurons) // len(order)
+    return int((neurons != (order[:, None] * width + torch.arange(width)).flatten()).sum())
 
 
 def rows(params: dict, claims: dict[str, Claim], role: str, layer: int | None, plain: bool = False) -> torch.Tensor:
@@ -91,8 +106,12 @@ def rows(params: dict, claims: dict[str, Claim], role: str, layer: int | None, p
         axes = claim.rule.axes
         for axis, axis_role in enumerate(axes):
             others = [r for i, r in enumerate(axes) if i != axis]
-            if plain and (isinstance(axis_role, Concat) or any(r not in UNMOVED_ROLES for r in others)):
-                continue
+            if isinstance(axis_role, Gain) or plain and (isinstance(axis_role, Concat | Merged)
+                                                         or any(r not in UNMOVED_ROLES for r in others)):
+                continue  # a gain is no row of its space: a sign flip of the space leaves it alone
+            if isinstance(axis_role, Merged):  # the outer axis and this one as one, then as any other axis
+                moved = tensor.movedim((axis_role.outer, axis), (0, 1))
+                tensor, axis, axis_role = moved.reshape(-1, *moved.shape[2:]), 0, axis_role.inner
             if isinstance(axis_role, Concat):
                 parts = axis_role.split(tensor, axis)
                 pieces += [p.movedim(axis, 0).reshape(p.shape[axis], -1)
@@ -203,5 +222,21 @@ def recover(params_a: dict, params_b: dict, spec: FamilySpec, claims: dict[str, 
         if mlp_a.numel():
             found.mlp[layer] = match_rows(rows(params_b, claims, "mlp", layer), mlp_a)
             spaces[("mlp", layer)] = (Permutation(found.mlp[layer]),)
+        if g.n_experts:
+            order, neurons = recover_experts(aligned_a, params_b, claims, layer, g)
+            found.experts[layer], found.expert_mlp[layer] = order, neurons
+            spaces[("experts", layer)], spaces[("expert_mlp", layer)] = (Permutation(order),), (Permutation(neurons),)
     found.element = Scramble(spaces)
     return found
+
+
+def recover_experts(a: dict, b: dict, claims, layer: int, g: Geometry) -> tuple[torch.Tensor, torch.Tensor]:
+    """(A's expert per B position, A's flat (expert, neuron) per B position) of one layer; A already in B's
+    residual order. B's new expert e holds A's expert order[e], its neuron i A's neuron index[e, i] of that one."""
+    order = match_rows(rows(b, claims, "experts", layer), rows(a, claims, "experts", layer))
+    width = g.d_expert
+    neurons_b, neurons_a = rows(b, claims, "expert_mlp", layer), rows(a, claims, "expert_mlp", layer)
+    index = [order[e] * width + match_rows(neurons_b[e * width:(e + 1) * width],
+                                           neurons_a[order[e] * width:(order[e] + 1) * width])
+             for e in range(g.n_experts)]
+    return order, torch.cat(index)

@@ -89,6 +89,8 @@ class Report:
     controls: list[ControlResult] = field(default_factory=list)
     not_symmetries: list[NotSymmetry] = field(default_factory=list)
     restricted: dict[str, str] = field(default_factory=dict)  # symmetry -> the restricted form checked, and why
+    # symmetry -> why the architecture has nothing it acts on (experts on a dense model): named, left out of the verdict
+    not_applicable: dict[str, str] = field(default_factory=dict)
     oracle: OracleResult | None = None  # the original run against transformers' own forward (oracle.py)
     # Wall seconds of each part (original, oracle, checks, controls, not_symmetries); not part of the verdict
     seconds: dict[str, float] = field(default_factory=dict)
@@ -115,5 +117,6 @@ class Report:
                           "dtype": self.dtype, "keys": self.keys,
                           "passed": self.passed, "checks": checks, "controls": controls,
                           "not_symmetries": not_symmetries, "restricted": self.restricted,
+                          **({"not_applicable": self.not_applicable} if self.not_applicable else {}),
                           "oracle": None if self.oracle is None else {**asdict(self.oracle),
                                                                       "passed": self.oracle.passed}})

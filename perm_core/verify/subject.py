@@ -15,10 +15,10 @@ from perm_core.engine import symmetries
 from perm_core.engine.spec import (
     LAYERED_ROLES,
     Claim,
-    Concat,
     FamilySpec,
     Scramble,
     apply_axes,
+    parts_of,
     transform_param,
     transform_params,
 )
@@ -328,8 +328,7 @@ def inverse_of_spaces(scramble: Scramble, records: dict[str, Record]) -> Scrambl
     needed = set()
     for record in records.values():
         for role in record.axes if isinstance(record.axes, tuple) else ():
-            parts = [part for part, _ in role.parts] if isinstance(role, Concat) else [role] if role else []
-            for part in parts:
+            for part in parts_of(role):
                 name, layer = part if isinstance(part, tuple) else (part, record.layer)
                 needed.add((name, layer if name in LAYERED_ROLES else None))
     spaces = {space: chain for space, chain in scramble.spaces.items() if space in needed}

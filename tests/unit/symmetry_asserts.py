@@ -13,6 +13,9 @@ def assert_symmetry_holds(report, symmetry: str, dtype: torch.dtype) -> None:
     """Forward and backward both pass, moved something, within float64's tolerance in float64, and compared the
     embedding, attention, hidden states, the input gradient and parameter gradients."""
     results = {c.direction: c for c in report.checks if c.symmetry == symmetry}
+    if symmetry in report.not_applicable:  # experts on a dense model: named with why, nothing checked
+        assert not results and report.not_applicable[symmetry]
+        return
     assert set(results) == {"forward", "backward"}
     for direction, result in results.items():
         assert result.tolerance == TOLERANCE[dtype]
@@ -32,7 +35,7 @@ def assert_every_control_breaks(report) -> None:
     for control in report.controls:
         assert control.broken and control.max_rel_error > 1e-2, (control.symmetry, control.name,
                                                                   control.max_rel_error)
-    assert {c.symmetry for c in report.controls} == set(symmetries.SYMMETRIES)
+    assert {c.symmetry for c in report.controls} == set(symmetries.SYMMETRIES) - set(report.not_applicable)
     assert report.passed
 
 

@@ -42,7 +42,8 @@ MAPPINGS = ("MODEL_MAPPING_NAMES", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NA
             "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES")
 # Model types beside a family's own whose classes must be refused with a reason: Gemma 3's multimodal model.
 RELATED_MODEL_TYPES = {"gemma3": ("gemma3",)}
-RMS_NORM_FAMILIES = {"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3", "t5"}  # normalize in float32
+MOE_FAMILIES = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss"}  # their routers' softmax is float32 too
+RMS_NORM_FAMILIES = {"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3", "t5"} | MOE_FAMILIES  # float32 norms
 FLOAT32 = {"BertForQuestionAnswering", "GPT2ForSequenceClassification", "LlamaForQuestionAnswering",
            "RobertaForMultipleChoice", "T5ForTokenClassification", "DeiTForImageClassificationWithTeacher"}
 
@@ -148,8 +149,11 @@ def test_scrambled_checkpoint_of_every_head_class_gives_the_same_outputs(tmp_pat
     record = save_and_scramble(model, tmp_path)
     assert record["class"] == name
 
-    def plain(directory):
-        return getattr(hf, name).from_pretrained(directory, dtype=torch.float64, attn_implementation="sdpa").eval()
+    def plain(directory):  # experts: eager (grouped_mm refuses float64); gpt-oss's sinks have no sdpa
+        moe = {"experts_implementation": "eager"} if family in MOE_FAMILIES else {}
+        attention = "eager" if family == "gpt_oss" else "sdpa"
+        return getattr(hf, name).from_pretrained(directory, dtype=torch.float64, attn_implementation=attention,
+                                                 **moe).eval()
 
     original, scrambled = plain(tmp_path / "original"), plain(tmp_path / "scrambled")
     inputs = {k: v.to(torch.float64) if v.is_floating_point() else v

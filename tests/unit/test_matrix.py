@@ -29,6 +29,10 @@ def test_matrix_json_shape_and_cells(capsys):
     for row in rows.values():
         assert set(row["cells"]) == set(SYMMETRIES)
         for symmetry, cell in row["cells"].items():
+            if symmetry == "experts":  # dense families: nothing to reorder, said so, nothing measured
+                assert cell["status"] == matrix.NOT_APPLICABLE and "no mixture-of-experts" in cell["reason"]
+                assert cell["controls"] == 0 and cell["max_rel_error"] == 0
+                continue
             assert cell["status"] in (matrix.HOLDS, matrix.RESTRICTED), (row["family"], symmetry)
             assert 0 < cell["max_rel_error"] <= 1e-9
             assert cell["controls"] >= 1 and cell["controls_broken"] == cell["controls"]
@@ -80,5 +84,5 @@ def test_a_row_is_the_same_bits_whatever_the_process_thread_count():
             rows.append(matrix.family_row("gpt2"))
     finally:
         torch.set_num_threads(saved)
-    errors = [[row.cells[s].max_rel_error for s in SYMMETRIES] for row in rows]
+    errors = [[row.cells[s].max_rel_error for s in SYMMETRIES if s != "experts"] for row in rows]  # experts: n/a
     assert errors[0] == errors[1] and all(0 < e < 1e-12 for e in errors[0])
