@@ -47,6 +47,7 @@ class Allowances:
         self.roundoff: dict[str, float] = {}
         self.own: dict[str, dict[str, float]] = {label: {} for label in elements}
         self.used: list[dict] = []
+        self.measured: set[str] = set()  # the tensors of every stage whose round-off was measured
         self._other_model = None
         self._other_elements: dict = {}
         self._original_kwargs: list[dict] | None = None
@@ -61,12 +62,15 @@ class Allowances:
         return self._other_model
 
     @property
+    def original_inputs(self) -> dict:
+        """The original's model inputs in the other dtype."""
+        return model_inputs(self.inputs, self.other_model.geometry, Scramble(), self.other)
+
+    @property
     def original_kwargs(self) -> list[dict]:
         """What each original block is given besides its input, in the other dtype."""
         if self._original_kwargs is None:
-            other = self.other_model
-            self._original_kwargs = other.layer_kwargs(model_inputs(self.inputs, other.geometry, Scramble(),
-                                                                    self.other))
+            self._original_kwargs = self.other_model.layer_kwargs(self.original_inputs)
         return self._original_kwargs
 
     def other_element(self, label: str):
@@ -97,13 +101,14 @@ class Allowances:
         over = {label: self.over(scales, label, names) for label in self.elements}
         if not any(over.values()):
             return
-        self.roundoff.update(self._relative(original(), scales))
+        _merge(self.roundoff, self._relative(original(), scales))
         between()
+        self.measured.update(names)
         record = {"stage": where, "over_base_tolerance": sorted({n for found in over.values() for n in found}),
                   "measured": ["original"]}
         for label in self.elements:
             if over[label] and self.over(scales, label, names, self.roundoff):
-                self.own[label].update(self._relative(element(label), scales))
+                _merge(self.own[label], self._relative(element(label), scales))
                 record["measured"].append(label)
         self.used.append(record)
 
@@ -118,3 +123,10 @@ class Allowances:
         return judged_with_roundoff(differences, self.dtype, self.floor_reasons,
                                     (lambda: self.roundoff) if self.enabled else None,
                                     lambda: self.own.get(label, {}))
+
+
+def _merge(found: dict[str, float], more: dict[str, float]) -> None:
+    """A tensor compared at two stages (a tied token table's gradient, at the head and at the embedding) keeps the
+    larger of its two measured round-offs (a non-finite one is inf already)."""
+    for name, value in more.items():
+        found[name] = value if not value <= found.get(name, value) else found.get(name, value)

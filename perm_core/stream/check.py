@@ -29,18 +29,12 @@ from perm_core.fast.param_cache import tensor_bytes
 from perm_core.stream.allowance import Allowances
 from perm_core.stream.encoder_decoder_check import TwoStacks
 from perm_core.stream.forward import OriginalRun, forward_pass
+from perm_core.stream.head import head_stage
 from perm_core.stream.layout import StreamedModel
 from perm_core.stream.memory import MemoryBound, StagePeaks
 from perm_core.stream.plan import opened, plan_check
 from perm_core.stream.report import PROOF, StreamedReport, allowance_notes, explained, floor_reasons
-from perm_core.stream.reverse import (
-    BlockStage,
-    Element,
-    block_stage,
-    block_stage_tensors,
-    embedding_stage,
-    head_stage,
-)
+from perm_core.stream.reverse import BlockStage, Element, block_stage, embedding_stage
 from perm_core.stream.stages import is_encoder_decoder
 from perm_core.verify.check import named_keys
 
@@ -70,7 +64,7 @@ def stream_check(directory, inputs: dict, symmetry_names=symmetries.SYMMETRIES, 
     transforms = tensor_bytes([[(e.scramble, e.inverse, e.layer_kwargs) for e in elements.values()], control_runs])
     floor = floor_reasons(model)
     allowance = Allowances(model, inputs, elements, floor, make_element=Element)
-    grad, stash = head_stage(model, run, elements, backward, chunks)
+    grad, stash = head_stage(model, run, elements, backward, chunks, allowance)
     peaks.end("head")
     original_inputs = model_inputs(inputs, g, Scramble(), dtype)
     original_kwargs = model.layer_kwargs(original_inputs)
@@ -80,13 +74,13 @@ def stream_check(directory, inputs: dict, symmetry_names=symmetries.SYMMETRIES, 
             progress(1.0 - (layer + 1) / (model.n_layers + 1), f"checking block {layer}")
         grad = path.block(layer, run, elements, backward, grad, original_kwargs[layer], allowance)
         peaks.end(f"block {layer}")
-    path.embedding(run, elements, backward, grad, stash, original_inputs)
+    path.embedding(run, elements, backward, grad, stash, original_inputs, allowance)
     peaks.end("embedding")
 
     def explain(control_run, result):
         return explained(model, inputs, control_run, result, chunks, path.forward_pass, floor)
     plan.verdicts(model, elements, allowance, control_runs, run.scales.final(floor, dtype), floor, backward, explain)
-    report.notes.extend(allowance_notes(allowance, model, report, path.stage_tensors, *path.note_places))
+    report.notes.extend(allowance_notes(allowance, model, report, *path.note_places))
     peaks.end("comparisons")
     report.memory = path.memory(run, count, largest, peaks, transforms, elements, control_runs)
     if progress:
@@ -99,9 +93,8 @@ class OneStack:
     original's gradient at its input to the one before it, then the embedding."""
 
     model_class = StreamedModel
-    stage_tensors = staticmethod(block_stage_tensors)
     forward_pass = staticmethod(forward_pass)
-    note_places = ("the blocks", "the embedding or the head")
+    note_places = ("every stage", "no stage")
 
     def __init__(self, model: StreamedModel):
         self.model = model
@@ -120,8 +113,8 @@ class OneStack:
         return block_stage(BlockStage(self.model, layer, run), run, elements, backward, grad, kwargs, allowance)
 
     def embedding(self, run: OriginalRun, elements: dict[str, Element], backward: bool, grad: torch.Tensor | None,
-                  stash: dict, original_inputs: dict) -> None:
-        embedding_stage(self.model, run, elements, backward, grad, stash, original_inputs)
+                  stash: dict, original_inputs: dict, allowance: Allowances) -> None:
+        embedding_stage(self.model, run, elements, backward, grad, stash, original_inputs, allowance)
 
     def memory(self, run: OriginalRun, count: int, largest: int, stages: StagePeaks, transforms: int,
                elements: dict[str, Element], control_runs: list) -> MemoryBound:

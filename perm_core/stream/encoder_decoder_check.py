@@ -12,8 +12,8 @@ block 0. Each stage is still checked on the original's own input and output grad
 stream.check holds stage by stage, and a part that one stage gets wrong shows in the sum it is added to.
 
 A block's stage with a tensor over its dtype's base tolerance gets its own measured round-off as its allowance
-(stream.allowance, as one stack's blocks do); the embedding's, the head's and the sums' are not measured, and the
-report's notes say where that made a tensor fail.
+(stream.allowance, as one stack's blocks do), and so does the head (stream.head, every layout's); the embedding's
+and the sums' are not measured, and the report's notes say where that made a tensor fail.
 """
 
 from __future__ import annotations
@@ -35,16 +35,9 @@ from perm_core.stream.encoder_decoder import (
     forward_pass,
     hidden_axes,
 )
+from perm_core.stream.head import as_leaf, cast, frames
 from perm_core.stream.memory import MemoryBound, StagePeaks
-from perm_core.stream.reverse import (
-    Element,
-    as_leaf,
-    block_stage,
-    cast,
-    frames,
-    handed_over,
-    with_head_rows,
-)
+from perm_core.stream.reverse import Element, block_stage, handed_over, with_head_rows
 from perm_core.stream.stages import StreamingUnsupportedError
 
 
@@ -168,9 +161,8 @@ class TwoStacks:
     walk leaves the decoder, the encoder's table before the embedding), then the encoder's."""
 
     model_class = EncoderDecoderModel
-    stage_tensors = staticmethod(stage_tensors)
     forward_pass = staticmethod(forward_pass)
-    note_places = ("the blocks' own tensors", "the embedding, the head or in a sum over blocks")
+    note_places = ("the blocks' own tensors and the head", "the embedding or in a sum over blocks")
 
     def __init__(self, model: EncoderDecoderModel):
         self.model = model
@@ -200,7 +192,8 @@ class TwoStacks:
         return grad
 
     def embedding(self, run: EncoderDecoderRun, elements: dict[str, Element], backward: bool,
-                  grad: torch.Tensor | None, stash: dict, original_inputs: dict) -> None:
+                  grad: torch.Tensor | None, stash: dict, original_inputs: dict, allowance: Allowances) -> None:
+        """The two stacks' embedding, its round-off not measured (allowance_notes says where that fails)."""
         self.sums.compare(trace_names.param_grad(self.model.tables["encoder"]))
         embedding_stage(self.model, run, elements, backward, (grad, self.decoder_grad) if backward else None, stash,
                         original_inputs)

@@ -11,7 +11,6 @@ here: the notes on where round-off allowances were measured. What a check plans 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -92,21 +91,19 @@ def floor_reasons(model: StreamedModel) -> dict[str, str]:
     return key_bias_floors(model.claims, lambda name: len(model.reader.entries[name].shape), model.geometry)
 
 
-def allowance_notes(allowance: Allowances, model: StreamedModel, report: StreamedReport,
-                    stage_tensors: Callable[[StreamedModel, int], list[str]], measured_at: str, not_at: str
+def allowance_notes(allowance: Allowances, model: StreamedModel, report: StreamedReport, measured_at: str, not_at: str
                     ) -> list[str]:
-    """Where a block's measured round-off was used, and where a tensor over its base tolerance was at a place whose
-    round-off is not measured. stage_tensors(model, layer): the tensors block `layer`'s stage compares itself;
-    `measured_at`, `not_at`: the path's words for where round-off is measured and where it is not."""
+    """Where a stage's measured round-off was used, and where a tensor over its base tolerance was at a place whose
+    round-off is not measured; `measured_at`, `not_at`: the path's words for where round-off is measured and where
+    it is not."""
     other = str(allowance.other).split(".")[-1]
     notes = [f"{u['stage']}: {len(u['over_base_tolerance'])} tensor(s) over the base tolerance, judged with the "
              f"stage's round-off measured by a rerun in {other} ({', '.join(u['measured'])})" for u in allowance.used]
     if not allowance.enabled:
         return notes
-    measured = {n for u in allowance.used for n in stage_tensors(model, int(u["stage"].split()[1]))}
     base = TOLERANCE.get(model.dtype, TOLERANCE[torch.float32])
     unmeasured = sorted({e.name for c in report.checks for e in c.tensors
-                         if e.finite and not e.max_rel_error <= base and e.name not in measured})
+                         if e.finite and not e.max_rel_error <= base and e.name not in allowance.measured})
     if unmeasured:
         notes.append(f"round-off allowances are measured at {measured_at} only: over its dtype's base tolerance at "
                      f"{not_at}, {', '.join(unmeasured)} fails here (the whole-model check would measure its "

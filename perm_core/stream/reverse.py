@@ -1,4 +1,4 @@
-"""The checks of a streamed check: stage by stage from the head back to the embeddings.
+"""The checks of a streamed check's blocks and one stack's embedding, walked back from the head (stream.head).
 
 At each stage the original's gradient at the stage's output is known (the head's comes from the invariant loss on
 the original logits), so one read of the stage's weights serves every element: the original stage runs forward
@@ -19,9 +19,10 @@ import torch
 from perm_core.engine.spec import PIXELS, Scramble, apply_axes, transform_param
 from perm_core.engine.tokens import model_inputs
 from perm_core.run import trace_names
-from perm_core.run.trace import TOKEN_RESID, handing_over_grads, invariant_loss
+from perm_core.run.trace import TOKEN_RESID, handing_over_grads
 from perm_core.stream.allowance import Allowances
 from perm_core.stream.forward import OriginalRun, attention_axes
+from perm_core.stream.head import as_leaf, cast, frames
 from perm_core.stream.layout import StreamedModel
 from perm_core.stream.tally import Tally
 
@@ -41,98 +42,6 @@ class Element:
 
     def restored(self, tensor: torch.Tensor, axes, layer: int | None = None) -> torch.Tensor:
         return apply_axes(tensor.detach(), axes, self.inverse, layer, self.patch_size)
-
-
-def as_leaf(tensor: torch.Tensor, grad: bool) -> torch.Tensor:
-    """A stage's input cut from what made it: the stage's backward stops at it (and fills its .grad if asked)."""
-    return tensor.detach().requires_grad_(grad)
-
-
-def head_stage(model: StreamedModel, run: OriginalRun, elements: dict[str, Element], backward: bool,
-               chunks: list[tuple[int, int]]) -> tuple[torch.Tensor | None, dict]:
-    """Compare the logits and the head's gradients chunk by chunk (the head's parameters besides its vocabulary rows,
-    BERT's transform, whole: their gradients summed over the chunks, compared at the end). Returns the original's
-    gradient at the head's input and, for a head tied to the embedding, its gradient rows at the looked-up tokens
-    (original, and each element's un-scrambled), which the embedding stage adds its own to."""
-    top = run.records[trace_names.hidden(model.n_layers - 1)]
-    axes, primary = model.output_axes, model.primary
-    logits = run.records[primary]  # what the invariant loss reads (a headless model's last hidden state)
-    claims = model.claims
-    stash: dict = {}
-    whole = {n: as_leaf(w, backward) for n, w in model.read(model.head_whole).items()}
-    moved_whole = {label: {n: as_leaf(transform_param(w, claims[n], element.scramble), backward)
-                           for n, w in whole.items()} for label, element in elements.items()}
-    if backward:
-        leaf = as_leaf(logits, True)
-        grad_logits = torch.autograd.grad(invariant_loss(leaf), leaf)[0]
-        grad_top = torch.zeros_like(top)
-        moved_grad_top = {label: torch.zeros_like(top) for label in elements}
-    for start, stop in chunks:
-        chunk = model.head_chunk(start, stop)
-        tied_rows = [r - start for r in run.looked_up if start <= r < stop] if model.tied else []
-
-        def piece(tensor: torch.Tensor, start=start, stop=stop) -> torch.Tensor:
-            """This chunk's vocabulary entries of an output (a headless model's outputs whole)."""
-            return tensor[..., start:stop] if model.head_chunked else tensor
-
-        grads = {}
-        if backward:
-            weights, inputs = {n: as_leaf(w, True) for n, w in chunk.items()}, as_leaf(top, True)
-            torch.autograd.backward(model.head(weights, whole, inputs)[primary], piece(grad_logits),
-                                    inputs=[*weights.values(), *whole.values(), inputs])
-            grad_top += inputs.grad
-            for name, weight in weights.items():
-                grads[name] = weight.grad
-                if name == model.embed_name:
-                    grads[name] = _set_aside(weight.grad, tied_rows, stash, "original", start)
-                run.scales.add(trace_names.param_grad(name), grads[name])
-            del weights
-        for label, element in elements.items():
-            weights = {n: as_leaf(transform_param(w, claims[n], element.scramble), backward) for n, w in chunk.items()}
-            inputs = as_leaf(element.moved(top, TOKEN_RESID), backward)
-            outputs = model.head(weights, moved_whole[label], inputs)
-            for name, out in outputs.items():
-                element.tally.add(name, piece(run.records[name]), element.restored(out, axes[name]))
-            if backward:
-                torch.autograd.backward(outputs[primary], element.moved(piece(grad_logits), axes[primary]),
-                                        inputs=[*weights.values(), *moved_whole[label].values(), inputs])
-                moved_grad_top[label] += inputs.grad
-                for name, weight in weights.items():
-                    moved, weight.grad = weight.grad, None
-                    restored = element.restored(moved, claims[name].rule.axes, claims[name].layer)
-                    del moved
-                    if name == model.embed_name:
-                        restored = _set_aside(restored, tied_rows, stash, label, start)
-                    element.tally.add(trace_names.param_grad(name), grads[name], restored)
-                    del restored
-            del weights, outputs
-        del chunk, grads
-    if not backward:
-        return None, stash
-    for name, weight in whole.items():
-        if weight.grad is None:  # outside what the loss reads (a pooler): the whole-model trace records none
-            continue
-        run.scales.add(trace_names.param_grad(name), weight.grad)
-        for label, element in elements.items():
-            moved = moved_whole[label][name].grad  # none where the transformed head left it out of the loss: zeros,
-            moved = moved if moved is not None else torch.zeros_like(weight.grad)  # as the embedding stage takes it
-            element.tally.add(trace_names.param_grad(name), weight.grad,
-                              element.restored(moved, claims[name].rule.axes, claims[name].layer))
-    name = trace_names.grad(trace_names.hidden(model.n_layers - 1))
-    run.scales.add(name, grad_top)
-    for label, element in elements.items():
-        element.tally.add(name, grad_top, element.restored(moved_grad_top[label], TOKEN_RESID))
-    return grad_top, stash
-
-
-def _set_aside(grad: torch.Tensor, rows: list[int], stash: dict, owner: str, start: int) -> torch.Tensor:
-    """A tied head's gradient rows at looked-up tokens are kept apart (the embedding stage completes them) and
-    zeroed here, so that this chunk's comparison and scale see only the rows that are final."""
-    if rows:
-        index = torch.tensor(rows)
-        stash.setdefault(owner, {}).update({start + r: row for r, row in zip(rows, grad[index].clone(), strict=True)})
-        grad[index] = 0.0
-    return grad
 
 
 def _block_tensor_names(model: StreamedModel, layer: int) -> tuple[str, str, str]:
@@ -197,13 +106,6 @@ class BlockStage:
         return {}
 
 
-def frames(element: Element | None):
-    """(moved, restored): a stage's inputs into `element`'s frame and its tensors back (None: as they are)."""
-    if element is None:
-        return (lambda t, axes, layer=None: t), (lambda t, axes, layer=None: t.detach())
-    return element.moved, element.restored
-
-
 def block_stage(stage, run: OriginalRun, elements: dict[str, Element], backward: bool, grad_out: torch.Tensor | None,
                 original_kwargs: dict, allowance: Allowances | None = None) -> torch.Tensor | None:
     """Compare a block's `stage` (BlockStage, or an encoder-decoder's) under every element, the same steps for
@@ -240,11 +142,6 @@ def block_stage(stage, run: OriginalRun, elements: dict[str, Element], backward:
     return grad_in
 
 
-def cast(tensor: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    """`tensor` in `dtype` (itself where it is in `dtype` already); None stays None."""
-    return None if tensor is None else tensor.to(dtype)
-
-
 def measure_roundoff(allowance: Allowances, layer: int, elements: dict[str, Element], original: dict[str, torch.Tensor],
                      scales, names: list[str], run_once) -> None:
     """Block `layer`'s stage's round-off, measured where a tensor of `names` needs it (stream.allowance), the same
@@ -279,51 +176,98 @@ def measure_roundoff(allowance: Allowances, layer: int, elements: dict[str, Elem
     allowance.measure(f"block {layer}", names, scales, original_roundoff, element_roundoff, drop_originals)
 
 
-def embedding_stage(model: StreamedModel, run: OriginalRun, elements: dict[str, Element], backward: bool,
-                    grad_out: torch.Tensor | None, stash: dict, kwargs: dict) -> None:
-    """Compare the embedding output and the gradients of its weights: the token table's looked-up rows (a tied
-    head's rows completed) and its other parameters (position embeddings) whole; an image model's pixels' gradient
-    too ("grad.input"). `kwargs`: the original's model inputs."""
-    weights = model.embedding_weights(run.looked_up)
-    originals: dict[str, torch.Tensor] = {}
-    if backward:
-        leaves = {n: as_leaf(w, True) for n, w in weights.items()}
-        kwargs, pixels = _with_pixels(model, kwargs, True)
-        torch.autograd.backward(model.embed(leaves, run.looked_up, kwargs), grad_out,
+class EmbeddingStage:
+    """The embedding stage, rerunnable as a block's stage is: the original's gradient at its output, the looked-up
+    rows, and the tensors it compares."""
+
+    def __init__(self, model: StreamedModel, run: OriginalRun, backward: bool, grad_out: torch.Tensor | None):
+        self.model, self.looked_up, self.backward, self.grad_out = model, run.looked_up, backward, grad_out
+
+    def tensors(self) -> list[str]:
+        """Its output and, backward, its parameters' gradients (and an image's pixels')."""
+        m = self.model
+        grads = [*([trace_names.GRAD_INPUT] if m.pixels else []), *map(trace_names.param_grad, m.embedding_names)]
+        return [trace_names.EMBED, *(grads if self.backward else [])]
+
+    def run(self, on: StreamedModel, weights: dict[str, torch.Tensor], transform: Element | None, dtype: torch.dtype,
+            element: Element | None, kwargs: dict, found, expected=()) -> None:
+        """One run on `on` (the checked model or its twin in the other dtype): `weights` (as stored) moved by
+        `transform`'s scramble (None: as they are) and cast to `dtype`, on `kwargs` (model inputs in `dtype`) and
+        the original's output gradient moved by `element` (None: as it is), each tensor restored and handed to
+        found(name, tensor): its output, and backward its pixels' gradient and each parameter's (one the forward
+        leaves unused is none, as the whole-model trace records none, unless it is the token table's or
+        `expected`: zeros)."""
+        moved, restored = frames(element)
+        claims, backward = self.model.claims, self.backward
+        leaves = {n: as_leaf((w if transform is None else transform_param(w, claims[n], transform.scramble)).to(dtype),
+                             backward) for n, w in weights.items()}
+        kwargs, pixels = _with_pixels(self.model, kwargs, backward)
+        out = on.embed(leaves, self.looked_up, kwargs)
+        found(trace_names.EMBED, restored(out, TOKEN_RESID))
+        if not backward:
+            return
+        torch.autograd.backward(out, moved(cast(self.grad_out, dtype), TOKEN_RESID),
                                 inputs=list(leaves.values()) + pixels)
         if pixels:
-            originals[trace_names.GRAD_INPUT] = pixels[0].grad
-            run.scales.add(trace_names.GRAD_INPUT, pixels[0].grad)
+            found(trace_names.GRAD_INPUT, restored(pixels[0].grad, PIXELS))
         for name, leaf in leaves.items():
-            if leaf.grad is None and name != model.embed_name:  # unused (DINOv2's mask token): the whole-model
-                continue  # trace records no gradient for it either
+            grad_name = trace_names.param_grad(name)
+            if leaf.grad is None and name != self.model.embed_name and grad_name not in expected:
+                continue
             grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
-            originals[name] = with_head_rows(grad, stash.get("original"), run.looked_up) if name == model.embed_name \
-                else grad
-            run.scales.add(trace_names.param_grad(name), originals[name])
-        del leaves
-    for label, element in elements.items():
-        leaves = {n: as_leaf(transform_param(w, model.claims[n], element.scramble), backward)
-                  for n, w in weights.items()}
-        kwargs, pixels = _with_pixels(model, element.kwargs, backward)
-        out = model.embed(leaves, run.looked_up, kwargs)
-        element.tally.add(trace_names.EMBED, run.records[trace_names.EMBED], element.restored(out, TOKEN_RESID))
-        if backward:
-            torch.autograd.backward(out, element.moved(grad_out, TOKEN_RESID), inputs=list(leaves.values()) + pixels)
-            if pixels:
-                element.tally.add(trace_names.GRAD_INPUT, originals[trace_names.GRAD_INPUT],
-                                  element.restored(pixels[0].grad, PIXELS))
-            for name, leaf in leaves.items():
-                if name not in originals:
-                    continue
-                claim = model.claims[name]
-                grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
-                restored = element.restored(grad, claim.rule.axes, claim.layer)
-                if name == model.embed_name:
-                    restored = with_head_rows(restored, stash.get(label), run.looked_up)
-                element.tally.add(trace_names.param_grad(name), originals[name], restored)
-        del leaves, out
+            found(grad_name, restored(grad, claims[name].rule.axes, claims[name].layer))
 
+
+def embedding_stage(model: StreamedModel, run: OriginalRun, elements: dict[str, Element], backward: bool,
+                    grad_out: torch.Tensor | None, stash: dict, kwargs: dict, allowance: Allowances | None = None
+                    ) -> None:
+    """Compare the embedding output and the gradients of its weights: the token table's looked-up rows (a tied
+    head's rows completed) and its other parameters (position embeddings) whole; an image model's pixels' gradient
+    too ("grad.input"). The stage's round-off allowance is measured where a tensor needs it (`allowance`).
+    `kwargs`: the original's model inputs."""
+    stage, weights = EmbeddingStage(model, run, backward, grad_out), model.embedding_weights(run.looked_up)
+    table = trace_names.param_grad(model.embed_name) if model.embed_name is not None else None
+    originals: dict[str, torch.Tensor] = {}
+
+    def completed(owner: str, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """The token table's looked-up rows with a tied head's part added."""
+        return with_head_rows(tensor, stash.get(owner), run.looked_up) if name == table else tensor
+
+    def keep(name: str, tensor: torch.Tensor) -> None:
+        if trace_names.is_grad(name):  # the output is the original run's record already
+            originals[name] = completed("original", name, tensor)
+            run.scales.add(name, originals[name])
+
+    if backward:
+        stage.run(model, weights, None, model.dtype, None, kwargs, keep)
+    originals[trace_names.EMBED] = run.records[trace_names.EMBED]
+    for label, element in elements.items():
+        def compare(name: str, tensor: torch.Tensor, label=label, tally=element.tally) -> None:
+            if name in originals:  # a gradient the original's run has none of is not compared, as whole-model
+                tally.add(name, originals[name], completed(label, name, tensor))
+        stage.run(model, weights, element, model.dtype, element, element.kwargs, compare, expected=originals)
+    if allowance is not None:
+        measure_embedding_roundoff(allowance, stage, weights, elements, kwargs, run.scales)
+
+
+def measure_embedding_roundoff(allowance: Allowances, stage: EmbeddingStage, weights: dict[str, torch.Tensor],
+                               elements: dict[str, Element], kwargs: dict, scales) -> None:
+    """The embedding stage's round-off, where a tensor needs it (stream.allowance): the original stage run in the
+    other dtype and in the checked one, and each element's transformed stage likewise, each pair's distances (a
+    tied head's rows left out of both: the head stage measures theirs)."""
+    checked, other = allowance.model, allowance.other_model
+
+    def between(transform: Element | None, mine: Element | None, theirs: Element | None) -> Tally:
+        """The stage run once in each dtype, `transform`'s weights, moved by `theirs` and `mine` (None: as is)."""
+        kept, tally = {}, Tally()
+        stage.run(other, weights, transform, allowance.other, theirs,
+                  theirs.kwargs if theirs is not None else allowance.original_inputs, kept.__setitem__)
+        stage.run(checked, weights, transform, checked.dtype, mine, mine.kwargs if mine is not None else kwargs,
+                  lambda n, t: tally.add(n, kept.pop(n), t) if n in kept else None)
+        return tally
+
+    allowance.measure("the embedding", stage.tensors(), scales, lambda: between(None, None, None),
+                      lambda label: between(elements[label], elements[label], allowance.other_element(label)))
 
 def _with_pixels(model: StreamedModel, kwargs: dict, grad: bool) -> tuple[dict, list[torch.Tensor]]:
     """An image model's inputs with its pixels as a leaf (their gradient is the model's input gradient), and that
