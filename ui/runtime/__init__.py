@@ -17,15 +17,16 @@
 
 An Explore run comes in through `with explore(ExploreRequest(...), explorer, loaded, inputs) as data:`: its share
 of the run budget is held while it computes and while the page draws every tensor it was handed, and given back on
-exit. Another page's runs come in through `with page_runs() as shared_runs: main(shared_runs)`, the page asking
-`shared_runs.result(PageRequest(...), compute)`, the same way.
+exit; a display change (layer, head, weight) redraws its panel through `explore_block`, the same way, from
+the same cached result. Another page's runs come in through `with page_runs() as shared_runs: main(shared_runs)`,
+the page asking `shared_runs.result(PageRequest(...), compute)`, the same way.
 """
 
 from ui.runtime.budget import CHECK_WEIGHT_COPIES, page_run_bytes, page_slot
 from ui.runtime.housekeeping import collect_garbage, give_back_freed_memory
 from ui.runtime.models import long_lived_objects_frozen, shared_model
-from ui.runtime.runs import ExploreRequest, PageRequest, exploration, explore, model_on, page_runs
+from ui.runtime.runs import ExploreRequest, PageRequest, exploration, explore, explore_block, model_on, page_runs
 
 __all__ = ["CHECK_WEIGHT_COPIES", "ExploreRequest", "PageRequest", "collect_garbage", "exploration", "explore",
-           "give_back_freed_memory", "long_lived_objects_frozen", "model_on", "page_runs",
+           "explore_block", "give_back_freed_memory", "long_lived_objects_frozen", "model_on", "page_runs",
            "page_run_bytes", "page_slot", "shared_model"]
