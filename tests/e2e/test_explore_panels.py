@@ -1,5 +1,7 @@
-"""Real Chromium: on Explore a display change redraws only its own panel, a key change redraws every panel the key
-reaches, and every number the page states still equals the chart it describes after a sequence of both.
+"""Real Chromium: on Explore a display change reruns and redraws only its own panel, a key change redraws every
+panel the key reaches, and every number the page states still equals the chart it describes after a sequence of
+both. (Streamlit's browser leaves a chart whose figure is sent unchanged as drawn, so the DOM alone cannot tell a
+panel's rerun from the page's: the websocket's frames say which ran.)
 
 Each test watches the page's DOM with a MutationObserver: every plotly chart drawn before the action is held by the
 browser, and after it the test asks which of those very elements were touched (or removed) and reads each chart's
@@ -9,6 +11,7 @@ import base64
 import re
 
 import numpy as np
+from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
 
 from tests.e2e.conftest import wait_for_app
 from tests.e2e.test_explore import set_key, wait_verdict
@@ -50,6 +53,29 @@ CHART_DATA = "() => {" + TITLE + """
   return Array.from(document.querySelectorAll('[data-testid="stMain"] .js-plotly-plot')).map(gd => ({
     title: title(gd), data: gd.data.map(trace => ({name: trace.name || '', y: plain(trace.y), z: plain(trace.z)}))}));
 }"""
+
+
+def frames(page) -> list:
+    """Every websocket frame the page receives from now on, as it arrives."""
+    received = []
+    page.on("websocket", lambda ws: ws.on("framereceived", lambda payload: received.append(payload)))
+    return received
+
+
+def runs_and_charts(payloads) -> tuple[list[str], int]:
+    """How each run the frames report ended (ForwardMsg.ScriptFinishedStatus names), and how many charts they
+    carried in full."""
+    ended, charts = [], 0
+    for payload in payloads:
+        if isinstance(payload, str):
+            continue
+        message = ForwardMsg.FromString(payload)
+        kind = message.WhichOneof("type")
+        if kind == "script_finished":
+            ended.append(ForwardMsg.ScriptFinishedStatus.Name(message.script_finished))
+        elif kind == "delta" and message.delta.WhichOneof("type") == "new_element":
+            charts += message.delta.new_element.WhichOneof("type") == "plotly_chart"
+    return ended, charts
 
 
 def values(raw) -> np.ndarray:
@@ -111,12 +137,17 @@ def claims(page) -> dict[str, tuple[str, str]]:
 
 def test_a_layer_step_redraws_only_its_panel(app_url, page):
     page.set_viewport_size({"width": 1400, "height": 3600})
+    received = frames(page)
     page.goto(f"{app_url}/{URL}")
     wait_verdict(page)
     took = page.get_by_text("Scrambled side took").inner_text()
     before = titles(page)
     watch(page)
+    received.clear()
     assert step_layer(page, "ArrowLeft") == 1  # the page opens on the last of digits-vit's three blocks
+    ended, sent = runs_and_charts(received)
+    # The server ran the block's fragment alone (not the page) and sent no chart but the block's.
+    assert ended == ["FINISHED_FRAGMENT_RUN_SUCCESSFULLY"] and sent == sum(in_block_panel(t) for t in before)
 
     watched = page.evaluate(WATCHED)
     panel = [w for w in watched if in_block_panel(w["title"])]
@@ -133,13 +164,16 @@ def test_a_layer_step_redraws_only_its_panel(app_url, page):
 
 def test_a_head_step_redraws_only_the_attention_map(app_url, page):
     page.set_viewport_size({"width": 1400, "height": 3600})
+    received = frames(page)
     page.goto(f"{app_url}/{URL}")
     wait_verdict(page)
     watch(page)
+    received.clear()
     thumb = page.get_by_role("slider", name="Head")
     thumb.focus()
     thumb.press("ArrowRight")
     wait_for_app(page)
+    assert runs_and_charts(received) == (["FINISHED_FRAGMENT_RUN_SUCCESSFULLY"], 3)  # the attention map's alone
     watched = page.evaluate(WATCHED)
     redrawn = sorted(w["title"] for w in watched if not w["kept"])
     assert len(redrawn) == 3 and all(t.endswith("attention, block 2, head 0") for t in redrawn), redrawn
