@@ -5,9 +5,9 @@ from pathlib import Path
 import streamlit as st
 
 from ui.errors import show_unexpected
-from ui.runtime import collect_garbage, give_back_freed_memory, long_lived_objects_frozen
-from ui.sidebar import end_run, render_sidebar
+from ui.runtime.housekeeping import collect_garbage, give_back_freed_memory, long_lived_objects_frozen
 from ui.state import publish
+from ui.view import NOTES, end_run, without_controls
 
 ROOT = Path(__file__).resolve().parent
 # (file, title, icon, sidebar) in menu order; a page appears once its file exists. sidebar "full": the
@@ -37,7 +37,13 @@ pages = [st.Page(path, title=title, icon=icon, default=path == "pages/home.py")
 navigation = st.navigation(pages)
 st.session_state.pop("_nav_rerun", None)
 try:
-    render_sidebar(next(scope for _, title, _, scope in PAGES if title == navigation.title))
+    scope = next(scope for _, title, _, scope in PAGES if title == navigation.title)
+    if scope in NOTES:  # a page without the sidebar's controls (Home among them) imports neither torch nor the library
+        without_controls(scope)
+    else:
+        from ui.sidebar import render_sidebar
+
+        render_sidebar(scope)
     navigation.run()
 except Exception as error:  # noqa: BLE001 - st.stop/st.rerun are BaseExceptions and pass; a bug is logged
     show_unexpected(error)

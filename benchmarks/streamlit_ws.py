@@ -148,6 +148,7 @@ class StreamlitSession:
         self.page = Page()
         self.page_script_hash = ""
         self.widgets: dict[str, WidgetState] = {}  # the frontend's WidgetStateManager
+        self.fragment_of: dict[str, str] = {}  # widget id -> the st.fragment that drew it ("" for none)
         self.cache: dict[str, list] = {}  # hash -> [message, number of the run that last used it]
         self.runs = 0
         self._drawing: dict[tuple[int, ...], object] = {}
@@ -174,17 +175,20 @@ class StreamlitSession:
         """Set a widget of the last run as a visitor does, and rerun: seconds to the end of that run."""
         kind, proto = self.page.widget(label, key)
         self.widgets[proto.id] = widget_state(kind, proto, value)
-        return await self.rerun()
+        return await self.rerun(fragment_id=self.fragment_of.get(proto.id, ""))
 
     async def click(self, label: str | None = None, key: str | None = None) -> float:
         kind, proto = self.page.widget(label, key)
         return await self.rerun(trigger=widget_state(kind, proto, True))
 
-    async def rerun(self, trigger: WidgetState | None = None) -> float:
-        """Ask for a run with every widget state, as the frontend does; -> seconds until the run chain ended."""
+    async def rerun(self, trigger: WidgetState | None = None, fragment_id: str = "") -> float:
+        """Ask for a run with every widget state, as the frontend does; -> seconds until the run chain ended.
+        fragment_id: the widget changed was drawn by that st.fragment, which reruns alone (as the frontend asks)."""
         message = BackMsg()
         client = message.rerun_script
         client.query_string = self.query_string
+        if fragment_id:
+            client.fragment_id = fragment_id
         client.widget_states.widgets.extend([*self.widgets.values(), *([trigger] if trigger else [])])
         if self.page_script_hash:  # after the first run the frontend names the page by its script's hash
             client.page_script_hash = self.page_script_hash
@@ -248,6 +252,8 @@ class StreamlitSession:
         element = delta.new_element
         self._drawing[path] = element
         kind = element.WhichOneof("type")
+        if kind in VALUE_WIDGETS or kind in TRIGGER_WIDGETS:
+            self.fragment_of[getattr(element, kind).id] = delta.fragment_id  # "" outside any fragment
         if kind in VALUE_WIDGETS:
             proto = getattr(element, kind)
             if proto.id not in self.widgets or proto.set_value:

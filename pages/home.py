@@ -1,16 +1,15 @@
-"""Home: what inter- and intra-token permutation are, why a Transformer does not care, and where to go."""
+"""Home: what inter- and intra-token permutation are, why a Transformer does not care, and where to go.
+
+The first page a just-started server shows: it imports neither torch nor the library (nor anything that does), so it
+does not wait for them; its two pictures are the library's, kept as files (ui/home_pictures.py)."""
 
 from pathlib import Path
 
 import streamlit as st
-import torch
 
-from perm_core.engine.keys import permutation
-from perm_core.engine.patches import shuffle_patches
-from perm_core.engine.transforms import Permutation
-from ui.charts import figures
-from ui.sidebar import ensure_view, test_digits
+from ui.home_pictures import FILES, FOLDER
 from ui.state import publish
+from ui.view import ensure_view
 
 
 def main() -> None:
@@ -30,13 +29,10 @@ def main() -> None:
         st.markdown("Shuffle the **tokens** (image patches, words) together with their positions. Every layer's "
                     "output is shuffled the same way: the model is *equivariant*.")
         st.latex(r"f(P X) = P\, f(X)")
-        test_x, _ = test_digits()
-        digit = test_x[:1].double()  # the first held-out scikit-learn digit
-        order = Permutation(torch.cat([torch.zeros(1, dtype=torch.long), permutation(7, 16, "home") + 1]))
-        pictures = st.columns(2)
-        pictures[0].image(figures.mosaic_image(digit, 2, 160), caption="a digit as 16 patches")
-        pictures[1].image(figures.mosaic_image(shuffle_patches(digit, order, 2), 2, 160),
-                          caption="patches shuffled, key 7")
+        pictures = st.columns(2)  # the first held-out scikit-learn digit, and its patches shuffled with key 7
+        for column, name, caption in zip(pictures, FILES, ("a digit as 16 patches", "patches shuffled, key 7"),
+                                         strict=True):
+            column.image(str(FOLDER / name), caption=caption)
     with right:
         st.subheader("Intra-token permutation")
         st.markdown("Shuffle the **channels** inside every token, and permute every weight matrix, norm and "

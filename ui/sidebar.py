@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import threading
-from dataclasses import dataclass, field
 
 import streamlit as st
 import torch
@@ -21,10 +19,12 @@ from perm_core.families import family_names, geometry_of
 from perm_core.models import inputs as model_inputs
 from perm_core.models import zoo
 from perm_core.models.input_spec import digit_image
-from perm_core.models.registry import LoadedModel, ModelLoadError
+from perm_core.models.registry import ModelLoadError
+from ui import view as light
 from ui.errors import logged
 from ui.runtime import shared_model
-from ui.state import DEFAULT_KEYS, parse_bool, seed, use_navigation_registry
+from ui.state import DEFAULT_KEYS, parse_bool, seed
+from ui.view import _THIS_RUN, NOTES, View, _keep_sidebar_state, current_view, end_run, without_controls  # noqa: F401
 
 SYMMETRY_LABELS = {"tokens": "Tokens", "channels": "Channels", "heads": "Heads", "head_channels": "Head channels",
                    "mlp": "MLP neurons", "rotation": "Rotations", "experts": "Experts"}
@@ -32,37 +32,7 @@ DEFAULT_ON = ("tokens", "channels")
 MAX_TOKENS = 128  # the Explore page draws tokens x tokens maps; longer texts are truncated with a notice
 # The trained models, then a tiny random model of every supported family (the symmetry matrix links to them).
 ZOO = (*zoo.explore_menu(), *(f"random:{family}" for family in family_names()))
-# The view app.py rendered in this script run. Per thread, not in session state: a script run happens in one
-# thread, and the end of a stopped run (app.py's finally) cannot touch session state, which raises the stop again.
-_THIS_RUN = threading.local()
 SLOW_FIRST_LOAD = {entry.name: entry.first_load for entry in zoo.ZOO.values() if entry.first_load}
-
-
-@dataclass
-class View:
-    model_name: str
-    dtype_name: str
-    device: str
-    loaded: LoadedModel | None = None
-    inputs: dict | None = None
-    input_id: str = ""  # identifies the input for caching (sample name, digit index, content hash)
-    input_label: str = ""
-    input_spec: str | None = None  # the CLI's --input for this input (perm_core.models.input_spec); None for uploads
-    image: object | None = None  # the PIL image shown, for image models
-    credit: str = ""  # attribution the input's licence asks for, shown wherever the input is shown
-    keys: dict[str, int] = field(default_factory=dict)  # active symmetries -> validated key
-    problems: list[str] = field(default_factory=list)  # st.error in the page
-    notices: list[str] = field(default_factory=list)  # st.warning in the page
-
-    @property
-    def ready(self) -> bool:
-        return self.loaded is not None and self.inputs is not None and not self.problems
-
-    def show_messages(self) -> None:
-        for problem in self.problems:
-            st.error(problem)
-        for notice in self.notices:
-            st.warning(notice)
 
 
 @st.cache_resource(show_spinner=False)
@@ -93,45 +63,9 @@ def devices() -> list[str]:
     return ["cuda", "cpu"] if torch.cuda.is_available() else ["cpu"]
 
 
-def current_view() -> View | None:
-    return st.session_state.get("view")
-
-
 def ensure_view(scope: str = "full") -> View:
-    """The view of this run. app.py renders the sidebar before the page; a page run on its own (Streamlit's
-    old pages/ mode, which AppTest uses after switch_page) reruns once through app.py, else renders it."""
-    if getattr(_THIS_RUN, "view", None) is not None:
-        return _THIS_RUN.view
-    if not st.session_state.pop("_nav_rerun", False):
-        st.session_state["_nav_rerun"] = True  # app.py clears it; a second bare run renders the sidebar here
-        use_navigation_registry()
-        st.rerun()
-    view = render_sidebar(scope)
-    end_run()
-    return view
-
-
-def end_run() -> None:
-    """app.py calls this after the page (also when the page stopped early): the next run renders the sidebar
-    afresh."""
-    _THIS_RUN.view = None
-
-
-# The sidebar's widget keys (a file upload cannot be set through session state, so it is not kept).
-KEPT_KEYS = ("model", "dtype", "device", "img_src", "digit", "img_sample", "txt_src", "ids_src", "n_ids", "ids_seed",
-             "txt_sample", "text", *(f"on_{n}" for n in SYMMETRIES), *(f"k_{n}" for n in SYMMETRIES))
-NOTES = {"own": "This page has its own controls, on the page. The model, input and keys chosen here for Explore "
-                "and Check are kept, and come back with them.",
-         "none": "Explore and Check take their model, input and keys from this sidebar: open one of them to "
-                 "choose."}
-
-
-def _keep_sidebar_state() -> None:
-    """Streamlit forgets a widget's value when a run does not draw it; writing it back keeps it. The browser
-    forgets it too, so the next run that draws the sidebar writes the values again (then they are sent)."""
-    for name in KEPT_KEYS:
-        if name in st.session_state:
-            st.session_state[name] = st.session_state[name]
+    """ui.view.ensure_view, rendering this sidebar where the page has its controls."""
+    return light.ensure_view(scope, render_sidebar)
 
 
 def render_sidebar(scope: str = "full") -> View:
@@ -139,14 +73,7 @@ def render_sidebar(scope: str = "full") -> View:
     it has none, so the sidebar shows none of these (a control beside the page that does not act on it would
     mislead)."""
     if scope in NOTES:
-        _keep_sidebar_state()
-        st.session_state["_sidebar_hidden"] = True
-        st.sidebar.caption(NOTES[scope])
-        view = View(st.session_state.get("model", default_model()), st.session_state.get("dtype", "float32"),
-                    st.session_state.get("device", devices()[0]))
-        st.session_state["view"] = view
-        _THIS_RUN.view = view
-        return view
+        return without_controls(scope)
     if st.session_state.pop("_sidebar_hidden", False):
         _keep_sidebar_state()
     with st.sidebar:

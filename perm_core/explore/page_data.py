@@ -1,7 +1,8 @@
 """One Explore result's views of a chosen block, head and weight matrix, all computed together before any is used:
 the input (pixels, or the token order), the hidden state and attention map of that block, the class token's
 attention over the patch grid, the MLP's neurons, the weight, every head of up to a dozen blocks, the outputs, and
-one row per compared tensor.
+one row per compared tensor. block_views (and attention_view, weight_triple) give the chosen block's alone: what a
+display change (another block, head or weight matrix) redraws, each a slice of the same result.
 
 Each view is a triple (original, scrambled, un-scrambled), the un-scrambled one the inverse applied to what the
 scrambled model produced. Only the chosen block, head and weight matrix are un-scrambled; the rest of the result's
@@ -59,57 +60,95 @@ class WeightTriple:
 
 
 @dataclass
-class ExplorePageData:
-    result: ExploreResult
+class BlockViews:
+    """What the page shows of its chosen block, head and weight: each a slice of the one run's trace (every block's
+    hidden states and attention maps are in it), so a step of the layer slider computes no forward."""
+
     choice: PageChoice
-    pictures: tuple | None  # image models: pixel batches (original, scrambled, un-scrambled)
-    token_order: list[int] | None  # text models: the original position of each scrambled position
     hidden: tuple  # [1, T, D] after the chosen block
     attention: tuple  # [1, T, T] of the chosen head in the chosen block
     class_attention: tuple | None  # image models with a patch grid: the class token's attention, [rows, cols]
+    pictures: tuple | None  # with class_attention: the pictures it is drawn over (ExplorePageData.pictures)
     mlp: MlpView | None
     weight: WeightTriple | None
+
+
+@dataclass
+class ExplorePageData:
+    result: ExploreResult
+    pictures: tuple | None  # image models: pixel batches (original, scrambled, un-scrambled)
+    token_order: list[int] | None  # text models: the original position of each scrambled position
     heads: HeadGrid | None  # every head of (up to) a dozen layers, when the model has more than one head
     outputs: Outputs
     proof_rows: list[dict]  # one per compared tensor: layer, kind, abs, rel, tolerance
+    block: BlockViews  # the chosen block's views
+
+    @property
+    def choice(self) -> PageChoice:
+        return self.block.choice
 
 
 def page_data(explorer: Exploration, result: ExploreResult, choice: PageChoice, mlp: MlpView | None,
               inputs: dict, labels, tokenizer, keys_by_symmetry: dict[str, int],
               control: str | None) -> ExplorePageData:
     geometry = explorer.geometry
-    original, scrambled, restored = explorer.original, result.scrambled, result.restored
     tokens = result.scramble.tokens
-    layer, head = choice.layer, choice.head
-
-    pictures = token_order = class_attention = None
+    pictures = token_order = None
     if geometry.input_kind == "image":
-        pixels = inputs["pixel_values"]
-        shuffled = shuffle_patches(pixels, tokens, geometry.patch_size) if tokens is not None else pixels
-        back = shuffle_patches(shuffled, tokens.inverse(), geometry.patch_size) if tokens is not None else shuffled
-        pictures = (pixels, shuffled, back)
-        grid = patch_grid(geometry, pixels.shape, explorer.n_tokens)
+        pictures = _pictures(geometry, result, inputs["pixel_values"])
+    else:
+        n = inputs["input_ids"].shape[1]
+        token_order = tokens.index.tolist() if tokens is not None else list(range(n))
+    heads = head_grid(explorer, result) if geometry.n_heads > 1 else None
+    return ExplorePageData(result, pictures, token_order, heads, _outputs(explorer, result, inputs, labels, tokenizer),
+                           _proof_rows(explorer, result),
+                           block_views(explorer, result, choice, mlp, inputs, keys_by_symmetry, control))
+
+
+def block_views(explorer: Exploration, result: ExploreResult, choice: PageChoice, mlp: MlpView | None,
+                inputs: dict, keys_by_symmetry: dict[str, int], control: str | None) -> BlockViews:
+    """The chosen block's views (BlockViews); mlp: that block's MLP view, made by the caller (it may need a run)."""
+    geometry = explorer.geometry
+    original, scrambled, restored = explorer.original, result.scrambled, result.restored
+    layer = choice.layer
+    class_attention = pictures = None
+    if geometry.input_kind == "image":
+        grid = patch_grid(geometry, inputs["pixel_values"].shape, explorer.n_tokens)
         if grid is not None:
             attn = trace_names.attn(layer)
             class_attention = tuple(class_attention_grid(a, grid, geometry.fixed_tokens) for a in
                                     (original[attn].tensor, scrambled[attn].tensor, restored[attn]))
-    else:
-        n = inputs["input_ids"].shape[1]
-        token_order = tokens.index.tolist() if tokens is not None else list(range(n))
-
-    hidden_name, attn_name = trace_names.hidden(layer), trace_names.attn(layer)
+            pictures = _pictures(geometry, result, inputs["pixel_values"])
+    hidden_name = trace_names.hidden(layer)
     hidden = (original[hidden_name].tensor, scrambled[hidden_name].tensor, restored[hidden_name])
-    attention = tuple(t[0, head][None] for t in (original[attn_name].tensor, scrambled[attn_name].tensor,
-                                                 restored[attn_name]))
-    weight = None
-    if choice.weight is not None and choice.weight in weight_names(explorer, layer):
-        w, w_scrambled, w_back = weight_view(explorer, result, keys_by_symmetry, control, choice.weight)
-        weight = WeightTriple(choice.weight, (w, w_scrambled, w_back), (w_scrambled - w).abs().max().item(),
-                              (w_back - w).abs().max().item())
-    heads = head_grid(explorer, result) if geometry.n_heads > 1 else None
-    return ExplorePageData(result, choice, pictures, token_order, hidden, attention, class_attention, mlp, weight,
-                           heads, _outputs(explorer, result, inputs, labels, tokenizer),
-                           _proof_rows(explorer, result))
+    return BlockViews(choice, hidden, attention_view(explorer, result, layer, choice.head), class_attention,
+                      pictures, mlp, weight_triple(explorer, result, layer, choice.weight, keys_by_symmetry, control))
+
+
+def _pictures(geometry, result: ExploreResult, pixels: torch.Tensor) -> tuple:
+    """The input as the three columns see it: original, patches shuffled by the token key, shuffled back."""
+    tokens = result.scramble.tokens
+    shuffled = shuffle_patches(pixels, tokens, geometry.patch_size) if tokens is not None else pixels
+    back = shuffle_patches(shuffled, tokens.inverse(), geometry.patch_size) if tokens is not None else shuffled
+    return pixels, shuffled, back
+
+
+def attention_view(explorer: Exploration, result: ExploreResult, layer: int, head: int) -> tuple:
+    """One head's attention map in one block: (original, scrambled, un-scrambled), each [1, T, T]."""
+    name = trace_names.attn(layer)
+    return tuple(t[0, head][None] for t in (explorer.original[name].tensor, result.scrambled[name].tensor,
+                                            result.restored[name]))
+
+
+def weight_triple(explorer: Exploration, result: ExploreResult, layer: int, weight: str | None,
+                  keys_by_symmetry: dict[str, int], control: str | None) -> WeightTriple | None:
+    """One weight matrix of the block as trained, as the scrambled model holds it and un-scrambled; None when
+    `weight` is not one of the block's matrices."""
+    if weight is None or weight not in weight_names(explorer, layer):
+        return None
+    w, w_scrambled, w_back = weight_view(explorer, result, keys_by_symmetry, control, weight)
+    return WeightTriple(weight, (w, w_scrambled, w_back), (w_scrambled - w).abs().max().item(),
+                        (w_back - w).abs().max().item())
 
 
 def _outputs(explorer: Exploration, result: ExploreResult, inputs: dict, labels, tokenizer) -> Outputs:

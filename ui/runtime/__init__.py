@@ -17,15 +17,24 @@
 
 An Explore run comes in through `with explore(ExploreRequest(...), explorer, loaded, inputs) as data:`: its share
 of the run budget is held while it computes and while the page draws every tensor it was handed, and given back on
-exit. Another page's runs come in through `with page_runs() as shared_runs: main(shared_runs)`, the page asking
-`shared_runs.result(PageRequest(...), compute)`, the same way.
+exit; a display change (layer, head, weight) redraws its panel through `explore_block`, the same way, from
+the same cached result. Another page's runs come in through `with page_runs() as shared_runs: main(shared_runs)`,
+the page asking `shared_runs.result(PageRequest(...), compute)`, the same way.
 """
 
-from ui.runtime.budget import CHECK_WEIGHT_COPIES, page_run_bytes, page_slot
-from ui.runtime.housekeeping import collect_garbage, give_back_freed_memory
-from ui.runtime.models import long_lived_objects_frozen, shared_model
-from ui.runtime.runs import ExploreRequest, PageRequest, exploration, explore, model_on, page_runs
+# Each name is imported from its module when first asked for (PEP 562): app.py's housekeeping and a page without a
+# model (Home) come in here without importing torch or the library, which a just-started server's first run waits for.
+_WHERE = {"CHECK_WEIGHT_COPIES": "budget", "page_run_bytes": "budget", "page_slot": "budget",
+          "collect_garbage": "housekeeping", "give_back_freed_memory": "housekeeping",
+          "long_lived_objects_frozen": "housekeeping", "shared_model": "models", "ExploreRequest": "runs",
+          "PageRequest": "runs", "exploration": "runs", "explore": "runs", "explore_block": "runs", "model_on": "runs",
+          "page_runs": "runs"}
+__all__ = sorted(_WHERE)
 
-__all__ = ["CHECK_WEIGHT_COPIES", "ExploreRequest", "PageRequest", "collect_garbage", "exploration", "explore",
-           "give_back_freed_memory", "long_lived_objects_frozen", "model_on", "page_runs",
-           "page_run_bytes", "page_slot", "shared_model"]
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'ui.runtime' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"ui.runtime.{_WHERE[name]}"), name)

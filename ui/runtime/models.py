@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import threading
 
 import streamlit as st
@@ -12,6 +11,7 @@ from perm_core.models.registry import DTYPES, LoadedModel, load_model
 from perm_core.run.malloc import give_freed_memory_back
 from perm_core.run.stateless import own_dtype, own_parameters
 from ui.runtime import memory_audit, weights_audit
+from ui.runtime.housekeeping import keep_out_of_gc
 
 # One load at a time in the process: transformers resolves its lazy imports without a lock, and two sessions
 # loading different models at once failed with "cannot import name 'Dinov2Model' from 'transformers'" (found
@@ -40,22 +40,6 @@ def shared_model(name: str, dtype_name: str = "float32") -> LoadedModel:
         param_cache.fit_bound_to_models(sum(_loaded_bytes.values()))
         keep_out_of_gc()
     return loaded
-
-
-def keep_out_of_gc() -> None:
-    """Move every object alive now (modules, models, tokenizers: the process's long-lived objects) out of the
-    garbage collector's sight. A full collection (collect_garbage; Streamlit's after every script run before
-    it) walked some 450,000 long-lived objects in 0.2-0.35 s, under the GIL, so a classroom's sessions queued
-    behind it. Frozen objects are still freed by reference counting."""
-    gc.collect()
-    gc.freeze()
-
-
-@st.cache_resource(show_spinner=False)
-def long_lived_objects_frozen() -> bool:
-    """Once per process, after the first run has imported the app's modules."""
-    keep_out_of_gc()
-    return True
 
 
 # Bytes of each model loaded in this process, by (name, dtype): the parameter cache's bound follows their sum.

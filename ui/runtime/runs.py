@@ -14,7 +14,7 @@ import streamlit as st
 import torch
 
 from perm_core.explore.exploration import Exploration, ExploreResult
-from perm_core.explore.page_data import PageChoice, page_data
+from perm_core.explore.page_data import PageChoice, block_views, page_data
 from perm_core.fast import param_cache
 from perm_core.fast.param_cache import TensorCache
 from ui.runtime import budget, memory_audit, settings
@@ -151,6 +151,31 @@ def explore(request: ExploreRequest, explorer: Exploration, loaded, inputs: dict
     twice the weights' while it computes: a transformed set and the graph's packed copy), fetches or computes the
     result, keeps only the result's bytes while the page draws, and gives everything back on exit, however the
     run ends (a rerun or a stop raises through here). computing: a context shown while the model runs."""
+    def views(result, choice, mlp):
+        return page_data(explorer, result, choice, mlp, inputs, loaded.labels, loaded.tokenizer, dict(request.keys),
+                         request.control)
+
+    with _held(request, explorer, views, computing, run_budget) as data:
+        yield data
+
+
+@contextmanager
+def explore_block(request: ExploreRequest, explorer: Exploration, inputs: dict, computing=nullcontext,
+                  run_budget: budget.RunBudget | None = None):
+    """What a display change (the layer, the head, the weight matrix) redraws: the chosen block's views
+    (perm_core.explore.page_data.BlockViews) of the request's result, held and given back as explore() does. The
+    result is the cached one of the page's last run (computed again only if the cache has let it go since): every
+    block's hidden states and attention maps are in its trace, so a step is a slice, not a run."""
+    def views(result, choice, mlp):
+        return block_views(explorer, result, choice, mlp, inputs, dict(request.keys), request.control)
+
+    with _held(request, explorer, views, computing, run_budget) as data:
+        yield data
+
+
+@contextmanager
+def _held(request: ExploreRequest, explorer: Exploration, views, computing, run_budget: budget.RunBudget | None):
+    """views(result, choice, mlp) of the request's result, with the run budget's share held as explore() says."""
     run_budget = run_budget or budget.RUN_BUDGET
     compute_bytes = 0 if request.key in _caches()["results"] else explorer.compute_bytes
     budget.take(run_budget, explorer.trace_bytes + compute_bytes)
@@ -162,9 +187,8 @@ def explore(request: ExploreRequest, explorer: Exploration, loaded, inputs: dict
             run_budget.give(compute_bytes)  # the weights' share ends with the run; what the page shows is small
             held = explorer.trace_bytes
             layer = request.layer if request.layer is not None else explorer.geometry.n_layers - 1
-            data = page_data(explorer, result, PageChoice(layer, request.head, request.weight),
-                             _mlp_result(request, layer, explorer, result), inputs, loaded.labels,
-                             loaded.tokenizer, dict(request.keys), request.control)
+            data = views(result, PageChoice(layer, request.head, request.weight),
+                         _mlp_result(request, layer, explorer, result))
         yield data
     finally:
         run_budget.give(held)
