@@ -27,8 +27,9 @@ bound (2x the loaded models' float32 weights + 1 GiB + 24 MiB per session; each 
 and students, and the sums), with what held it at its peak (ui.runtime.memory_audit, opt-in by
 TSE_MEMORY_AUDIT_FILE), and the weights of every shared model hashed at load and at exit inside the server
 (ui.runtime.weights_audit, opt-in by TSE_WEIGHTS_HASH_FILE; each replica's own) and in this fresh process: all
-three must be equal. Then a second, fresh server replays sampled sessions' final settings one at a time with the
-same driver: their verdicts, metrics and Check/Rotation results must be the same text, numbers included.
+three must be equal. Then a second server (a fresh one, or --reference-url's) replays sampled sessions' final
+settings one at a time with the same driver: their verdicts, metrics and Check/Rotation results must be the same
+text, numbers included.
 """
 
 from __future__ import annotations
@@ -189,6 +190,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--samples", type=int, default=6, help="sessions replayed alone for the same numbers")
     parser.add_argument("--check-backward", action="store_true", help="Check also compares gradients")
     parser.add_argument("--json", type=Path, help="write the figures as JSON here too")
+    parser.add_argument("--reference-url", help="replay the sampled sessions on this running server (another "
+                                                "process than the classroom's) instead of starting a fresh one")
     args = parser.parse_args(argv)
     args.seconds = args.seconds if args.seconds is not None else DEFAULT_SECONDS[args.pace]
     started = time.time()
@@ -213,7 +216,9 @@ def main(argv=None) -> dict:
         finished = [s for s in sessions if "rotation" in s]
         samples = _spread(finished, args.samples)
         same = []
-        if samples:
+        if samples and args.reference_url:
+            same = asyncio.run(replay(args.reference_url, samples, args))
+        elif samples:
             with ServerProcess(Path(scratch) / "replay.log", {}) as reference:
                 same = asyncio.run(replay(reference.url, samples, args))
     figures = summarize(args, sessions, records, measured, fresh, weight_bytes, same)

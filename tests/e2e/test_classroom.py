@@ -3,7 +3,7 @@ link at once (two sessions on one model corrupted it before perm_core.run.statel
 dinov2-s, minilm) for 10 s of key changes (each session changes a key at least once), then Check and Rotation (the
 benchmark's --driver browser walks the same steps in Chromium; it is not run here). No errors anywhere, every shared
 model's weights hash as before, and each session's verdicts and numbers equal a run of the same settings alone on a
-fresh server. Timings are not asserted."""
+server of its own (the e2e tests' shared one, which no classroom session touched). Timings are not asserted."""
 
 import asyncio
 import json
@@ -61,8 +61,9 @@ def run_classroom(tmp_path, *options: str) -> dict:
     return figures
 
 
-def test_three_students_at_once(tmp_path):
-    figures = run_classroom(tmp_path, "--sessions", "3", "--seconds", "10", "--samples", "3")
+def test_three_students_at_once(tmp_path, app_url):
+    figures = run_classroom(tmp_path, "--sessions", "3", "--seconds", "10", "--samples", "3",
+                            "--reference-url", app_url)
     assert figures["driver"] == "ws" and figures["finished_sessions"] == 3
     done = {(row["model"], row["interaction"]) for row in figures["latency"]}
     for model in ("digits-vit", "dinov2-s", "minilm"):
