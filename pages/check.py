@@ -64,6 +64,7 @@ def main() -> None:
         publish()
         st.stop()
     report = stored[1]
+    FLOOR_COLUMN = "judged by |x| because"
     SCIENTIFIC = {name: st.column_config.NumberColumn(format="%.1e") for name in
                   ("max abs error", "max rel error", "tolerance", "max_abs_error", "max_rel_error")}
     payload = report.to_json()
@@ -137,10 +138,14 @@ def main() -> None:
                                      [t.max_rel_error for t in tensors], f"{labels[picked]}: every tensor",
                                      report.checks[picked].tolerance, tolerances=[t.tolerance for t in tensors])
     chart(fig, width="stretch")
-    # Where no floor applies the reason is empty, not "None".
-    st.dataframe(pd.DataFrame([{**vars(t), "floor_reason": t.floor_reason or ""} for t in tensors]), hide_index=True,
+    # Headers in words (not the report's field names); where no floor applies the reason is empty, not "None".
+    st.dataframe(pd.DataFrame([{"tensor": t.name, "max abs error": t.max_abs_error, "max rel error": t.max_rel_error,
+                                "tolerance": t.tolerance, "finite": t.finite,
+                                FLOOR_COLUMN: t.floor_reason or ""} for t in tensors]), hide_index=True,
                  width="stretch", height=240,
                  column_config=SCIENTIFIC)
+    st.caption(f"\"{FLOOR_COLUMN}\": a tensor that is zero in exact arithmetic has no relative error to speak of; it "
+               "is judged by its absolute size instead, and this column says why.")
     command = check_command(view.model_name, view.dtype_name, dict(view.keys), view.input_spec, backward)
     payload["reproduce"] = command
     st.markdown("The same report from a terminal" + (" (name your image file where it says YOUR_FILE)"

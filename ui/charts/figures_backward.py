@@ -27,7 +27,7 @@ def gradient_triptych(original, scrambled, unscrambled, what: str) -> list[go.Fi
     """Original | scrambled world | un-scrambled, one colour scale, plus |un-scrambled - original|."""
     a, b, c = (as_matrix(t) for t in (original, scrambled, unscrambled))
     zmax = float(np.nanmax(np.abs(a))) or 1.0
-    narrow = 18  # four charts side by side: a title line fits about 18 characters at 1024 px
+    narrow = 32  # two charts side by side (pages/backward.py): a title line fits about 32 characters at 1024 px
     figures = [heatmap(a, f"{what}: original", zmax=zmax, wrap=narrow),
                heatmap(b, f"{what}: scrambled world", zmax=zmax, wrap=narrow),
                heatmap(c, f"{what}: un-scrambled", zmax=zmax, wrap=narrow)]

@@ -15,19 +15,25 @@ def _array(t):
 
 
 def side_by_side(original, rotated, title: str, x_title: str = "channel", y_title: str = "token") -> go.Figure:
-    """Two heatmaps on one colour scale: the original tensor and the rotated model's."""
+    """Two heatmaps on one colour scale: the original tensor and the rotated model's. Values of one sign (attention
+    probabilities) on a sequential scale from 0, never a diverging one: white would mean a middle that is not there.
+    A single row (the logits) has no y axis: its ticks (-0.4 .. 0.4) numbered nothing."""
     a, b = _array(original), _array(rotated)
     if a.ndim == 1:
         a, b = a[None], b[None]
     bound = float(max(abs(a).max(), abs(b).max())) or 1.0
+    one_sign = float(min(a.min(), b.min())) >= 0.0
+    scale = dict(zmin=0.0, zmax=bound, colorscale="Viridis") if one_sign else dict(
+        zmin=-bound, zmax=bound, colorscale="RdBu", reversescale=True)
     # One y axis for both (the second panel's token ticks sat on the first one's cells in a half column at 1024 px)
-    # and short panel titles ("original" and "rotated model" ran into each other there)
-    fig = make_subplots(1, 2, subplot_titles=("original", "rotated"), horizontal_spacing=0.06, shared_yaxes=True)
+    # and short panel titles ("original" and "rotated model" ran into each other there). Each x axis gets at most
+    # three ticks and the panels a wider gap: at 1024 px "0 5 10 15" of both panels ran together ("150 5").
+    fig = make_subplots(1, 2, subplot_titles=("original", "rotated"), horizontal_spacing=0.12, shared_yaxes=True)
     for col, z in ((1, a), (2, b)):
-        fig.add_trace(go.Heatmap(z=z, zmin=-bound, zmax=bound, colorscale="RdBu", reversescale=True,
-                                 showscale=col == 2), 1, col)
-        fig.update_yaxes(autorange="reversed", title_text=y_title if col == 1 else None, row=1, col=col)
-        fig.update_xaxes(title_text=x_title if col == 1 else None, row=1, col=col)  # one axis title: two collided
+        fig.add_trace(go.Heatmap(z=z, **scale, showscale=col == 2, colorbar=dict(exponentformat="e")), 1, col)
+        fig.update_yaxes(autorange="reversed", title_text=y_title if col == 1 else None, row=1, col=col,
+                         showticklabels=a.shape[0] > 1 and col == 1)
+        fig.update_xaxes(title_text=x_title if col == 1 else None, row=1, col=col, nticks=3)  # one title: two collided
     fig.update_layout(margin=dict(t=60, b=40, l=40, r=20))
     fig = titled(fig, wrap_title(title, 36), 300)  # two charts side by side
     fig.update_layout(margin_t=fig.layout.margin.t + 22)  # the panel titles sit under the chart's own, not on it
