@@ -42,9 +42,11 @@ def main() -> None:
                  "random:FAMILY` for the report.")
     else:
         n_exact = sum(r.cells[s].status != NOT_HOLDING for r in rows for s in SYMMETRIES)
-        st.success(f"{len(rows)} families x {len(SYMMETRIES)} symmetries: {n_exact} hold exactly (in full or in a "
-                   f"restricted form), {len(rows) * len(SYMMETRIES) - n_exact} do not hold and each break was "
-                   "measured; every negative control broke.")
+        n_missing = len(rows) * len(SYMMETRIES) - n_exact
+        st.success(f"{len(rows)} families x {len(SYMMETRIES)} symmetries: {n_exact} "
+                   f"{'holds' if n_exact == 1 else 'hold'} exactly (in full or in a restricted form), {n_missing} "
+                   f"{'does' if n_missing == 1 else 'do'} not hold and each break was measured; every negative "
+                   "control broke.")
 
     st.subheader("Why a symmetry is restricted or missing")
     reasons = [f"- **{r.family} / {SYMMETRY_LABELS[s]}** ({LABELS[r.cells[s].status]}, "

@@ -178,7 +178,7 @@ def authorization_shows_the_keys_worth(page) -> None:
     percent = {label: float(value.rstrip("%")) / 100 for label, value in values.items() if value.endswith("%")}
     assert percent["Right key"] > 0.95 and percent["No key"] < 0.3 and percent["Chance"] == 0.1
     assert values["Key recovered"] == "exactly" and values["Attacker's unlocked model"] == values["Right key"]
-    assert page.get_by_text("Keys have up to 256 bits").count() == 1
+    assert page.get_by_text("Keys are 64-bit whole numbers, as on every page").count() == 1
     assert page.get_by_text("64! orderings of the residual channels, 296 bits").count() == 1
 
 

@@ -360,20 +360,26 @@ def pixels_to_rgb(pixels) -> np.ndarray:
     return array
 
 
-def mosaic_image(pixels, patch_size: int, display: int = 240):
-    """A normalized pixel batch [1, C, H, W] -> an upscaled PIL image with its patch grid drawn."""
+def mosaic_image(pixels, patch_size: int, display: int = 240, smooth: bool = False):
+    """A normalized pixel batch [1, C, H, W] -> an upscaled PIL image with its patch grid drawn. smooth: a grey
+    picture as dark ink on white, upscaled smoothly (an 8x8 digit drawn as white squares on black is not
+    recognisable); the grid lines then thin and light."""
     from PIL import Image, ImageDraw
 
     array = pixels_to_rgb(pixels)
+    if smooth and bool((array[..., 0] == array[..., 1]).all() and (array[..., 1] == array[..., 2]).all()):
+        array = 255 - array
     height, width = array.shape[:2]
     scale = max(1, display // max(height, width))
-    image = Image.fromarray(array).resize((width * scale, height * scale), Image.Resampling.NEAREST)
+    image = Image.fromarray(array).resize((width * scale, height * scale),
+                                          Image.Resampling.BICUBIC if smooth else Image.Resampling.NEAREST)
     draw = ImageDraw.Draw(image)
+    grid = (255, 200, 120) if smooth else (255, 160, 0)
     step = patch_size * scale
     for offset in range(step, width * scale, step):
-        draw.line([(offset, 0), (offset, height * scale)], fill=(255, 160, 0), width=1)
+        draw.line([(offset, 0), (offset, height * scale)], fill=grid, width=1)
     for offset in range(step, height * scale, step):
-        draw.line([(0, offset), (width * scale, offset)], fill=(255, 160, 0), width=1)
+        draw.line([(0, offset), (width * scale, offset)], fill=grid, width=1)
     return image
 
 
