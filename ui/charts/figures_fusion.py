@@ -7,6 +7,8 @@ from plotly.subplots import make_subplots
 
 from ui.charts.figures import LEGEND_BELOW, threshold, titled, wrap_title
 
+# The path between the two models in words ("alpha" alone meant nothing to a student)
+PATH_AXIS = "t in (1 − t)·A + t·aligned B"
 COLORS = {"average": "#7f7f7f", "permutation": "#1f77b4", "rotation": "#ff7f0e", "permutation+rotation": "#2ca02c"}
 
 
@@ -76,7 +78,7 @@ def barrier_curves(result, metric: str = "loss") -> go.Figure:
                                  line=dict(color=COLORS.get(m.method))))
     label = "test loss (cross-entropy)" if metric == "loss" else "test accuracy (%)"
     # The legend goes under the plot: beside it, it took half of a half-width column at 1024 px
-    fig.update_layout(xaxis_title="alpha", yaxis_title=label, legend=LEGEND_BELOW)
+    fig.update_layout(xaxis_title=PATH_AXIS, yaxis_title=label, legend=LEGEND_BELOW)
     titled(fig, wrap_title(f"{label}: path A (0) to aligned B (1)", 34), 480)  # two charts side by side
     return fig.update_layout(margin=dict(b=130))  # the x axis' ticks and title, and the legend's rows
 
