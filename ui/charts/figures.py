@@ -453,15 +453,21 @@ def image_data_uri(rgb: np.ndarray, exact: bool | None = None) -> str:
     return f"data:image/{kind};base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
+PALE = 170  # the darkest grey of a picture under an attention overlay
+
+
 def attention_overlay(rgb, grid, patch_size: int, title: str, zmax: float | None = None,
                       display: int = 224, name: str = "") -> go.Figure:
     """A photo with one number per patch drawn over it as a semi-transparent heatmap.
 
     rgb: [H, W, 3] uint8 (the model's input, e.g. pixels_to_rgb); grid: [H / patch, W / patch], cell (i, j)
-    covering the patch at row i, column j. Small images (8x8 digits) are upscaled by nearest neighbour to about
+    covering the patch at row i, column j; the picture is drawn pale (PALE), so the heat shows the colour bar's
+    colours. Small images (8x8 digits) are upscaled by nearest neighbour to about
     `display` pixels; each heat cell is stretched over its patch. Hover shows the patch and its value; `name`
     names the heat trace (what its numbers are)."""
-    rgb = np.asarray(rgb, dtype=np.uint8)
+    # The picture drawn pale (its grey levels mapped into PALE..255): over a full-contrast photo the semi-transparent
+    # heat blended with dark pixels into colours that were not on the colour bar; over a pale one they are the bar's
+    rgb = (PALE + np.asarray(rgb, dtype=np.uint16) * (255 - PALE) // 255).astype(np.uint8)
     grid = to_numpy(grid)
     height, width = rgb.shape[:2]
     if grid.shape != (height // patch_size, width // patch_size):
