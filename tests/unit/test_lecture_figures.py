@@ -81,3 +81,9 @@ def test_projector_titles_take_one_or_two_lines_padded_to_two():
         assert fig.layout.title.font.size >= figures.MIN_PROJECTOR_TITLE_SIZE
         words = fig.layout.title.text.replace("<br>", " ").split()
         assert words == title.replace("<br>", " ").split()  # nothing cut
+
+
+def test_only_a_probability_map_goes_log():
+    """An |error| map of 64x64 cells in [0, 1] (Backward's) is not a distribution per row: it stays linear."""
+    errors = np.random.default_rng(1).random((64, 64)) * 1e-15
+    assert figures.heatmap(errors, "|error|", colorscale="Greys", symmetric=False).data[0].colorbar.title.text is None

@@ -176,13 +176,13 @@ def heatmap(matrix, title: str, x_title: str = "", y_title: str = "", colorscale
     a name per row / column (tokens), drawn when every row / column is shown and there are at most
     MAX_LABELS (more do not fit a third of a 1024-pixel window; positions are numbered then). y_ticks: False
     for a single row (an embedding drawn as one strip). log_scale: the colours on log10 of the values, over
-    LOG_DECADES decades below zmax (said on the colour bar); None: on for a probability map (values in [0, 1],
-    not symmetric) of LOG_PROBABILITY_CELLS cells or more."""
+    LOG_DECADES decades below zmax (said on the colour bar); None: on for a probability map (not symmetric, every
+    row non-negative and summing to 1: an attention map) of LOG_PROBABILITY_CELLS cells or more."""
     values = to_numpy(matrix)
     shape = values.shape
-    if log_scale is None:
-        log_scale = (not symmetric and values.size >= LOG_PROBABILITY_CELLS and values.size > 0
-                     and float(np.nanmin(values)) >= 0.0 and float(np.nanmax(values)) <= 1.0)
+    if log_scale is None:  # a probability map: every row a distribution (an attention map), not any map in [0, 1]
+        log_scale = (not symmetric and values.size >= LOG_PROBABILITY_CELLS and float(np.nanmin(values)) >= 0.0
+                     and bool(np.allclose(np.nansum(values, axis=1), 1.0, atol=1e-3)))
     values, row_step, col_step = decimate(values)
     if zmax is None:
         zmax = float(np.nanmax(np.abs(values))) if values.size else 1.0
