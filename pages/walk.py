@@ -130,8 +130,9 @@ def main() -> None:
         floor = 1e-18  # a bar of exactly zero has no height on a log axis
         fig = figures.paired_bars(names, [max(e.max_rel_error, floor) for e in done.result.errors],
                                   [max(rel32[n], floor) for n in names], ("float64", "float32"),
-                                  f"relative error of every tensor after un-scrambling (tokens and channels, "
-                                  f"key {key})",
+                                  # two lines on the left: the legend sits above the plot's right end
+                                  figures.wrap_title(f"relative error of every tensor after un-scrambling (tokens "
+                                                     f"and channels, key {key})", 50),
                                   log=True, height=340)
         fig.update_yaxes(title=f"relative error (0 drawn at {floor:.0e})")
         # the labels beside the plot, in its right margin: on the line they were drawn over the bars

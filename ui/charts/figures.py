@@ -159,13 +159,15 @@ LOG_PROBABILITY_CELLS = 64 * 64
 LOG_DECADES = 3  # the log scale's range below its largest value; smaller cells take the scale's darkest colour
 
 
-def _blocks_note(row_step: int, col_step: int, how: str = "the mean") -> str:
-    """What one cell of a decimated map is, in words."""
+def _blocks_note(row_step: int, col_step: int, how: str = "averages") -> str:
+    """What one cell of a decimated map is, in words short enough for a third of a 1024-pixel page."""
     if row_step * col_step == 1:
         return ""
-    rows = f"{row_step} rows" if row_step > 1 else "1 row"
-    cols = f"{col_step} columns" if col_step > 1 else "1 column"
-    return f"<br>(each cell {how} of {rows} x {cols})"
+    if col_step == 1:
+        return f"<br>(each cell {how} {row_step} rows)"
+    if row_step == 1:
+        return f"<br>(each cell {how} {col_step} columns)"
+    return f"<br>(each cell {how} {row_step}x{col_step} values)"
 
 
 def heatmap(matrix, title: str, x_title: str = "", y_title: str = "", colorscale: str = "RdBu",
