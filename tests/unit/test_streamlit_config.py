@@ -68,3 +68,15 @@ def test_a_light_and_a_high_contrast_dark_theme():
     assert dark["showWidgetBorder"] is True
     for colour in (dark["primaryColor"], dark["linkColor"], dark["borderColor"]):
         assert contrast(colour, dark["backgroundColor"]) >= 4.5, colour
+
+
+def test_the_apps_css_holds_no_markup():
+    """app.py injects assets/app.css through st.html, whose sanitizer drops a style element whose text holds a tag:
+    one '<wbr>' in a comment silently removed every rule (metric labels ended in '...', values were cut)."""
+    import re
+
+    css = (Path(__file__).resolve().parents[2] / "assets" / "app.css").read_text()
+    assert not re.search(r"<[/\w]", css)
+    from ui import projector
+
+    assert not re.search(r"<[/\w]", projector.CSS.removeprefix("<style>").removesuffix("</style>"))
