@@ -15,6 +15,7 @@ from ui.long_run import long_run, stop_if_stopped
 from ui.runtime import CHECK_WEIGHT_COPIES, model_on, page_run_bytes, page_slot
 from ui.sidebar import SYMMETRY_LABELS, ensure_view
 from ui.state import parse_bool, publish, seed
+from ui.summary import check_summary
 
 
 def main() -> None:
@@ -79,7 +80,8 @@ def main() -> None:
                + "".join(f" {SYMMETRY_LABELS[n.symmetry]} is NOT a symmetry of this architecture: its standard element "
                          f"changes the output by {n.max_rel_error:.1e}" + (" (as claimed)." if n.broken else ".")
                          for n in report.not_symmetries))
-    (st.success if report.passed else st.error)(("PASSED — " if report.passed else "FAILED — ") + summary)
+    verdict = ("PASSED — " if report.passed else "FAILED — ") + summary
+    (st.success if report.passed else st.error)(verdict)
     if report.oracle is not None:
         o = report.oracle
         (st.caption if o.passed else st.error)(
@@ -154,6 +156,11 @@ def main() -> None:
     st.download_button("Download the report (JSON)", json.dumps(payload, indent=2),
                        file_name=f"check-{view.model_name.replace(':', '_')}-{view.dtype_name}.json",
                        mime="application/json")
+    # A take-home page for a student or a lecture's notes: what was run, the verdict, the numbers, the command
+    st.download_button("Take-home summary (Markdown)",
+                       check_summary(report, verdict, view.input_label, keys_text, command),
+                       file_name=f"check-{view.model_name.replace(':', '_')}-{view.dtype_name}.md",
+                       mime="text/markdown")
     publish()
 
 
