@@ -3,6 +3,8 @@ in projector mode: ui.projector)."""
 
 from __future__ import annotations
 
+import copy
+
 import streamlit as st
 
 from ui import projector
@@ -25,7 +27,8 @@ def chart(fig, where=None, **options) -> None:
     where = where or st
     options.setdefault("width", "stretch")
     if projector.on():  # large texts, and neither the export menu nor plotly's toolbar in a lecture hall
-        where.plotly_chart(figures.for_projector(figures.powers_of_ten(fig)),
+        # on a copy: a figure may be shared (cached for every session), and only this session is in projector mode
+        where.plotly_chart(figures.for_projector(figures.powers_of_ten(copy.deepcopy(fig))),
                            config={"displayModeBar": False}, **options)
         return
     where.plotly_chart(figures.powers_of_ten(fig), **options)
