@@ -159,15 +159,16 @@ LOG_PROBABILITY_CELLS = 64 * 64
 LOG_DECADES = 3  # the log scale's range below its largest value; smaller cells take the scale's darkest colour
 
 
-def _blocks_note(row_step: int, col_step: int, how: str = "averages") -> str:
-    """What one cell of a decimated map is, in words short enough for a third of a 1024-pixel page."""
+def _blocks_note(row_step: int, col_step: int) -> str:
+    """What one cell of a decimated map is, in words short enough for a third of a 1024-pixel page, and for two
+    title lines on a projector."""
     if row_step * col_step == 1:
         return ""
     if col_step == 1:
-        return f"<br>(each cell {how} {row_step} rows)"
+        return f"<br>(each cell: mean of {row_step} rows)"
     if row_step == 1:
-        return f"<br>(each cell {how} {col_step} columns)"
-    return f"<br>(each cell {how} {row_step}x{col_step} values)"
+        return f"<br>(each cell: mean of {col_step} columns)"
+    return f"<br>(each cell: mean of {row_step}x{col_step})"
 
 
 def heatmap(matrix, title: str, x_title: str = "", y_title: str = "", colorscale: str = "RdBu",
@@ -210,10 +211,10 @@ def heatmap(matrix, title: str, x_title: str = "", y_title: str = "", colorscale
     if not y_ticks or shape[0] == 1:
         yaxis.update(showticklabels=False)
     if y_labels is not None and row_step == 1 and len(y_labels) <= MAX_LABELS:
-        yaxis.update(tickmode="array", tickvals=list(y), ticktext=list(y_labels), tickfont=dict(size=9))
+        yaxis.update(tickmode="array", tickvals=list(y), ticktext=list(y_labels), tickfont=dict(size=LABEL_FONT))
     if x_labels is not None and col_step == 1 and len(x_labels) <= MAX_LABELS:
         xaxis.update(tickmode="array", tickvals=list(x), ticktext=list(x_labels), tickangle=-60,
-                     tickfont=dict(size=9))
+                     tickfont=dict(size=LABEL_FONT))
     return _figure(trace, (wrap_title(title, wrap) if wrap else title) + note, height, xaxis=xaxis, yaxis=yaxis)
 
 
@@ -574,6 +575,7 @@ def powers_of_ten(fig):
     return fig
 
 
+LABEL_FONT = 9  # token labels on a map's axes, one per row or column
 PROJECTOR_TITLE_LINES = 2  # every title in projector mode: one or two lines, so charts side by side line up
 
 
@@ -593,8 +595,14 @@ def for_projector(fig: go.Figure, size: int = 18) -> go.Figure:
                           margin_t=30 + (title_size + 8) * n_lines,
                           height=height + (title_size + 8) * n_lines - 13)
     fig.update_layout(font=dict(size=size), legend_font_size=size)
-    fig.update_xaxes(tickfont_size=size - 2, title_font_size=size)
-    fig.update_yaxes(tickfont_size=size - 2, title_font_size=size)
+    # an axis of one label per row or column (tokens, drawn small to fit) keeps its size: enlarged, they collided
+    def enlarge(axis) -> None:
+        axis.update(tickfont_size=LABEL_FONT if axis.tickfont.size == LABEL_FONT else size - 2, title_font_size=size)
+
+    fig.for_each_xaxis(enlarge)
+    fig.for_each_yaxis(enlarge)
+    if any(trace.type == "bar" and trace.orientation == "h" for trace in fig.data):  # a row per label, grown
+        fig.update_layout(height=int((fig.layout.height or LAYOUT["height"]) * size / 13))
     fig.update_annotations(font_size=size)
     fig.update_traces(textfont_size=size - 2, selector=dict(type="bar"))
     fig.update_traces(colorbar_tickfont_size=size - 2, selector=dict(type="heatmap"))

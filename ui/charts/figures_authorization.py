@@ -30,6 +30,7 @@ def fine_tune_attack(sweep, chance: float) -> go.Figure:
     fig.update_layout(**LAYOUT, legend=dict(orientation="h", yanchor="top", y=-0.22, x=0))
     fig.update_xaxes(title="owner's fine-tuning steps after locking", type="category")
     fig.update_yaxes(title="%", range=[0, 105])
-    title = (f"The owner fine-tunes the locked model (learning rate {sweep.learning_rate:g}) and publishes it; "
-             "the attacker recovers the key from it and the base checkpoint")
+    # short enough for two lines on a projector
+    title = (f"The key recovered from the base checkpoint and the owner's fine-tuned release (learning rate "
+             f"{sweep.learning_rate:g})")
     return titled(fig, wrap_title(title, 70), 420)

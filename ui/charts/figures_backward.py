@@ -8,7 +8,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from perm_core.run import trace_names
-from ui.charts.figures import FLOOR, LAYOUT, LEGEND_BELOW, heatmap, threshold, to_numpy
+from ui.charts.figures import FLOOR, LAYOUT, LEGEND_BELOW, LEGEND_BESIDE, heatmap, threshold, to_numpy
 
 NON_FINITE = 1e6  # where a non-finite SGD error is drawn on the log axis
 
@@ -117,7 +117,7 @@ def authorization_histogram(result, metric_label: str) -> go.Figure:
         fig.update_xaxes(range=[0, 1.02])
     fig.update_layout(**{**LAYOUT, "height": 380}, title=dict(text=f"{metric_label}: what a key is worth",
                                                                font=dict(size=13)),
-                      legend=dict(orientation="h", yanchor="top", y=-0.25, x=0))
+                      legend=LEGEND_BESIDE)  # under the plot it covered the x tick labels at 1440 px
     fig.update_xaxes(title=metric_label, type="log" if result.metric == "perplexity" else "linear")
     fig.update_yaxes(title="number of wrong keys")
     return fig

@@ -5,7 +5,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ui.charts.figures import LEGEND_BELOW, threshold, titled, wrap_title
+from ui.charts.figures import LEGEND_BELOW, LEGEND_BESIDE, threshold, titled, wrap_title
 
 # The path between the two models in words ("alpha" alone meant nothing to a student)
 PATH_AXIS = "t in (1 − t)·A + t·aligned B"
@@ -95,8 +95,8 @@ def distance_bars(result) -> go.Figure:
                          marker_color=[COLORS.get(m) for m in methods]), 1, 1)
     for group in result.methods[0].group_distance_after:
         fig.add_trace(go.Bar(name=group, x=methods, y=[m.group_distance_after[group] for m in result.methods]), 1, 2)
-    fig.update_layout(barmode="group", height=440, margin=dict(t=60, b=40),  # the legend under the slanted ticks
-                      legend=dict(orientation="h", yanchor="top", y=-0.38, x=0))
+    fig.update_layout(barmode="group", height=440, margin=dict(t=60, b=40),  # the legend beside: under the slanted
+                      legend=LEGEND_BESIDE)  # ticks it covered them once the fonts grew (projector mode)
     return fig
 
 
