@@ -65,7 +65,7 @@ def main(shared_runs) -> None:
     # Said in full size above the curves, where a student sees them part (in small grey print under them it was
     # missed, beside the Backward page's "locked at about 1e-15")
     st.markdown(
-        f"**Why the two curves are not one.** Same seed, same batches; the scrambled server starts from the permuted "
+        f"**Why the two curves can part.** Same seed, same batches; the scrambled server starts from the permuted "
         f"plain initialization, and in exact arithmetic every scrambled step is the permuted plain step (forward, "
         f"backward and AdamW are all equivariant: the Backward page shows one step exact to round-off). In floating "
         f"point the gathers change the summation order, and {train_epochs} epochs of training amplify that "

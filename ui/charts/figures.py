@@ -583,7 +583,7 @@ def for_projector(fig: go.Figure, size: int = 18) -> go.Figure:
     """The same figure readable from the back of a lecture hall: every text of the chart (title, axis titles, ticks,
     legend, colour bar, bar labels) at `size` pixels or more, instead of plotly's 10-13. The title is wrapped again
     for the larger letters (as wide as before) in at most PROJECTOR_TITLE_LINES lines, its letters smaller (down to
-    15 px) where that takes it, and every title holds that many lines, so the plots of charts side by side start at
+    14 px) where that takes it, and every title holds that many lines, so the plots of charts side by side start at
     the same height. The export menu's modebar is hidden (chart's own menu stays)."""
     title = fig.layout.title.text
     if title:
@@ -602,7 +602,9 @@ def for_projector(fig: go.Figure, size: int = 18) -> go.Figure:
     fig.for_each_xaxis(enlarge)
     fig.for_each_yaxis(enlarge)
     if any(trace.type == "bar" and trace.orientation == "h" for trace in fig.data):  # a row per label, grown
-        fig.update_layout(height=int((fig.layout.height or LAYOUT["height"]) * size / 13))
+        fig.update_layout(height=int((fig.layout.height or LAYOUT["height"]) * (size / 13) ** 2))
+    if fig.layout.legend.yref == "container" and fig.layout.legend.y == 0:  # a legend at the foot, below the axis
+        fig.update_layout(margin_b=int((fig.layout.margin.b or 0) * size / 12))  # ticks and title: more room
     fig.update_annotations(font_size=size)
     fig.update_traces(textfont_size=size - 2, selector=dict(type="bar"))
     fig.update_traces(colorbar_tickfont_size=size - 2, selector=dict(type="heatmap"))
@@ -610,7 +612,7 @@ def for_projector(fig: go.Figure, size: int = 18) -> go.Figure:
 
 
 PROJECTOR_TITLE_PX = 280  # a title at least this wide: about a third of a 1024-pixel page, the narrowest column
-MIN_PROJECTOR_TITLE_SIZE = 15
+MIN_PROJECTOR_TITLE_SIZE = 14
 
 
 def projector_title(title: str, size: int) -> tuple[int, str]:
