@@ -159,16 +159,16 @@ LOG_PROBABILITY_CELLS = 64 * 64
 LOG_DECADES = 3  # the log scale's range below its largest value; smaller cells take the scale's darkest colour
 
 
-def _blocks_note(row_step: int, col_step: int) -> str:
-    """What one cell of a decimated map is, in words short enough for a third of a 1024-pixel page, and for two
-    title lines on a projector."""
+def _blocks_note(row_step: int, col_step: int, how: str = "mean") -> str:
+    """What one cell of a decimated map is (the mean, or the largest, of a block of values), in words short enough
+    for a third of a 1024-pixel page, and for two title lines on a projector."""
     if row_step * col_step == 1:
         return ""
     if col_step == 1:
-        return f"<br>(each cell: mean of {row_step} rows)"
+        return f"<br>(each cell: {how} of {row_step} rows)"
     if row_step == 1:
-        return f"<br>(each cell: mean of {col_step} columns)"
-    return f"<br>(each cell: mean of {row_step}x{col_step})"
+        return f"<br>(each cell: {how} of {col_step} columns)"
+    return f"<br>(each cell: {how} of {row_step}x{col_step})"
 
 
 def heatmap(matrix, title: str, x_title: str = "", y_title: str = "", colorscale: str = "RdBu",
@@ -540,7 +540,7 @@ def difference_map(original, restored, title: str, x_title: str = "channel", y_t
     scale = float(np.abs(reference).max()) or 1.0
     relative = np.abs(to_numpy(restored).astype(np.float64) - reference) / scale
     values, row_step, col_step = decimate(np.log10(np.maximum(relative, FLOOR)))
-    note = f"<br>(largest cell of {row_step}x{col_step} blocks)" if row_step * col_step > 1 else ""
+    note = _blocks_note(row_step, col_step, "largest")
     if row_step * col_step > 1:  # decimate averages each block; the largest cell is what matters here
         rows, cols = values.shape
         padded = np.full((rows * row_step, cols * col_step), -np.inf)
@@ -595,9 +595,12 @@ def for_projector(fig: go.Figure, size: int = 18) -> go.Figure:
                           margin_t=30 + (title_size + 8) * n_lines,
                           height=height + (title_size + 8) * n_lines - 13)
     fig.update_layout(font=dict(size=size), legend_font_size=size)
-    # an axis of one label per row or column (tokens, drawn small to fit) keeps its size: enlarged, they collided
+    # an axis of one label per row or column (tokens, drawn small to fit) keeps its size, and labels of several lines
+    # (Split learning's rows of digits) plotly's 12 px: enlarged, they collided with their neighbours
     def enlarge(axis) -> None:
-        axis.update(tickfont_size=LABEL_FONT if axis.tickfont.size == LABEL_FONT else size - 2, title_font_size=size)
+        stacked = any("<br>" in str(text) for text in (axis.ticktext or ()))
+        tick = LABEL_FONT if axis.tickfont.size == LABEL_FONT else 12 if stacked else size - 2
+        axis.update(tickfont_size=tick, title_font_size=size)
 
     fig.for_each_xaxis(enlarge)
     fig.for_each_yaxis(enlarge)
