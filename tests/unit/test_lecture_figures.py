@@ -69,7 +69,7 @@ def test_legends_stay_off_the_x_labels():
 
 def test_a_decimated_map_says_what_a_cell_is_in_words():
     fig = figures.heatmap(np.ones((400, 300)), "big")
-    assert "(each cell: mean of 3x2)" in fig.layout.title.text and "blocks" not in fig.layout.title.text
+    assert "(mean of 3x2 per cell)" in fig.layout.title.text and "blocks" not in fig.layout.title.text
 
 
 def test_projector_titles_take_one_or_two_lines_padded_to_two():

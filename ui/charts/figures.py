@@ -165,10 +165,10 @@ def _blocks_note(row_step: int, col_step: int, how: str = "mean") -> str:
     if row_step * col_step == 1:
         return ""
     if col_step == 1:
-        return f"<br>(each cell: {how} of {row_step} rows)"
+        return f"<br>({how} of {row_step} rows per cell)"
     if row_step == 1:
-        return f"<br>(each cell: {how} of {col_step} columns)"
-    return f"<br>(each cell: {how} of {row_step}x{col_step})"
+        return f"<br>({how} of {col_step} columns per cell)"
+    return f"<br>({how} of {row_step}x{col_step} per cell)"
 
 
 def heatmap(matrix, title: str, x_title: str = "", y_title: str = "", colorscale: str = "RdBu",
@@ -540,7 +540,7 @@ def difference_map(original, restored, title: str, x_title: str = "channel", y_t
     scale = float(np.abs(reference).max()) or 1.0
     relative = np.abs(to_numpy(restored).astype(np.float64) - reference) / scale
     values, row_step, col_step = decimate(np.log10(np.maximum(relative, FLOOR)))
-    note = _blocks_note(row_step, col_step, "largest")
+    note = _blocks_note(row_step, col_step, "max")
     if row_step * col_step > 1:  # decimate averages each block; the largest cell is what matters here
         rows, cols = values.shape
         padded = np.full((rows * row_step, cols * col_step), -np.inf)
