@@ -627,7 +627,7 @@ def projector_title(title: str, size: int) -> tuple[int, str]:
     longest = max(len(line) for line in title.split("<br>"))
     width_px = max(longest * 13 * 0.6, PROJECTOR_TITLE_PX)  # what the title's longest line took at 13 px
     for title_size in range(size, MIN_PROJECTOR_TITLE_SIZE - 1, -1):
-        lines = wrap_title(words, max(12, int(width_px / (0.55 * title_size)))).split("<br>")
+        lines = wrap_title(words, max(12, int(width_px / (0.52 * title_size)))).split("<br>")  # bold letters: ~0.5 em
         if len(lines) <= PROJECTOR_TITLE_LINES:
             break
     lines += [" "] * (PROJECTOR_TITLE_LINES - len(lines))
