@@ -4,6 +4,7 @@ from pathlib import Path
 
 import streamlit as st
 
+from ui import projector
 from ui.errors import show_unexpected
 from ui.runtime.housekeeping import collect_garbage, give_back_freed_memory, long_lived_objects_frozen
 from ui.state import publish
@@ -29,9 +30,11 @@ PAGES = (
 collect_garbage()  # cycles left by earlier runs (any session's), every few seconds; then their pages
 give_back_freed_memory()  # what earlier runs (any session's) freed: a classroom's runs end all the time
 # A link in projector mode opens with the menu folded away: the lecture hall sees the page, full width
+PROJECTOR_LINK = "1" in (st.query_params.get(projector.KEY), st.query_params.get(projector.OLD_KEY))
 st.set_page_config(page_title="Transformer Symmetry Explorer", page_icon=":material/shuffle:", layout="wide",
-                   initial_sidebar_state="collapsed" if st.query_params.get("walk_projector") == "1" else "auto")
+                   initial_sidebar_state="collapsed" if PROJECTOR_LINK else "auto")
 st.html(f"<style>{(ROOT / 'assets' / 'app.css').read_text()}</style>")
+projector.seed_projector()
 pages = [st.Page(path, title=title, icon=icon, default=path == "pages/home.py")
          for path, title, icon, _ in PAGES if (ROOT / path).exists()]
 navigation = st.navigation(pages)
@@ -44,6 +47,9 @@ try:
         from ui.sidebar import render_sidebar
 
         render_sidebar(scope)
+    if navigation.title != "Guided walk":  # the walk has the switch in its own row of controls
+        projector.toggle(st.sidebar, "projector_sidebar")
+    projector.apply_css()
     navigation.run()
 except Exception as error:  # noqa: BLE001 - st.stop/st.rerun are BaseExceptions and pass; a bug is logged
     show_unexpected(error)

@@ -5,7 +5,7 @@ import streamlit as st
 
 from perm_core.applications import attack as atk
 from perm_core.applications import authorization as auth
-from perm_core.engine.keys import LONG_KEY_BITS, InvalidKeyError, parse_long_key
+from perm_core.engine.keys import KEY_BITS, InvalidKeyError, validate_key
 from perm_core.models.zoo import AUTHORIZATION, ZOO, serving
 from ui.charts import figures_authorization as fa
 from ui.charts import figures_backward as fb
@@ -46,12 +46,11 @@ def main(runs) -> None:
     model_name = row[0].selectbox("Model", MODELS, key="au_model",
                                   help="smollm2-135m: the first load converts the shipped GGUF (about a minute).")
     seed("au_key", lecture_key("channels"))
-    key_text = row[1].text_input("Key", key="au_key", help="a whole number, or a 0x hex string of up to 64 "
-                                                          "digits (256 bits), like a cipher key")
+    key_text = row[1].text_input("Key", key="au_key", help="any whole number 0 .. 2**64-1, as on every page")
     seed_choice(f"au_wrong_{model_name}", range(1, 51), DEFAULT_WRONG[model_name], int)
     n_wrong = row[2].slider("Wrong keys to try", 1, 50, key=f"au_wrong_{model_name}")
     try:
-        key = parse_long_key(key_text)
+        key = validate_key(key_text)
     except InvalidKeyError as error:
         st.error(str(error))
         publish()
@@ -74,6 +73,19 @@ def main(runs) -> None:
     attack_section(computed, model_name, key, label, fmt, result.chance)
 
 
+def key_strength(key: int, channels: int, group_bits: float) -> str:
+    """What this key is worth to an attacker who guesses keys, computed from the key: keys are KEY_BITS-bit on every
+    page; a small one is found at once by an attacker who counts 0, 1, 2, ..."""
+    bits = max(key.bit_length(), 1)
+    reach_bits = min(KEY_BITS, group_bits)
+    return (f"Keys are {KEY_BITS}-bit whole numbers, as on every page; this one needs {bits} bits. An attacker who "
+            f"tries keys in order 0, 1, 2, … finds it at guess {key + 1:,}"
+            + (": a key this small is no secret." if bits <= 32 else ".")
+            + f" A key drawn at random from all 2^{KEY_BITS} takes 2^{KEY_BITS - 1} guesses on average. Separately, "
+            f"the permutation group: {channels}! orderings of the residual channels, {group_bits:.0f} bits; the keys "
+            f"reach at most 2^{reach_bits:.0f} of them.")
+
+
 def show_lock(result, loaded, key, label, fmt) -> None:
     cols = st.columns(5)
     cols[0].metric("Unlocked model", fmt.format(result.original))
@@ -83,11 +95,7 @@ def show_lock(result, loaded, key, label, fmt) -> None:
                    fmt.format(sum(result.wrong_keys) / len(result.wrong_keys)))
     cols[4].metric("Chance" + (" (uniform over the vocabulary)" if result.metric == "perplexity" else ""),
                    fmt.format(result.chance))
-    reach_bits = min(LONG_KEY_BITS, result.key_space_bits)
-    st.info(f"Keys have up to {LONG_KEY_BITS} bits (this one needs {max(key.bit_length(), 1)}): an attacker needs "
-            f"at most 2^{LONG_KEY_BITS} guesses of the key. Separately, the permutation group: "
-            f"{loaded.model.config.hidden_size}! orderings of the residual channels, {result.key_space_bits:.0f} "
-            f"bits; the keys reach at most 2^{reach_bits:.0f} of them.")
+    st.info(key_strength(key, loaded.model.config.hidden_size, result.key_space_bits))
     if abs(result.right_key - result.original) <= 1e-6 * max(1.0, abs(result.original)):
         st.success(f"The right key restores the model exactly: {label} {fmt.format(result.right_key)}.")
     else:

@@ -136,8 +136,10 @@ def main(shared_runs) -> None:
         st.subheader(label)
         panels = fb.gradient_triptych(comparison.original[name], comparison.scrambled[name],
                                       comparison.unscrambled[name], label.split(" / ")[1][2:])
-        for column, figure in zip(st.columns(4), panels, strict=True):
-            chart(figure, width="stretch", where=column)
+        # Two by two: four across left an 8x8 map tall and narrow and cut its colour bar's labels at 1024 px
+        for pair in (panels[:2], panels[2:]):
+            for column, figure in zip(st.columns(2), pair, strict=True):
+                chart(figure, width="stretch", where=column)
     chart(fb.gradient_errors(comparison.errors, comparison.tolerance), width="stretch")
 
     # --- SGD in lock-step ---
@@ -222,7 +224,11 @@ def main(shared_runs) -> None:
     st.dataframe([{"step": s.step, "loss (original)": s.loss_original, "loss (scrambled)": s.loss_scrambled,
                    "update rel error": s.update_rel_error if s.step else None,
                    "weight rel error": s.param_rel_error} for s in result.steps],
-                 hide_index=True)
+                 hide_index=True,  # errors as 3.1e-15, not 0.000000000000003; the numbers stay numbers
+                 column_config={name: st.column_config.NumberColumn(format="%.2e") for name in (
+                     "update rel error", "weight rel error")} | {
+                     name: st.column_config.NumberColumn(format="%.6g") for name in (
+                         "loss (original)", "loss (scrambled)")})
 
 
 with page_runs() as shared_runs:  # each result's share of the run budget is held until the page is drawn

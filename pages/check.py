@@ -15,6 +15,7 @@ from ui.long_run import long_run, stop_if_stopped
 from ui.runtime import CHECK_WEIGHT_COPIES, model_on, page_run_bytes, page_slot
 from ui.sidebar import SYMMETRY_LABELS, ensure_view
 from ui.state import parse_bool, publish, seed
+from ui.summary import check_summary
 
 
 def main() -> None:
@@ -64,6 +65,7 @@ def main() -> None:
         publish()
         st.stop()
     report = stored[1]
+    FLOOR_COLUMN = "judged by |x| because"
     SCIENTIFIC = {name: st.column_config.NumberColumn(format="%.1e") for name in
                   ("max abs error", "max rel error", "tolerance", "max_abs_error", "max_rel_error")}
     payload = report.to_json()
@@ -78,7 +80,8 @@ def main() -> None:
                + "".join(f" {SYMMETRY_LABELS[n.symmetry]} is NOT a symmetry of this architecture: its standard element "
                          f"changes the output by {n.max_rel_error:.1e}" + (" (as claimed)." if n.broken else ".")
                          for n in report.not_symmetries))
-    (st.success if report.passed else st.error)(("PASSED — " if report.passed else "FAILED — ") + summary)
+    verdict = ("PASSED — " if report.passed else "FAILED — ") + summary
+    (st.success if report.passed else st.error)(verdict)
     if report.oracle is not None:
         o = report.oracle
         (st.caption if o.passed else st.error)(
@@ -137,10 +140,14 @@ def main() -> None:
                                      [t.max_rel_error for t in tensors], f"{labels[picked]}: every tensor",
                                      report.checks[picked].tolerance, tolerances=[t.tolerance for t in tensors])
     chart(fig, width="stretch")
-    # Where no floor applies the reason is empty, not "None".
-    st.dataframe(pd.DataFrame([{**vars(t), "floor_reason": t.floor_reason or ""} for t in tensors]), hide_index=True,
+    # Headers in words (not the report's field names); where no floor applies the reason is empty, not "None".
+    st.dataframe(pd.DataFrame([{"tensor": t.name, "max abs error": t.max_abs_error, "max rel error": t.max_rel_error,
+                                "tolerance": t.tolerance, "finite": t.finite,
+                                FLOOR_COLUMN: t.floor_reason or ""} for t in tensors]), hide_index=True,
                  width="stretch", height=240,
                  column_config=SCIENTIFIC)
+    st.caption(f"\"{FLOOR_COLUMN}\": a tensor that is zero in exact arithmetic has no relative error to speak of; it "
+               "is judged by its absolute size instead, and this column says why.")
     command = check_command(view.model_name, view.dtype_name, dict(view.keys), view.input_spec, backward)
     payload["reproduce"] = command
     st.markdown("The same report from a terminal" + (" (name your image file where it says YOUR_FILE)"
@@ -149,6 +156,11 @@ def main() -> None:
     st.download_button("Download the report (JSON)", json.dumps(payload, indent=2),
                        file_name=f"check-{view.model_name.replace(':', '_')}-{view.dtype_name}.json",
                        mime="application/json")
+    # A take-home page for a student or a lecture's notes: what was run, the verdict, the numbers, the command
+    st.download_button("Take-home summary (Markdown)",
+                       check_summary(report, verdict, view.input_label, keys_text, command),
+                       file_name=f"check-{view.model_name.replace(':', '_')}-{view.dtype_name}.md",
+                       mime="text/markdown")
     publish()
 
 

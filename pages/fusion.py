@@ -125,10 +125,12 @@ def experiment(runs) -> None:
     st.header("Does rotation add to permutation? Seed pairs with 95 % intervals")
     st.markdown(
         f"**Paper** ({PAPER}): attention has a rotation symmetry beyond permutations; matching heads by "
-        "closed-form per-head rotations (orthogonal Procrustes) on top of permutation matching brings "
+        "closed-form per-head rotations (orthogonal Procrustes: the rotation that best maps one set of vectors "
+        "onto another, read off an SVD) on top of permutation matching brings "
         "independently trained Transformers closer and fuses them better. Their ViT pair on CIFAR-10 reached "
         "61.25 % merged with activation-based matching against 10.19 % for plain averaging, and rotation matching "
-        "cut the distance to the anchor model from 651.57 to 613.63 (5.8 %) where Git Re-Basin cut it to 625.73.")
+        "cut the distance to the anchor model from 651.57 to 613.63 (5.8 %) where Git Re-Basin (Ainsworth et al., "
+        "ICLR 2023: permutation matching of the weights alone) cut it to 625.73.")
     defaults = PairSettings()
     cols = st.columns(3)
     seed_choice("fx_pairs", range(5, 11), 5, int)
@@ -143,8 +145,9 @@ def experiment(runs) -> None:
         f"Each pair: two ViTs from seeds 2i and 2i + 1, trained on the digits training split less {HELD_OUT} "
         "images held out for activation matching; accuracy on the 360 test digits. Weight matching: every "
         "permutation (the residual stream's too) from the weights, alternating as Git Re-Basin does; activation "
-        "matching: by the correlation of the units' activations on the held-out images (LSA), rotations by "
-        "Procrustes on the heads' activations. Every aligned B is proved to be B's function in float64.")
+        "matching: by the correlation of the units' activations on the held-out images (a linear sum assignment: "
+        "the one-to-one pairing of units with the largest total correlation), rotations by Procrustes on the "
+        "heads' activations. Every aligned B is proved to be B's function in float64.")
     key = (settings.pairs, width, epochs)
     seed("fx_run", False, parse_bool)  # a link with fx_run=1 opens with the experiment run
     if not st.session_state["fx_run"] and runs.finished(PageRequest("fusion/experiment", key)) is None:

@@ -43,9 +43,11 @@ def main() -> None:
     else:
         statuses = [r.cells[s].status for r in rows for s in SYMMETRIES]
         n_missing, n_na = statuses.count(NOT_HOLDING), statuses.count(NOT_APPLICABLE)
-        st.success(f"{len(rows)} families x {len(SYMMETRIES)} symmetries: {len(statuses) - n_missing - n_na} hold "
-                   f"exactly (in full or in a restricted form), {n_missing} do not hold and each break was "
-                   f"measured, {n_na} have nothing to act on; every negative control broke.")
+        n_exact = len(statuses) - n_missing - n_na
+        st.success(f"{len(rows)} families x {len(SYMMETRIES)} symmetries: {n_exact} "
+                   f"{'holds' if n_exact == 1 else 'hold'} exactly (in full or in a restricted form), {n_missing} "
+                   f"{'does' if n_missing == 1 else 'do'} not hold and each break was measured, {n_na} "
+                   f"{'has' if n_na == 1 else 'have'} nothing to act on; every negative control broke.")
 
     st.subheader("Why a symmetry is restricted or missing")
     reasons = [f"- **{r.family} / {SYMMETRY_LABELS[s]}** ({LABELS[r.cells[s].status]}, "

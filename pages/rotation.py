@@ -2,6 +2,7 @@
 
 import pandas as pd
 import streamlit as st
+import torch
 
 from perm_core.applications.rotation import residual_rotation, rope_rotations, rotation_demo
 from perm_core.models.defaults import default_inputs
@@ -69,7 +70,8 @@ def main(shared_runs) -> None:
     (st.success if demo.passed and demo.control_broken else st.error)(
         f"Rotated model is {verdict}: worst relative error over every traced tensor {worst:.1e} "
         f"(tolerance {demo.tolerance:g}). Negative control (Q rotated by R, K by another R'): "
-        f"{control_worst:.2f} — {'broken, as it must be' if demo.control_broken else 'NOT broken'}.")
+        f"{control_worst:.2f} — {'broken, as it must be' if demo.control_broken else 'NOT broken'}. "
+        + precision_sentence(loaded.model))
 
     st.subheader(f"Layer {demo.examples['layer']}, head {demo.examples['head']}: side by side")
     cols = st.columns(2)
@@ -129,6 +131,16 @@ def main(shared_runs) -> None:
         f"(tolerance {rope.tolerance:g}). A general Q/K rotation does not: worst error **{general_worst:.2f}**. "
         "V/O rotations stay general on every model (values carry no position).")
     chart(figs.error_comparison(rope, rope.tolerance), key="rot_rope")
+
+
+def precision_sentence(model) -> str:
+    """Why a float32 'same function' shows 1e-7 and not 1e-15, from the model's own dtype."""
+    dtype = next(model.parameters()).dtype
+    if dtype != torch.float32:
+        return f"Computed in {str(dtype).removeprefix('torch.')}."
+    return (f"Computed in float32, which keeps {torch.finfo(torch.float32).eps:.1e} of relative precision: errors of "
+            f"1e-7 to 1e-5 are round-off there (float64, {torch.finfo(torch.float64).eps:.1e}, would show about "
+            "1e-15).")
 
 
 with page_runs() as shared_runs:  # each result's share of the run budget is held until the page is drawn

@@ -7,18 +7,18 @@ from perm_core.engine.patches import shuffle_patches
 from perm_core.explore.exploration import Exploration
 from perm_core.explore.walk import STEPS, TITLES, run_step
 from perm_core.models.zoo import WALK, serving
+from ui import projector
 from ui.charts import figures
 from ui.export import chart
 from ui.runtime import shared_model
 from ui.sidebar import ensure_view
-from ui.state import lecture_key, parse_bool, publish, seed
+from ui.state import lecture_key, publish, seed
 
 (MODEL,) = serving(WALK)  # shipped, tiny and trained: every step runs in well under a second
-# Large text, and the page starts near the top, so each step's first chart is whole on a 1024 x 768 projector
-PROJECTOR_CSS = """<style>
-[data-testid="stMainBlockContainer"] { padding-top: 3rem; }
-[data-testid="stMainBlockContainer"] [data-testid="stMarkdown"] p { font-size: 1.45rem; }
-[data-testid="stMainBlockContainer"] h1 { font-size: 2.6rem; padding-top: 0; }
+# A bold number never breaks across lines ("5.9e-" / "07" in projector mode). Projector mode's large text and charts
+# come from ui.projector, on every page.
+WALK_CSS = """<style>
+[data-testid="stMainBlockContainer"] [data-testid="stMarkdown"] strong { white-space: nowrap; }
 </style>"""
 
 
@@ -27,7 +27,6 @@ def main() -> None:
     ensure_view("none")
     seed("walk_step", 1, int, valid=lambda v: 1 <= v <= len(STEPS))
     seed("walk_key", lecture_key("tokens"))
-    seed("walk_projector", False, parse_bool)
 
     def move(by: int) -> None:
         st.session_state["walk_step"] = min(max(st.session_state["walk_step"] + by, 1), len(STEPS))
@@ -41,22 +40,19 @@ def main() -> None:
 
     index = st.session_state["walk_step"]
     step = STEPS[index - 1]
-    st.title(TITLES[step])
+    st.html(WALK_CSS)
+    # The controls come first, above the title: a title that wraps (steps 2 and 5) pushed them down, and a lecturer
+    # clicking Next in the same place missed it. Here they stay put on every step, at every width.
     with st.container(horizontal=True, vertical_alignment="bottom"):  # each control as wide as its label
         st.button("Previous", on_click=move, args=(-1,), disabled=index == 1, icon=":material/arrow_back:")
         st.button("Next", on_click=move, args=(1,), disabled=index == len(STEPS), icon=":material/arrow_forward:",
                   type="primary")
         key_text = st.text_input("Key", key="walk_key", width=160,
                                  help="any whole number 0 .. 2**64-1; each step uses it")
-        st.toggle("Projector", key="walk_projector", help="large text for a lecture hall")
+        projector.toggle(st, "projector_walk")
         st.caption(f"step {index} of {len(STEPS)} · {MODEL}, every number computed live")
-    projector = st.session_state["walk_projector"]
-    if projector:
-        st.html(PROJECTOR_CSS)
-
-    def show(fig, **options) -> None:
-        """A chart, its texts enlarged in projector mode (the CSS above reaches paragraphs, not a chart's own fonts)."""
-        chart(figures.for_projector(fig) if projector else fig, **options)
+    st.title(TITLES[step])
+    show = chart  # in projector mode chart() enlarges every chart's texts (ui.projector)
     try:
         key = validate_key(key_text)
     except InvalidKeyError as error:
@@ -95,9 +91,13 @@ def main() -> None:
                                   zmax=zmax, wrap=30), width="stretch", where=column)
     elif step == "heads":
         grid = x["grid"]
+        n_stayed = sum(held == h for row in grid.holds for h, held in enumerate(row))
+        n_maps = sum(len(row) for row in grid.holds)
+        stayed = ("; a map without a number is a head the key left in its place "
+                  f"({n_stayed} of the {n_maps} drawn)") if n_stayed else " (the key moved every head drawn)"
         st.markdown(f"Key {key} reorders the {g.n_heads} heads of every layer (with their query, key, value and output "
                     "weights). On the right each map sits in its new place, and the bold number says which original "
-                    f"head it is. Un-scrambled, every attention map matches the original to "
+                    f"head it is{stayed}. Un-scrambled, every attention map matches the original to "
                     f"**{done.restored_error:.1e}**.")
         zmax = float(max(grid.original.max(), grid.scrambled.max()))
         columns = st.columns(2)
@@ -130,11 +130,16 @@ def main() -> None:
         floor = 1e-18  # a bar of exactly zero has no height on a log axis
         fig = figures.paired_bars(names, [max(e.max_rel_error, floor) for e in done.result.errors],
                                   [max(rel32[n], floor) for n in names], ("float64", "float32"),
-                                  figures.wrap_title(f"relative error of every tensor after un-scrambling (tokens and "
-                                                     f"channels, key {key}; exact zeros drawn at {floor:.0e})", 60),
+                                  # two lines on the left: the legend sits above the plot's right end
+                                  figures.wrap_title(f"relative error of every tensor after un-scrambling (tokens "
+                                                     f"and channels, key {key})", 50),
                                   log=True, height=340)
-        figures.threshold(fig, x["tolerance64"], f"float64 tolerance {x['tolerance64']:.0e}")
-        figures.threshold(fig, x["tolerance32"], f"float32 tolerance {x['tolerance32']:.0e}")
+        fig.update_yaxes(title=f"relative error (0 drawn at {floor:.0e})")
+        # the labels beside the plot, in its right margin: on the line they were drawn over the bars
+        for name in ("float64", "float32"):
+            tolerance = x[f"tolerance{name[-2:]}"]
+            figures.threshold(fig, tolerance, f"{name} tolerance<br>{tolerance:.0e}", position="outside")
+        fig.update_layout(margin_r=170)
         show(fig, width="stretch")
 
     publish()

@@ -1,9 +1,13 @@
-"""Every chart with an Export menu: PNG, SVG and the numbers as CSV, each made only when its button is clicked."""
+"""Every chart with an Export menu: PNG, SVG and the numbers as CSV, each made only when its button is clicked (none
+in projector mode: ui.projector)."""
 
 from __future__ import annotations
 
+import copy
+
 import streamlit as st
 
+from ui import projector
 from ui.charts import figures
 from ui.charts.export import ExportError, figure_csv, figure_image, file_stem
 
@@ -22,6 +26,11 @@ def chart(fig, where=None, **options) -> None:
     """st.plotly_chart(fig, **options) in `where` (a column or the page), with its export menu under it."""
     where = where or st
     options.setdefault("width", "stretch")
+    if projector.on():  # large texts, and neither the export menu nor plotly's toolbar in a lecture hall
+        # on a copy: a figure may be shared (cached for every session), and only this session is in projector mode
+        where.plotly_chart(figures.for_projector(figures.powers_of_ten(copy.deepcopy(fig))),
+                           config={"displayModeBar": False}, **options)
+        return
     where.plotly_chart(figures.powers_of_ten(fig), **options)
     stem = file_stem(fig)
     with where.popover("Export", icon=":material/download:"):

@@ -9,10 +9,17 @@ from pathlib import Path
 
 FOLDER = Path(__file__).resolve().parent.parent / "assets" / "home"
 FILES = ("digit.png", "digit-shuffled.png")  # (the digit, its patches shuffled), as pictures() returns them
+CLASS_FILE = "digit-class.txt"  # the digit's class in the data set, for Home's caption
+
+
+def digit_class() -> int:
+    """The class of the pictured digit, as the files keep it."""
+    return int((FOLDER / CLASS_FILE).read_text())
 
 
 def pictures():
-    """(the digit, its patches shuffled with key 7) as PIL images, each patch grid drawn."""
+    """(the digit, its patches shuffled with key 7) as PIL images, dark ink on white with each patch grid drawn, and
+    the digit's class."""
     import torch
 
     from perm_core.engine.keys import permutation
@@ -21,15 +28,19 @@ def pictures():
     from perm_core.models.digits import digits_split
     from ui.charts import figures
 
-    _, _, test_x, _ = digits_split(raw=True)
+    _, _, test_x, test_y = digits_split(raw=True)
     digit = test_x[:1].double()  # the first held-out scikit-learn digit
     # the class token (position 0) stays; the 16 patches move
     order = Permutation(torch.cat([torch.zeros(1, dtype=torch.long), permutation(7, 16, "home") + 1]))
-    return figures.mosaic_image(digit, 2, 160), figures.mosaic_image(shuffle_patches(digit, order, 2), 2, 160)
+    drawn = (figures.mosaic_image(digit, 2, 160, smooth=True),
+             figures.mosaic_image(shuffle_patches(digit, order, 2), 2, 160, smooth=True))
+    return drawn, int(test_y[0])
 
 
 if __name__ == "__main__":
     FOLDER.mkdir(parents=True, exist_ok=True)
-    for name, image in zip(FILES, pictures(), strict=True):
+    images, label = pictures()
+    for name, image in zip(FILES, images, strict=True):
         image.save(FOLDER / name)
         print(FOLDER / name)
+    (FOLDER / CLASS_FILE).write_text(f"{label}\n")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import re
 from urllib.parse import urlencode
 
 from perm_core.engine.symmetries import SYMMETRIES
@@ -23,7 +24,8 @@ COLOURS = {HOLDS: "#d8f0dc", RESTRICTED: "#fcefc7", NOT_HOLDING: "#e4e4e7", NOT_
            FAILED: "#f8d0d0"}
 LABELS = {HOLDS: "holds", RESTRICTED: "restricted", NOT_HOLDING: "does not hold", NOT_APPLICABLE: "n/a",
           FAILED: "FAILED"}
-LEGEND = {HOLDS: "exact: worst float64 relative error of the check, forward and backward",
+LEGEND = {HOLDS: "exact: worst float64 relative error of the check, forward and backward (Explore, which a cell "
+                 "opens, runs the forward pass only: its number can be smaller)",
           RESTRICTED: "exact in a restricted form (hover, or see the reasons below)",
           NOT_HOLDING: "the architecture does not have it: the number is the measured break of its standard element",
           NOT_APPLICABLE: "nothing in the architecture for it to act on (experts on a dense model)",
@@ -38,6 +40,13 @@ def explore_link(row: Row, symmetry: str) -> str:
     return f"explore?{urlencode(params)}"
 
 
+def class_name_html(name: str) -> str:
+    """A class name that may break only between its words: ViT<wbr>For<wbr>Image<wbr>Classification, never
+    "ViTForImageC / lassification" (the cell is narrow at 1024 px; the table's cells otherwise break anywhere)."""
+    words = re.split(r"(?<=[A-Za-z0-9])(?=[A-Z][a-z]{2})", name)  # before each capitalized word: For, Image, Model
+    return '<span class="class-name">' + "<wbr>".join(html.escape(word) for word in words) + "</span>"
+
+
 def matrix_html(rows: list[Row], labels: dict[str, str]) -> str:
     head = "".join(f"<th>{html.escape(labels[s])}</th>" for s in SYMMETRIES)
     body = []
@@ -50,7 +59,7 @@ def matrix_html(rows: list[Row], labels: dict[str, str]) -> str:
                 f'<td style="background:{COLOURS[cell.status]}" title="{tip}">'
                 f'<a href="{html.escape(explore_link(row, symmetry), quote=True)}" target="_self">'
                 f"{LABELS[cell.status]}<br><code>{cell.max_rel_error:.1e}</code></a></td>")
-        body.append(f"<tr><th>{html.escape(row.family)}<br><small>{html.escape(row.model_class)}</small></th>"
+        body.append(f"<tr><th>{html.escape(row.family)}<br><small>{class_name_html(row.model_class)}</small></th>"
                     f"{''.join(cells)}</tr>")
     return ('<table class="symmetry-matrix"><thead><tr><th>family</th>' + head + "</tr></thead><tbody>"
             + "".join(body) + "</tbody></table>")

@@ -30,6 +30,8 @@ SYMMETRY_LABELS = {"tokens": "Tokens", "channels": "Channels", "heads": "Heads",
                    "mlp": "MLP neurons", "rotation": "Rotations", "experts": "Experts"}
 DEFAULT_ON = ("tokens", "channels")
 MAX_TOKENS = 128  # the Explore page draws tokens x tokens maps; longer texts are truncated with a notice
+# What the notice calls that limit: the visitor chose none ("the chosen limit" read as if they had)
+LIMIT_REASON = f"this app's limit, so that its {MAX_TOKENS} x {MAX_TOKENS} token maps stay readable"
 # The trained models, then a tiny random model of every supported family (the symmetry matrix links to them).
 ZOO = (*zoo.explore_menu(), *(f"random:{family}" for family in family_names()))
 SLOW_FIRST_LOAD = {entry.name: entry.first_load for entry in zoo.ZOO.values() if entry.first_load}
@@ -222,7 +224,8 @@ def _text_input(view: View) -> None:
         view.input_label = "your text"
         view.input_spec = f"text:{text}"
     try:
-        encoding, notice = model_inputs.prepare_text(text, view.loaded, max_tokens=MAX_TOKENS)
+        encoding, notice = model_inputs.prepare_text(text, view.loaded, max_tokens=MAX_TOKENS,
+                                                     limit_reason=LIMIT_REASON)
     except model_inputs.InputError as error:
         view.problems.append(str(error))
         return

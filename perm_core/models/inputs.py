@@ -205,9 +205,10 @@ DEFAULT_N_TOKENS = 12  # token ids drawn when a text model has no tokenizer and 
 
 
 def prepare_text(
-    text: str, loaded: LoadedModel, max_tokens: int | None = None
+    text: str, loaded: LoadedModel, max_tokens: int | None = None, limit_reason: str = "the chosen limit"
 ) -> tuple[dict[str, torch.Tensor], str | None]:
-    """Text -> (encoding of [1, T] tensors, truncation notice or None).
+    """Text -> (encoding of [1, T] tensors, truncation notice or None). limit_reason: what the notice calls
+    max_tokens when it is what truncates (a caller that chose no limit names its own, e.g. the app's).
 
     With a tokenizer: the tokenizer's ids. Without one (random:* models, weights-only directories):
     each whitespace-separated word becomes one vocabulary id, a hash of the word, so the same text
@@ -222,14 +223,14 @@ def prepare_text(
     window = model_window(loaded)
     limit = min(x for x in (window, max_tokens) if x is not None) if (window or max_tokens) else None
     if loaded.tokenizer is None:
-        return _hashed_words(text, loaded, limit, "the model's window" if limit == window else "the chosen limit")
+        return _hashed_words(text, loaded, limit, "the model's window" if limit == window else limit_reason)
 
     full_length = len(loaded.tokenizer(text, truncation=False, verbose=False)["input_ids"])
     if full_length == 0:
         raise InputError(f"The tokenizer of {loaded.info.name} turns this text into no tokens at all.")
     notice = None
     if limit is not None and full_length > limit:
-        reason = "the model's window" if limit == window else "the chosen limit"
+        reason = "the model's window" if limit == window else limit_reason
         notice = f"Text truncated to {limit} tokens ({reason}); {full_length - limit} tokens were dropped."
     encoding = loaded.tokenizer(
         text, truncation=limit is not None, max_length=limit, return_tensors="pt", verbose=False

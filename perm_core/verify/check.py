@@ -182,7 +182,7 @@ def check(model, inputs: dict, symmetry_names=symmetries.SYMMETRIES, key: int | 
         with clock("checks"):
             report.checks.extend(check_scramble(subject, subject.build(keys), name, original, backward))
         for control in controls.get(name, []):
-            advance(f"{name}: control {control.name}")
+            advance(f"{name}: negative control, {control.description}")  # words, not its identifier
             with clock("controls"):
                 report.controls.append(explain_unbroken(subject, control, run_control(subject, control, original)))
     for name, reason in missing.items():

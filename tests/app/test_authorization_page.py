@@ -28,9 +28,11 @@ def test_digits_lock_numbers_and_histogram():
     assert shown["Unlocked model"] == shown["Right key"]
     assert percent(shown["No key"]) < 0.3
     assert percent(shown["Wrong keys (mean of 20)"]) < 0.3
-    bits = DEFAULT_KEYS["channels"].bit_length()  # the page starts from the app's channels key
-    assert f"Keys have up to 256 bits (this one needs {bits})" in at.info[0].value
-    assert "at most 2^256 guesses" in at.info[0].value and "reach at most 2^256 of them" in at.info[0].value
+    key = DEFAULT_KEYS["channels"]  # the page starts from the app's channels key
+    info = at.info[0].value
+    assert f"Keys are 64-bit whole numbers, as on every page; this one needs {key.bit_length()} bits" in info
+    assert f"finds it at guess {key + 1}: a key this small is no secret" in at.info[0].value
+    assert "2^63 guesses on average" in at.info[0].value and "reach at most 2^64 of them" in at.info[0].value
     assert f"64! orderings of the residual channels, {permutation_bits(64):.0f} bits" in at.info[0].value
     spec = json.loads(at.get("plotly_chart")[0].proto.spec)
     histogram = spec["data"][0]
@@ -46,19 +48,23 @@ def test_bad_key_shows_an_error():
     at.run()
     at.text_input(key="au_key").set_value("-1").run()
     assert not at.exception
-    assert "at most 256 bits" in at.error[0].value
+    assert "from 0 to 2**64-1" in at.error[0].value  # the same words as every page's key
     assert not at.metric
 
 
-def test_a_hex_key_of_256_bits_unlocks_and_the_text_says_its_length():
+def test_one_key_size_on_every_page_and_a_large_key_is_not_found_by_counting():
+    """Keys are 64-bit here as on every page: 2**64 is refused, 2**64-1 unlocks and is no small number."""
     at = AppTest.from_file(PAGE, default_timeout=300)
     at.query_params["au_attack_steps"] = "100"
     at.run()
-    at.text_input(key="au_key").set_value("0x" + "a5" * 32).run()
+    at.text_input(key="au_key").set_value(str(2**64)).run()
+    assert "from 0 to 2**64-1" in at.error[0].value and not at.metric
+    at.text_input(key="au_key").set_value(str(2**64 - 1)).run()
     assert not at.exception and not at.error
     shown = {m.label: m.value for m in at.metric}
     assert shown["Right key"] == shown["Unlocked model"] and percent(shown["No key"]) < 0.3
-    assert "this one needs 256" in at.info[0].value
+    assert "this one needs 64 bits" in at.info[0].value and f"guess {2**64:,}." in at.info[0].value
+    assert "no secret" not in at.info[0].value
 
 
 def test_minilm_retrieval():

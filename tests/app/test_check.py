@@ -50,7 +50,7 @@ def test_check_digits_float64_every_symmetry_with_the_sidebar_keys():
     assert (controls["max rel error"] > 1e-3).all() and len(controls) >= 5
     assert (controls["result"] == "broken, as it must").all()
     per_tensor = at.dataframe[1].value
-    assert per_tensor["floor_reason"].map(lambda v: isinstance(v, str)).all()  # never a "None" cell
+    assert per_tensor["judged by |x| because"].map(lambda v: isinstance(v, str)).all()  # never a "None" cell
     stages, chart = (json.loads(c.proto.spec) for c in at.get("plotly_chart")[:2])
     assert stages["layout"]["yaxis"]["type"] == "log" and chart["layout"]["yaxis"]["type"] == "log"
     assert stages["data"][0]["x"][0] == "embeddings" and max(stages["data"][0]["y"]) < 1  # all under tolerance

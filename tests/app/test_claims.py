@@ -51,7 +51,7 @@ def explore_claims(at) -> dict[str, tuple[str, str]]:
     """Each Explore claim: (what the page says, what its chart draws, formatted the same way)."""
     charts = specs(at)
     proof = next(s for s in charts if title(s).startswith("un-scrambled vs original"))
-    relative = [y for trace in proof["data"] if trace["name"].endswith("(rel)") for y in array(trace["y"])]
+    relative = [y for trace in proof["data"] if trace["name"].endswith("(relative)") for y in array(trace["y"])]
     weights = {title(s): array(s["data"][0]["z"]) for s in charts
                if title(s).startswith(("W: as trained", "W′: what the scrambled", "W′ with the inverse"))}
     trained, held, back = (weights[t] for t in ("W: as trained", "W′: what the scrambled model holds",

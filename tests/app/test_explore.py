@@ -73,7 +73,7 @@ def test_default_view_is_exact_and_small():
     assert shown["Un-scrambled differs by"] == f"{restored:.1e}"  # one number, written the same way everywhere
     assert shown["Scrambled differs from the original by"] == f"{moved:.2g}"
     errors = proof_errors(at)
-    assert {"hidden state (rel)", "attention map (rel)", "output logits (rel)"} <= set(errors)
+    assert {"hidden state (relative)", "attention map (relative)", "output logits (relative)"} <= set(errors)
     assert 0 < max(errors.values()) < 1e-4
     # Three columns that agree: the un-scrambled heatmap equals the original one, the scrambled one does not.
     hidden = {title(c).split(":")[0]: decode(c["data"][0]["z"]) for c in charts(at) if "hidden state after" in title(c)}
@@ -100,14 +100,14 @@ def test_negative_control_shows_the_break():
     assert not at.success
     assert "breaks, as it must" in at.error[0].value
     errors = proof_errors(at)
-    assert errors["hidden state (rel)"] > 1e-3
+    assert errors["hidden state (relative)"] > 1e-3
     hidden = {title(c).split(":")[0]: decode(c["data"][0]["z"]) for c in charts(at) if "hidden state after" in title(c)}
     assert np.abs(hidden["Un-scrambled"] - hidden["Original"]).max() > 1e-3
     assert difference_map(at).max() > -3  # the break shows on the map too
 
     at.selectbox(key="control").set_value("tokens/positions_not_moved").run()
     assert "breaks, as it must" in at.error[0].value
-    assert proof_errors(at)["attention map (rel)"] > 1e-3
+    assert proof_errors(at)["attention map (relative)"] > 1e-3
 
 
 def test_each_key_changes_the_scramble_but_not_the_verdict():

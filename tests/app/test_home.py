@@ -63,3 +63,18 @@ def test_the_exactness_claim_is_what_a_float64_check_measures():
     worst = worst_rel(errors)
     assert claimed / 10 <= worst <= claimed * 10, worst
     assert any(t.max_abs_error > 0 for t in errors)  # not bit for bit
+
+
+def test_the_float32_sentence_is_what_a_float32_check_measures():
+    """Home says float32 shows the same rounding as 1e-7 to 1e-5 (Explore starts in float32), and gives each dtype's
+    unit round-off: a float32 check of the same model lands in that range, within a decade, as the claim above."""
+    at = AppTest.from_file(APP, default_timeout=300)
+    at.run()
+    intro = next(m.value for m in at.markdown if "comes back" in m.value)
+    low, high = (float(v) for v in re.search(r"shows as (1e-\d+) to (1e-\d+)", intro).groups())
+    assert f"{torch.finfo(torch.float32).eps:.1e}" in intro and f"{torch.finfo(torch.float64).eps:.1e}" in intro
+    loaded = load_model("digits-vit", dtype=torch.float32)
+    report = check.check(loaded.model, default_inputs(loaded), ["tokens", "channels", "heads", "mlp"], key=42,
+                         backward=False)
+    errors = [t for c in report.checks for t in c.tensors if not t.floor_reason]
+    assert low / 10 <= worst_rel(errors) <= high * 10, worst_rel(errors)

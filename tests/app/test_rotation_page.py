@@ -22,6 +22,8 @@ def test_rotation_page_default_run():
     assert not any("scores" in t for t in titles)  # the chart shows softmax probabilities, not q·k scores
     assert any("RoPE" in t for t in titles) and any("residual stream" in t for t in titles)
     assert "0.0001" in verdict  # float32 tolerance of the default digits-vit
+    # one sentence at the verdict says why float32 shows 1e-7, from the dtype's own unit round-off
+    assert "Computed in float32, which keeps 1.2e-07 of relative precision" in verdict
 
     # A bad key is a clear message, not a traceback.
     at.text_input(key="rotation_key").input("-1").run()

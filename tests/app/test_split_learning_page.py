@@ -41,8 +41,12 @@ def test_split_learning_page_renders_measurements():
     assert metrics["Max weight difference"] == f"{run.max_weight_difference:.1e}"
     captions = " ".join(c.value for c in at.caption)
     assert f"end of this float32 run, {run.max_weight_difference:.1e}." in captions
-    gap = re.search(r"differ by at most ([\d.]+%) over the 2 epochs", captions).group(1)
+    # Why the curves part is said in full size above them, its numbers this run's; the chart's title says it too
+    why = next(m.value for m in at.markdown if m.value.startswith("**Why the two curves can part.**"))
+    gap = re.search(r"2 epochs of training amplify.*differ by at most \*\*([\d.]+%)\*\*", why).group(1)
     assert gap == f"{split_learning.accuracy_gap(run):.1%}"
+    assert f"end **{run.max_weight_difference:.1e}** apart" in why
+    assert f"at most {gap} apart in accuracy" in charts[0]["layout"]["title"]["text"].replace("<br>", " ")
     assert "1e-12" not in captions and "coincide" not in captions
     # No fixed accuracies or precisions in the help texts: they could not describe every run.
     assert not re.search(r"\d+ ?%", at.slider(key="sl_epochs").help or "")

@@ -85,8 +85,28 @@ def test_a_mangled_link_falls_back_to_defaults_without_an_error():
 @pytest.mark.parametrize("page", ["backward", "rotation", "fusion", "authorization", "split_learning"])
 def test_pages_with_their_own_controls_show_none_in_the_sidebar(page):
     at = open_link(page, dict(LINKS[page][0]))
-    assert not at.sidebar.selectbox and not at.sidebar.text_input and not at.sidebar.toggle
+    assert not at.sidebar.selectbox and not at.sidebar.text_input
+    # the one switch left, on every page: projector mode acts on how the page is drawn, not on what it computes
+    assert [t.key for t in at.sidebar.toggle] == ["projector_sidebar"]
     assert "has its own controls" in at.sidebar.caption[0].value
+
+
+def test_projector_mode_is_one_switch_for_every_page_and_the_link_keeps_it():
+    """projector=1 (or an older link's walk_projector=1) turns it on: large text, every chart enlarged and drawn
+    without its export menu; the sidebar's switch turns it off, on the walk too."""
+    import json
+
+    for query in ({"projector": "1"}, {"walk_projector": "1"}):
+        at = open_link("explore", query)
+        assert at.session_state["projector"] is True and at.sidebar.toggle(key="projector_sidebar").value
+        assert any("font-size: 1.45rem" in h.proto.body for h in at.get("html"))
+        charts = at.get("plotly_chart")
+        assert charts and all(json.loads(c.proto.spec)["layout"]["font"]["size"] >= 16 for c in charts)
+        assert not [d for d in at.get("download_button") if d.proto.label == "PNG image"]  # no export menus
+    at.sidebar.toggle(key="projector_sidebar").set_value(False).run()
+    assert at.session_state["projector"] is False
+    assert not any("font-size: 1.45rem" in h.proto.body for h in at.get("html"))
+    assert [d for d in at.get("download_button") if d.proto.label == "PNG image"]
 
 
 def test_pages_with_their_own_key_start_from_the_sidebars_key_for_their_symmetry():

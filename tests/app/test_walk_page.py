@@ -94,7 +94,7 @@ def test_a_bad_key_is_a_message_and_the_walk_goes_on():
 
 
 def test_projector_mode_enlarges_the_text():
-    at = walk(walk_projector=1)
+    at = walk(projector=1)
     assert any("font-size: 1.45rem" in h.proto.body for h in at.get("html"))
 
 
@@ -105,7 +105,7 @@ def test_projector_mode_enlarges_the_charts_too(index):
     import json
 
     for projector, smallest in ((1, 16), (0, None)):
-        at = walk(walk_step=index, walk_projector=projector)
+        at = walk(walk_step=index, projector=projector)
         for element in at.get("plotly_chart"):
             layout = json.loads(element.proto.spec)["layout"]
             font = layout.get("font", {}).get("size")

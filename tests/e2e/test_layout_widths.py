@@ -9,8 +9,10 @@ out/screenshots/ for a person to look at.
 The same page loads also check what each application page must show (its proofs, metrics and charts), so that no
 page is loaded twice in Chromium for it."""
 
+import json
 from pathlib import Path
 
+import plotly
 import pytest
 
 from serve.local_server import DRAWN
@@ -104,6 +106,109 @@ OVERLAPS = """() => {
   return found;
 }"""
 
+# Tick labels of one chart that collide: horizontal tick labels of every axis of the chart (the panels of Rotation's
+# side by side read "0 5 10 150 5 10 15" at 1024 px: the last tick of one panel ran into the first of the next) and
+# the labels of a y axis. Slanted labels are left out (their boxes overlap where their letters do not).
+TICKS = """() => {
+  const found = [];
+  const meet = (a, b) => Math.min(a.right, b.right) - Math.max(a.left, b.left) > 1
+    && Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top) > 1;
+  for (const plot of document.querySelectorAll('[data-testid="stMain"] .js-plotly-plot')) {
+    if (plot.offsetParent === null) continue;
+    const texts = Array.from(plot.querySelectorAll('.xaxislayer-above text, .yaxislayer-above text'))
+      .filter(t => !(t.getAttribute('transform') || '').includes('rotate') && t.textContent.trim())
+      .map(t => ({text: t.textContent.trim(), box: t.getBoundingClientRect()}))
+      .filter(t => t.box.width > 0);
+    for (let i = 0; i < texts.length; i++) {
+      for (let j = i + 1; j < texts.length; j++) {
+        if (meet(texts[i].box, texts[j].box)) {
+          const title = (plot.querySelector('.gtitle') || {}).textContent || '(untitled)';
+          found.push('tick labels collide in "' + title.slice(0, 40) + '": "' + texts[i].text + '" / "'
+            + texts[j].text + '"');
+        }
+      }
+    }
+  }
+  return found;
+}"""
+
+# A legend over a chart's axis labels (its tick labels, slanted or not, and axis titles): under the plot at a fraction
+# of its height it covered the tensor names on Check and the walk's step 5.
+LEGEND_OVER_LABELS = """() => {
+  const found = [];
+  const meet = (a, b) => Math.min(a.right, b.right) - Math.max(a.left, b.left) > 1
+    && Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top) > 1;
+  for (const plot of document.querySelectorAll('[data-testid="stMain"] .js-plotly-plot')) {
+    if (plot.offsetParent === null) continue;
+    const legends = Array.from(plot.querySelectorAll('.legend .traces')).map(t => t.getBoundingClientRect())
+      .filter(r => r.width > 0);
+    const labels = Array.from(plot.querySelectorAll('.xaxislayer-above text, .yaxislayer-above text, '
+      + '.g-xtitle text, .g-ytitle text, .g-x2title text, .g-y2title text'))
+      .filter(t => t.textContent.trim()).map(t => ({text: t.textContent.trim(), box: t.getBoundingClientRect()}));
+    for (const legend of legends) {
+      for (const label of labels) {
+        if (meet(legend, label.box)) {
+          found.push('legend over the axis label "' + label.text.slice(0, 40) + '"');
+        }
+      }
+    }
+  }
+  return found;
+}"""
+
+# Words cut in two by a line break ("ViTForImageC / lassification" in the symmetry matrix): a word whose letters lie
+# on more than one line. Words are split at spaces, hyphens and slashes (where a break is a line break, not a cut);
+# each text node on its own (a <wbr> between the words of a class name makes them separate nodes).
+BROKEN_WORDS = """() => {
+  const found = [];
+  const main = document.querySelector('[data-testid="stMain"]');
+  const blocks = main.querySelectorAll('h1, h2, h3, p, li, th, td, [data-testid="stMetricLabel"], '
+    + '[data-testid="stCaptionContainer"], [data-testid="stWidgetLabel"]');
+  const seen = new Set();
+  for (const block of blocks) {
+    if (block.offsetParent === null) continue;
+    const walker = document.createTreeWalker(block, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      if (seen.has(node) || node.parentElement.closest('.katex, code, pre')) continue;
+      seen.add(node);
+      const text = node.textContent;
+      const words = /[^\\s\\-\\/\u2011\u2013\u2014]+/g;
+      for (let match = words.exec(text); match; match = words.exec(text)) {
+        if (match[0].length < 2) continue;
+        const range = document.createRange();
+        range.setStart(node, match.index);
+        range.setEnd(node, match.index + match[0].length);
+        const tops = new Set(Array.from(range.getClientRects()).filter(r => r.width > 0)
+          .map(r => Math.round(r.top)));
+        if (tops.size > 1) found.push('word cut across lines: ' + match[0].slice(0, 40));
+      }
+    }
+  }
+  return found;
+}"""
+
+# The page's title (or first text) under Streamlit's header, which is fixed over the page: the walk's projector mode
+# started the page 3rem from the top, and the header's 60 px covered the top of the title.
+UNDER_HEADER = """() => {
+  const header = document.querySelector('[data-testid="stHeader"]');
+  const first = document.querySelector('[data-testid="stMain"] h1, [data-testid="stMain"] [data-testid="stMarkdown"]');
+  if (!header || !first) return [];
+  const bottom = header.getBoundingClientRect().bottom, top = first.getBoundingClientRect().top;
+  return top < bottom - 1 ? ['under the header: "' + first.textContent.slice(0, 40) + '" at ' + Math.round(top)
+    + ' px, the header ends at ' + Math.round(bottom) + ' px'] : [];
+}"""
+
+# Every layout check of a drawn page, by name (each has a planted case in test_layout_checks_catch_planted_defects)
+LAYOUT_CHECKS = {"clipped": CLIPPED, "overlaps": OVERLAPS, "ticks": TICKS, "legend": LEGEND_OVER_LABELS,
+                 "broken words": BROKEN_WORDS, "under the header": UNDER_HEADER}
+
+
+def layout_problems(page) -> list[str]:
+    """Every layout check's findings on the page as it is drawn now, and every blank chart."""
+    found = [problem for check in LAYOUT_CHECKS.values() for problem in page.evaluate(check)]
+    return found + [f"blank chart: {title}" for title in page.evaluate(BLANK)]
+
+
 BLANK = """() => Array.from(document.querySelectorAll('[data-testid="stMain"] .js-plotly-plot')).filter(
   plot => plot.querySelectorAll('.plot path, .plot image, .plot rect, .layer-above image, .imagelayer image, '
     + '.heatmaplayer image, .barlayer path, .scatterlayer path, .gl-container canvas').length === 0
@@ -178,7 +283,7 @@ def authorization_shows_the_keys_worth(page) -> None:
     percent = {label: float(value.rstrip("%")) / 100 for label, value in values.items() if value.endswith("%")}
     assert percent["Right key"] > 0.95 and percent["No key"] < 0.3 and percent["Chance"] == 0.1
     assert values["Key recovered"] == "exactly" and values["Attacker's unlocked model"] == values["Right key"]
-    assert page.get_by_text("Keys have up to 256 bits").count() == 1
+    assert page.get_by_text("Keys are 64-bit whole numbers, as on every page").count() == 1
     assert page.get_by_text("64! orderings of the residual channels, 296 bits").count() == 1
 
 
@@ -213,8 +318,7 @@ def test_every_page_is_readable_at_every_width(app_url, page, name):
         screenshot = SCREENSHOTS / f"{name}-{width}.png"
         page.screenshot(path=str(screenshot), full_page=True)
         assert screenshot.stat().st_size > 20_000, (name, width)  # a page drawn, not a blank frame
-        found = (page.evaluate(CLIPPED) + page.evaluate(OVERLAPS)
-                 + [f"blank chart: {title}" for title in page.evaluate(BLANK)])
+        found = layout_problems(page)
         if found:
             problems[width] = found
     assert problems == {}
@@ -225,16 +329,162 @@ FIRST_CHART_TOP = """() => {
   return chart ? chart.getBoundingClientRect().top : null;
 }"""
 
+# In projector mode: each chart's title lines (plotly draws a <br> line as a tspan.line), its smallest font, and the
+# export menus left on the page
+PROJECTOR_CHARTS = """() => ({
+  titles: Array.from(document.querySelectorAll('[data-testid="stMain"] .js-plotly-plot .gtitle')).map(t => ({
+    text: t.textContent.trim(), lines: Math.max(1, t.querySelectorAll('tspan.line').length)})),
+  exports: Array.from(document.querySelectorAll('[data-testid="stMain"] button')).filter(
+    b => b.textContent.includes('Export')).length,
+  modebars: document.querySelectorAll('[data-testid="stMain"] .modebar-container .modebar-group').length,
+})"""
 
-@pytest.mark.parametrize("step", range(1, 6))
-def test_projector_mode_shows_each_steps_chart_on_a_1024_by_768_screen(app_url, page, step):
-    """A lecture hall's projector is often 1024 x 768: with projector mode on (a link with walk_projector=1 folds
-    the menu away) each step's first chart starts in the top 60% of the screen, its plot in view."""
+
+def projector_link(path: str) -> str:
+    return path + ("&" if "?" in path else "?") + "projector=1"
+
+
+@pytest.mark.parametrize("name", sorted(PAGES))
+def test_projector_mode_at_1024_by_768_on_every_page(app_url, page, name):
+    """A lecture hall's projector is often 1024 x 768: with projector mode on (a link with projector=1 folds the menu
+    away) every page starts below Streamlit's header, no chart title takes more than two lines, no export menu or
+    chart toolbar is left, and the layout checks find nothing; the walk's first chart starts in the top 60%."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.set_viewport_size({"width": 1024, "height": 768})
-    page.goto(f"{app_url}/walk?walk_step={step}&walk_projector=1")
+    page.goto(f"{app_url}/{projector_link(PAGES[name])}")
     wait_for_app(page, timeout_ms=300_000)
+    if name == "check":
+        page.get_by_role("button", name="Run check").click()
+        page.get_by_text("PASSED").first.wait_for(timeout=180_000)
+    if name == "matrix":
+        page.locator("table.symmetry-matrix").wait_for(timeout=300_000)
+    settle(page)
+    page.wait_for_timeout(500)
     page.wait_for_function(DRAWN, timeout=120_000)
-    page.screenshot(path=str(SCREENSHOTS / f"walk_projector_{step}-1024x768.png"))
-    top = page.evaluate(FIRST_CHART_TOP)
-    assert top is not None and top <= 0.6 * 768, top
+    page.screenshot(path=str(SCREENSHOTS / f"projector_{name}-1024x768.png"))
+    assert page.evaluate(UNDER_HEADER) == []
+    charts = page.evaluate(PROJECTOR_CHARTS)
+    assert [t for t in charts["titles"] if t["lines"] > 2] == []
+    assert charts["exports"] == 0 and charts["modebars"] == 0
+    if name.startswith("walk"):
+        top = page.evaluate(FIRST_CHART_TOP)
+        assert top is not None and top <= 0.6 * 768, top
+    page.set_viewport_size({"width": 1024, "height": 2400})  # the rest of the page, drawn at the same width
+    page.wait_for_timeout(500)
+    assert layout_problems(page) == []
+
+
+# Where the walk's Previous and Next buttons are
+BUTTONS = """() => ['Previous', 'Next'].map(name => {
+  const button = Array.from(document.querySelectorAll('[data-testid="stMain"] button')).find(
+    b => b.textContent.trim().endsWith(name));
+  if (!button) return null;
+  const r = button.getBoundingClientRect();
+  return {name, left: Math.round(r.left), top: Math.round(r.top)};
+})"""
+
+
+def buttons_moved(boxes: dict) -> list[str]:
+    """boxes: step -> [Previous's box, Next's box]. Every step must draw both where the first step drew them."""
+    first_step, first = next(iter(boxes.items()))
+    return [f"step {step}: {box['name']} at ({box['left']}, {box['top']}), step {first_step} at "
+            f"({reference['left']}, {reference['top']})" for step, found in boxes.items()
+            for box, reference in zip(found, first, strict=True)
+            if box is None or abs(box["left"] - reference["left"]) > 1 or abs(box["top"] - reference["top"]) > 1]
+
+
+@pytest.mark.parametrize("projector", [0, 1])
+def test_previous_and_next_stay_in_place_on_every_step(app_url, page, projector):
+    """A lecturer clicks Next in the same place on every step: titles that wrap (steps 2 and 5) used to push the
+    buttons down. Clicked through all five steps, at 1024 and at 1440 px."""
+    for width in WIDTHS:
+        page.set_viewport_size({"width": width, "height": 768})
+        page.goto(f"{app_url}/walk?walk_step=1&projector={projector}")
+        wait_for_app(page, timeout_ms=300_000)
+        boxes = {1: page.evaluate(BUTTONS)}
+        for step in range(2, 6):
+            page.get_by_role("button", name="Next").click()
+            wait_for_app(page, timeout_ms=120_000)
+            page.wait_for_function(f"() => document.querySelector('[data-testid=\"stMain\"] h1')"
+                                   f".textContent.startsWith('{step}.')", timeout=120_000)
+            boxes[step] = page.evaluate(BUTTONS)
+        assert buttons_moved(boxes) == [], width
+
+
+# The planted defects each layout check must catch, each beside its fixed form that it must pass
+PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+
+
+def planted(page, body: str, figures: dict | None = None, width: int = 1024) -> None:
+    """A bare page with Streamlit's header and main area (their test ids) holding `body`, and plotly figures drawn
+    into the divs their keys name."""
+    page.set_viewport_size({"width": width, "height": 900})
+    page.set_content('<html><body style="margin:0;font-family:sans-serif">'
+                     '<header data-testid="stHeader" style="position:fixed;top:0;left:0;right:0;height:60px;'
+                     'background:white"></header>'
+                     f'<section data-testid="stMain">{body}</section></body></html>')
+    page.add_script_tag(path=str(PLOTLY_JS))
+    for div, fig in (figures or {}).items():
+        spec = json.loads(fig.to_json())
+        page.evaluate("([div, spec]) => Plotly.newPlot(div, spec.data, spec.layout)", [div, spec])
+
+
+def test_layout_checks_catch_planted_defects(page):
+    import numpy as np
+    import plotly.graph_objects as go
+    import torch
+    from plotly.subplots import make_subplots
+
+    from ui.charts import figures, figures_fusion
+    from ui.matrix_table import class_name_html
+
+    # tick labels that collide: two panels' x ticks close together, as Rotation's side by side had them
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(16, 16))
+    old = make_subplots(1, 2, horizontal_spacing=0.0)
+    for col in (1, 2):
+        old.add_trace(go.Heatmap(z=a, showscale=False), 1, col)
+    old.update_layout(width=300, height=260, margin=dict(l=30, r=10, t=20, b=30), font_size=14)
+    new = figures_fusion.side_by_side(torch.tensor(a), torch.tensor(a), "side by side")
+    new.update_layout(width=300)
+    planted(page, '<div id="old"></div><div id="new"></div>', {"old": old, "new": new})
+    assert any("tick labels collide" in f for f in page.evaluate(TICKS))
+    page.evaluate("() => document.getElementById('old').remove()")
+    assert page.evaluate(TICKS) == []
+
+    # a legend over the axis labels: under the plot at a fraction of its height (Check's chart had y=-0.12)
+    names = [f"blocks.{i}.hidden" for i in range(6)]
+    old = go.Figure([go.Bar(x=names, y=[1, 2, 3, 4, 5, 6], name="relative"),
+                     go.Bar(x=names, y=[2, 3, 4, 5, 6, 7], name="absolute")])
+    old.update_layout(width=700, height=300, legend=dict(orientation="h", y=-0.12), xaxis=dict(tickangle=-45))
+    new = figures.tensor_error_chart(names, [1e-7] * 6, [1e-8] * 6, "tensors", 1e-6)
+    new.update_layout(width=700)
+    planted(page, '<div id="old"></div><div id="new"></div>', {"old": old, "new": new})
+    assert any("legend over the axis label" in f for f in page.evaluate(LEGEND_OVER_LABELS))
+    page.evaluate("() => document.getElementById('old').remove()")
+    assert page.evaluate(LEGEND_OVER_LABELS) == []
+
+    # a word cut across lines: a class name in a narrow cell that may break anywhere
+    css = Path(__file__).resolve().parents[2].joinpath("assets", "app.css").read_text()
+    def cell(name: str) -> str:
+        return (f'<style>{css}</style><table class="symmetry-matrix" style="width:90px"><tr><th>{name}</th>'
+                '</tr></table>')
+
+    planted(page, cell("ViTForImageClassification"))
+    assert any("ViTForImageClassification" in f for f in page.evaluate(BROKEN_WORDS))
+    planted(page, cell(class_name_html("ViTForImageClassification")))
+    assert page.evaluate(BROKEN_WORDS) == []
+
+    # a title under the header: the page starts 3rem from the top (the walk's old projector mode)
+    planted(page, '<div style="padding-top:3rem"><h1 style="margin:0">2. Shuffle the channels</h1></div>')
+    assert page.evaluate(UNDER_HEADER) != []
+    planted(page, '<div style="padding-top:4.5rem"><h1 style="margin:0">2. Shuffle the channels</h1></div>')
+    assert page.evaluate(UNDER_HEADER) == []
+
+    # buttons that move: a title above them that wraps on one step and not on the other
+    steps = {}
+    for step, title in ((1, "1. Short"), (2, "2. A title long enough to wrap onto a second line in a narrow box")):
+        planted(page, f'<div style="width:300px;padding-top:5rem"><h1>{title}</h1><button>Previous</button>'
+                      '<button>Next</button></div>')
+        steps[step] = page.evaluate(BUTTONS)
+    assert buttons_moved(steps) and buttons_moved({1: steps[1], 2: steps[1]}) == []

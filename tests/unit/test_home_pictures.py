@@ -8,7 +8,8 @@ from ui import home_pictures
 
 
 def test_the_files_are_what_the_library_computes():
-    computed = home_pictures.pictures()
+    computed, label = home_pictures.pictures()
+    assert home_pictures.digit_class() == label and 0 <= label <= 9
     for name, image in zip(home_pictures.FILES, computed, strict=True):
         kept = np.asarray(Image.open(home_pictures.FOLDER / name).convert("RGB"))
         assert np.array_equal(kept, np.asarray(image.convert("RGB"))), name

@@ -16,8 +16,8 @@ def axis_of(trace) -> str:
 
 def test_relative_errors_face_the_tolerance_and_absolute_errors_have_their_own_axis():
     fig = figures.error_chart(ROWS, "un-scrambled vs original", tolerance=1e-4, broken_at=1e-3)
-    rel = next(t for t in fig.data if t.name == "hidden state (rel)")
-    absolute = next(t for t in fig.data if t.name == "hidden state (abs)")
+    rel = next(t for t in fig.data if t.name == "hidden state (relative)")
+    absolute = next(t for t in fig.data if t.name == "hidden state (absolute)")
     assert axis_of(rel) == "y" and axis_of(absolute) == "y2"
     assert list(absolute.y) == [r["abs"] for r in ROWS] and list(rel.y) == [r["rel"] for r in ROWS]
     lines = [(shape.y0, shape.yref) for shape in fig.layout.shapes]

@@ -44,6 +44,12 @@ LAYOUT = dict(margin=dict(l=10, r=10, t=40, b=10), height=300, template=TEMPLATE
 # with the plot area: after a window is resized plotly keeps the margins it pushed at the old width, and the
 # legend lands on the axis title.
 LEGEND_BELOW = dict(orientation="h", yref="container", yanchor="bottom", y=0.0, x=0)
+# A legend above the plot's top right corner, on one line: under the plot it covered the x labels (the walk's step 5)
+LEGEND_ABOVE = dict(orientation="h", x=1.0, xanchor="right", y=1.0, yanchor="bottom")
+# A legend beside the plot (at its right, top aligned), for charts whose x labels (tensor names) take any height below:
+# a legend under the plot at a fraction of its height landed on them (Check, the walk's step 5). It pushes the right
+# margin, so it never covers the plot either.
+LEGEND_BESIDE = dict(orientation="v", x=1.01, xanchor="left", y=1.0, yanchor="top")
 _RAW_LAYOUT = {**LAYOUT, "template": TEMPLATE.to_plotly_json()}
 
 
@@ -147,31 +153,68 @@ def _figure(data, title: str, height: int, **layout) -> go.Figure:
                      layout={**_RAW_LAYOUT, **_title_layout(title, height), **layout}, _validate=False)
 
 
+# A probability map this many cells or more (a 257-token attention map) is drawn on a log colour scale: on a linear
+# one its mass near 1/n looks uniformly dark beside a few cells near 1, and the structure is invisible.
+LOG_PROBABILITY_CELLS = 64 * 64
+LOG_DECADES = 3  # the log scale's range below its largest value; smaller cells take the scale's darkest colour
+
+
+def _blocks_note(row_step: int, col_step: int, how: str = "mean") -> str:
+    """What one cell of a decimated map is (the mean, or the largest, of a block of values), in words short enough
+    for a third of a 1024-pixel page, and for two title lines on a projector."""
+    if row_step * col_step == 1:
+        return ""
+    if col_step == 1:
+        return f"<br>({how} of {row_step} rows per cell)"
+    if row_step == 1:
+        return f"<br>({how} of {col_step} columns per cell)"
+    return f"<br>({how} of {row_step}x{col_step} per cell)"
+
+
 def heatmap(matrix, title: str, x_title: str = "", y_title: str = "", colorscale: str = "RdBu",
             symmetric: bool = True, zmax: float | None = None, y_labels=None, wrap: int | None = None,
-            x_labels=None, height: int = LAYOUT["height"], y_ticks: bool = True) -> go.Figure:
+            x_labels=None, height: int = LAYOUT["height"], y_ticks: bool = True,
+            log_scale: bool | None = None) -> go.Figure:
     """wrap: the title's line length, for a chart in a narrow column (see wrap_title). y_labels / x_labels:
     a name per row / column (tokens), drawn when every row / column is shown and there are at most
     MAX_LABELS (more do not fit a third of a 1024-pixel window; positions are numbered then). y_ticks: False
-    for a single row (an embedding drawn as one strip)."""
+    for a single row (an embedding drawn as one strip). log_scale: the colours on log10 of the values, over
+    LOG_DECADES decades below zmax (said on the colour bar); None: on for a probability map (not symmetric, every
+    row non-negative and summing to 1: an attention map) of LOG_PROBABILITY_CELLS cells or more."""
     values = to_numpy(matrix)
+    shape = values.shape
+    if log_scale is None:  # a probability map: every row a distribution (an attention map), not any map in [0, 1]
+        log_scale = (not symmetric and values.size >= LOG_PROBABILITY_CELLS and float(np.nanmin(values)) >= 0.0
+                     and bool(np.allclose(np.nansum(values, axis=1), 1.0, atol=1e-3)))
     values, row_step, col_step = decimate(values)
     if zmax is None:
         zmax = float(np.nanmax(np.abs(values))) if values.size else 1.0
     zmin = -zmax if symmetric else 0.0
-    note = f"<br>(shown in {row_step}x{col_step} blocks)" if row_step * col_step > 1 else ""
+    note = _blocks_note(row_step, col_step)
     x = np.arange(values.shape[1]) * col_step
     y = np.arange(values.shape[0]) * row_step
+    colorbar = dict(thickness=10, exponentformat="e")
+    hover = None
+    if log_scale:
+        top = math.log10(zmax) if zmax > 0 else 0.0
+        zmax, zmin = top, top - LOG_DECADES
+        values = np.log10(np.maximum(values, 10.0 ** zmin))
+        ticks = list(range(math.ceil(zmin), math.floor(zmax) + 1))
+        colorbar.update(tickvals=ticks, ticktext=[f"1e{t}" for t in ticks],
+                        title=dict(text="log scale", side="right"))
+        hover = "row %{y}, column %{x}: 10^%{z:.2f}<extra></extra>"
     trace = dict(type="heatmap", z=values.astype(np.float32), x=x, y=y, colorscale=_colorscale(colorscale),
-                 zmin=zmin, zmax=zmax, colorbar=dict(thickness=10))
+                 zmin=zmin, zmax=zmax, colorbar=colorbar)
+    if hover:
+        trace["hovertemplate"] = hover
     yaxis, xaxis = _axis(y_title, autorange="reversed"), _axis(x_title)
-    if not y_ticks:
+    if not y_ticks or shape[0] == 1:
         yaxis.update(showticklabels=False)
     if y_labels is not None and row_step == 1 and len(y_labels) <= MAX_LABELS:
-        yaxis.update(tickmode="array", tickvals=list(y), ticktext=list(y_labels), tickfont=dict(size=9))
+        yaxis.update(tickmode="array", tickvals=list(y), ticktext=list(y_labels), tickfont=dict(size=LABEL_FONT))
     if x_labels is not None and col_step == 1 and len(x_labels) <= MAX_LABELS:
         xaxis.update(tickmode="array", tickvals=list(x), ticktext=list(x_labels), tickangle=-60,
-                     tickfont=dict(size=9))
+                     tickfont=dict(size=LABEL_FONT))
     return _figure(trace, (wrap_title(title, wrap) if wrap else title) + note, height, xaxis=xaxis, yaxis=yaxis)
 
 
@@ -183,11 +226,16 @@ def bars(labels, values, title: str, x_title: str = "", color: str = "#4c78a8") 
 
 def _threshold_parts(value: float, label: str, color: str, row: int | None, position: str, dash: str,
                      yanchor: str) -> tuple[dict, dict]:
-    """The line and the label of a threshold (see threshold), as plotly's add_hline and add_annotation write them."""
+    """The line and the label of a threshold (see threshold), as plotly's add_hline and add_annotation write them.
+    position "outside": the label in the right margin, beside the line's end, off the bars (the caller leaves room)."""
     axis = "y" if (row or 1) == 1 else f"y{row}"
     line = dict(type="line", x0=0, x1=1, xref="x domain", y0=value, y1=value, yref=axis,
                 line=dict(color=color, dash=dash))
-    text = dict(x=1 if position == "right" else 0, xref="x domain", xanchor=position, y=math.log10(value),
+    outside = position == "outside"
+    if outside:
+        position, yanchor = "left", "middle"
+    text = dict(x=(1.01 if outside else 1) if position == "right" or outside else 0, xref="x domain",
+                xanchor=position, y=math.log10(value), align="left",
                 yref=axis, yanchor=yanchor, text=label, showarrow=False, font=dict(color=color, size=11),
                 bgcolor="rgba(255,255,255,0.85)")  # readable where it crosses a bar or a line
     return line, text
@@ -234,6 +282,19 @@ def _two_panels(title: str, height: int, traces: list[dict], thresholds: list[tu
                                      **({"shapes": shapes} if shapes else {}), **layout}, _validate=False)
 
 
+MEASURES = {"rel": "relative", "abs": "absolute"}
+MAX_LAYER_TICKS = 12  # layer numbers on one axis: 34 of them (smollm2's 32 blocks) ran into each other at 1024 px
+
+
+def layer_ticks(layers) -> dict:
+    """Tick settings of a layer axis: every layer up to MAX_LAYER_TICKS of them, else every 2nd, 4th, ... from 0."""
+    span = (max(layers) - min(layers) + 1) if layers else 1
+    step = 1
+    while span / step > MAX_LAYER_TICKS:
+        step *= 2
+    return dict(dtick=step, tick0=0)
+
+
 def error_chart(rows: list[dict], title: str, tolerance: float | None = None,
                 broken_at: float | None = None) -> go.Figure:
     """rows: {"layer": int, "kind": str, "abs": float, "rel": float, optional "tolerance": the tensor's own}.
@@ -248,7 +309,8 @@ def error_chart(rows: list[dict], title: str, tolerance: float | None = None,
         color = COLORS.get(kind) or OUTPUT_COLORS[outputs.index(kind) % len(OUTPUT_COLORS)]
         for row, measure in ((1, "rel"), (2, "abs")):
             ys = [max(r[measure], FLOOR) for r in mine]
-            traces.append(dict(type="scatter", x=xs, y=ys, mode="lines+markers", name=f"{kind} ({measure})",
+            traces.append(dict(type="scatter", x=xs, y=ys, mode="lines+markers",
+                               name=f"{kind.replace('_', ' ')} ({MEASURES[measure]})",
                                legendgroup=kind, showlegend=row == 1, line=dict(color=color), row=row))
     raised = [r for r in rows if tolerance and r.get("tolerance", tolerance) > tolerance]
     if raised:
@@ -262,9 +324,10 @@ def error_chart(rows: list[dict], title: str, tolerance: float | None = None,
     if broken_at:
         thresholds.append(_threshold_parts(broken_at, f"broken above {broken_at:.0e}", "#e45756", 1, "left", "dash",
                                            "bottom"))
+    layers = sorted({r["layer"] for r in rows})
+    ticks = layer_ticks(layers)
     return _two_panels(title, 540, traces, thresholds,
-                       (dict(dtick=1), dict(dtick=1, title=dict(text="layer (-1 = embeddings, outputs after the "
-                                                                      "last block)"))),
+                       (ticks, dict(ticks, title=dict(text="layer (-1 = embeddings, outputs after the last block)"))),
                        legend=LEGEND_BELOW, margin=dict(l=60, r=20, t=60, b=110))
 
 
@@ -300,20 +363,26 @@ def pixels_to_rgb(pixels) -> np.ndarray:
     return array
 
 
-def mosaic_image(pixels, patch_size: int, display: int = 240):
-    """A normalized pixel batch [1, C, H, W] -> an upscaled PIL image with its patch grid drawn."""
+def mosaic_image(pixels, patch_size: int, display: int = 240, smooth: bool = False):
+    """A normalized pixel batch [1, C, H, W] -> an upscaled PIL image with its patch grid drawn. smooth: a grey
+    picture as dark ink on white, upscaled smoothly (an 8x8 digit drawn as white squares on black is not
+    recognisable); the grid lines then thin and light."""
     from PIL import Image, ImageDraw
 
     array = pixels_to_rgb(pixels)
+    if smooth and bool((array[..., 0] == array[..., 1]).all() and (array[..., 1] == array[..., 2]).all()):
+        array = 255 - array
     height, width = array.shape[:2]
     scale = max(1, display // max(height, width))
-    image = Image.fromarray(array).resize((width * scale, height * scale), Image.Resampling.NEAREST)
+    image = Image.fromarray(array).resize((width * scale, height * scale),
+                                          Image.Resampling.BICUBIC if smooth else Image.Resampling.NEAREST)
     draw = ImageDraw.Draw(image)
+    grid = (255, 200, 120) if smooth else (255, 160, 0)
     step = patch_size * scale
     for offset in range(step, width * scale, step):
-        draw.line([(offset, 0), (offset, height * scale)], fill=(255, 160, 0), width=1)
+        draw.line([(offset, 0), (offset, height * scale)], fill=grid, width=1)
     for offset in range(step, height * scale, step):
-        draw.line([(0, offset), (width * scale, offset)], fill=(255, 160, 0), width=1)
+        draw.line([(0, offset), (width * scale, offset)], fill=grid, width=1)
     return image
 
 
@@ -349,7 +418,7 @@ def tensor_error_chart(names, abs_errors, rel_errors, title: str, tolerance: flo
                   ] if tolerance else []
     return _two_panels(title + (f" (worst {max_bars} of {len(names)})" if len(names) > max_bars else ""), 480,
                        traces, thresholds, (dict(showticklabels=False), dict(showticklabels=len(order) <= 60)),
-                       legend=dict(orientation="h", y=-0.12))
+                       legend=LEGEND_BESIDE)
 
 
 def stage_chart(stages, title: str) -> go.Figure:
@@ -387,15 +456,21 @@ def image_data_uri(rgb: np.ndarray, exact: bool | None = None) -> str:
     return f"data:image/{kind};base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
+PALE = 170  # the darkest grey of a picture under an attention overlay
+
+
 def attention_overlay(rgb, grid, patch_size: int, title: str, zmax: float | None = None,
                       display: int = 224, name: str = "") -> go.Figure:
     """A photo with one number per patch drawn over it as a semi-transparent heatmap.
 
     rgb: [H, W, 3] uint8 (the model's input, e.g. pixels_to_rgb); grid: [H / patch, W / patch], cell (i, j)
-    covering the patch at row i, column j. Small images (8x8 digits) are upscaled by nearest neighbour to about
+    covering the patch at row i, column j; the picture is drawn pale (PALE), so the heat shows the colour bar's
+    colours. Small images (8x8 digits) are upscaled by nearest neighbour to about
     `display` pixels; each heat cell is stretched over its patch. Hover shows the patch and its value; `name`
     names the heat trace (what its numbers are)."""
-    rgb = np.asarray(rgb, dtype=np.uint8)
+    # The picture drawn pale (its grey levels mapped into PALE..255): over a full-contrast photo the semi-transparent
+    # heat blended with dark pixels into colours that were not on the colour bar; over a pale one they are the bar's
+    rgb = (PALE + np.asarray(rgb, dtype=np.uint16) * (255 - PALE) // 255).astype(np.uint8)
     grid = to_numpy(grid)
     height, width = rgb.shape[:2]
     if grid.shape != (height // patch_size, width // patch_size):
@@ -450,7 +525,7 @@ def paired_bars(labels, first, second, names: tuple[str, str], title: str, log: 
     """Two values per label side by side (original beside scrambled, float64 beside float32)."""
     fig = go.Figure([go.Bar(x=list(labels), y=list(first), name=names[0], marker_color="#4c78a8"),
                      go.Bar(x=list(labels), y=list(second), name=names[1], marker_color="#f58518")])
-    fig.update_layout(**{**LAYOUT, "height": height}, barmode="group", legend=dict(orientation="h", y=-0.25))
+    fig.update_layout(**{**LAYOUT, "height": height}, barmode="group", legend=LEGEND_ABOVE)
     titled(fig, title, height)
     fig.update_xaxes(type="category")
     if log:
@@ -465,7 +540,7 @@ def difference_map(original, restored, title: str, x_title: str = "channel", y_t
     scale = float(np.abs(reference).max()) or 1.0
     relative = np.abs(to_numpy(restored).astype(np.float64) - reference) / scale
     values, row_step, col_step = decimate(np.log10(np.maximum(relative, FLOOR)))
-    note = f"<br>(largest cell of {row_step}x{col_step} blocks)" if row_step * col_step > 1 else ""
+    note = _blocks_note(row_step, col_step, "max")
     if row_step * col_step > 1:  # decimate averages each block; the largest cell is what matters here
         rows, cols = values.shape
         padded = np.full((rows * row_step, cols * col_step), -np.inf)
@@ -488,31 +563,72 @@ def difference_map(original, restored, title: str, x_title: str = "channel", y_t
 
 
 def powers_of_ten(fig):
-    """Every axis of a figure built without the charts' template (an application's own go.Figure) writes powers of
-    ten (1e-9) unless it says otherwise, never plotly's SI suffixes (1µ, 1f). A plain-dict figure carries the
-    template, which already says so."""
+    """Every axis and colour bar writes powers of ten (1e-15) unless it says otherwise, never plotly's SI suffixes
+    (1µ, 1f: Backward's colour bars read "1.5f"). A plain-dict figure's axes carry the template, which already says
+    so; its colour bars, and an application's own go.Figure, are set here."""
     if isinstance(fig, go.Figure):
         for axes in (fig.for_each_xaxis, fig.for_each_yaxis):
             axes(lambda axis: axis.update(exponentformat="e") if axis.exponentformat is None else None)
+        for trace in fig.data:
+            if "colorbar" in trace and trace.colorbar.exponentformat is None:
+                trace.colorbar.exponentformat = "e"
     return fig
+
+
+LABEL_FONT = 9  # token labels on a map's axes, one per row or column
+PROJECTOR_TITLE_LINES = 2  # every title in projector mode: one or two lines, so charts side by side line up
 
 
 def for_projector(fig: go.Figure, size: int = 18) -> go.Figure:
     """The same figure readable from the back of a lecture hall: every text of the chart (title, axis titles, ticks,
-    legend, colour bar, bar labels) at `size` pixels or more, instead of plotly's 10-13."""
+    legend, colour bar, bar labels) at `size` pixels or more, instead of plotly's 10-13. The title is wrapped again
+    for the larger letters (as wide as before) in at most PROJECTOR_TITLE_LINES lines, its letters smaller (down to
+    14 px) where that takes it, and every title holds that many lines, so the plots of charts side by side start at
+    the same height. The export menu's modebar is hidden (chart's own menu stays)."""
     title = fig.layout.title.text
-    if title:  # wrapped again for the larger letters (as wide as before), the top margin grown to hold its lines
-        longest = max(len(line) for line in title.split("<br>"))
-        lines = wrap_title(title.replace("<br>", " "), max(12, longest * 13 // size))
-        height = (fig.layout.height or LAYOUT["height"]) - 18 * title.count("<br>")
+    if title:
+        title_size, lines = projector_title(title, size)
         n_lines = lines.count("<br>") + 1
-        fig.update_layout(title=dict(text=lines, font=dict(size=size), y=1.0, yref="container", yanchor="top",
-                                     pad=dict(t=14)),
-                          margin_t=30 + (size + 8) * n_lines, height=height + (size + 8) * n_lines - 13)
+        height = (fig.layout.height or LAYOUT["height"]) - 18 * title.count("<br>")
+        fig.update_layout(title=dict(text=lines, font=dict(size=title_size), y=1.0, yref="container",
+                                     yanchor="top", pad=dict(t=16)),
+                          margin_t=30 + (title_size + 8) * n_lines,
+                          height=height + (title_size + 8) * n_lines - 13)
     fig.update_layout(font=dict(size=size), legend_font_size=size)
-    fig.update_xaxes(tickfont_size=size - 2, title_font_size=size)
-    fig.update_yaxes(tickfont_size=size - 2, title_font_size=size)
+    # an axis of one label per row or column (tokens, drawn small to fit) keeps its size, and labels of several lines
+    # (Split learning's rows of digits) plotly's 12 px: enlarged, they collided with their neighbours
+    def enlarge(axis) -> None:
+        stacked = any("<br>" in str(text) for text in (axis.ticktext or ()))
+        tick = LABEL_FONT if axis.tickfont.size == LABEL_FONT else 12 if stacked else size - 2
+        axis.update(tickfont_size=tick, title_font_size=size)
+
+    fig.for_each_xaxis(enlarge)
+    fig.for_each_yaxis(enlarge)
+    if any(trace.type == "bar" and trace.orientation == "h" for trace in fig.data):  # a row per label, grown
+        fig.update_layout(height=int((fig.layout.height or LAYOUT["height"]) * (size / 13) ** 2))
+    if fig.layout.legend.yref == "container" and fig.layout.legend.y == 0:  # a legend at the foot, below the axis
+        fig.update_layout(margin_b=int((fig.layout.margin.b or 0) * size / 12))  # ticks and title: more room
     fig.update_annotations(font_size=size)
     fig.update_traces(textfont_size=size - 2, selector=dict(type="bar"))
     fig.update_traces(colorbar_tickfont_size=size - 2, selector=dict(type="heatmap"))
     return fig
+
+
+PROJECTOR_TITLE_PX = 280  # a title at least this wide: about a third of a 1024-pixel page, the narrowest column
+MIN_PROJECTOR_TITLE_SIZE = 14
+
+
+def projector_title(title: str, size: int) -> tuple[int, str]:
+    """(font size, the title in lines) for projector mode: wrapped as wide as it was at plotly's 13 px (at least
+    PROJECTOR_TITLE_PX), in at most PROJECTOR_TITLE_LINES lines, the letters made smaller (down to
+    MIN_PROJECTOR_TITLE_SIZE) where that takes it, padded with empty lines to exactly that many. A title that needs
+    more lines even then keeps them (nothing is cut); tests/e2e/test_layout_widths.py finds it."""
+    words = title.replace("<br>", " ")
+    longest = max(len(line) for line in title.split("<br>"))
+    width_px = max(longest * 13 * 0.6, PROJECTOR_TITLE_PX)  # what the title's longest line took at 13 px
+    for title_size in range(size, MIN_PROJECTOR_TITLE_SIZE - 1, -1):
+        lines = wrap_title(words, max(12, int(width_px / (0.52 * title_size)))).split("<br>")  # bold letters: ~0.5 em
+        if len(lines) <= PROJECTOR_TITLE_LINES:
+            break
+    lines += [" "] * (PROJECTOR_TITLE_LINES - len(lines))
+    return title_size, "<br>".join(lines)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from ui.charts.figures import LAYOUT, titled, wrap_title
+from ui.charts.figures import LAYOUT, LEGEND_BELOW, titled, wrap_title
 
 # (field, name, colour, dash, width): the attacker's line is wide and the owner's dashed over it, so where the two
 # coincide (the whole key recovered) both stay visible
@@ -27,9 +27,11 @@ def fine_tune_attack(sweep, chance: float) -> go.Figure:
     fig.add_trace(go.Scatter(x=[steps[0], steps[-1]], y=[100 * chance] * 2, mode="lines",
                              name=f"chance {100 * chance:.0f}%", line=dict(color="gray", dash="dot", width=1.5),
                              hoverinfo="name"))
-    fig.update_layout(**LAYOUT, legend=dict(orientation="h", yanchor="top", y=-0.22, x=0))
+    # the legend at the figure's foot, under the axis title (at y=-0.22 of the plot it covered the ticks at 1440 px)
+    fig.update_layout(**LAYOUT, legend=LEGEND_BELOW)
     fig.update_xaxes(title="owner's fine-tuning steps after locking", type="category")
     fig.update_yaxes(title="%", range=[0, 105])
-    title = (f"The owner fine-tunes the locked model (learning rate {sweep.learning_rate:g}) and publishes it; "
-             "the attacker recovers the key from it and the base checkpoint")
-    return titled(fig, wrap_title(title, 70), 420)
+    # short enough for two lines on a projector
+    title = (f"The key recovered from the base checkpoint and the owner's fine-tuned release (learning rate "
+             f"{sweep.learning_rate:g})")
+    return titled(fig, wrap_title(title, 70), 420).update_layout(margin_b=110)  # ticks, axis title, legend

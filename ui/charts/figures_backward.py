@@ -8,7 +8,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from perm_core.run import trace_names
-from ui.charts.figures import FLOOR, LAYOUT, LEGEND_BELOW, heatmap, threshold, to_numpy
+from ui.charts.figures import FLOOR, LAYOUT, LEGEND_BELOW, LEGEND_BESIDE, heatmap, threshold, to_numpy
 
 NON_FINITE = 1e6  # where a non-finite SGD error is drawn on the log axis
 
@@ -27,7 +27,7 @@ def gradient_triptych(original, scrambled, unscrambled, what: str) -> list[go.Fi
     """Original | scrambled world | un-scrambled, one colour scale, plus |un-scrambled - original|."""
     a, b, c = (as_matrix(t) for t in (original, scrambled, unscrambled))
     zmax = float(np.nanmax(np.abs(a))) or 1.0
-    narrow = 18  # four charts side by side: a title line fits about 18 characters at 1024 px
+    narrow = 32  # two charts side by side (pages/backward.py): a title line fits about 32 characters at 1024 px
     figures = [heatmap(a, f"{what}: original", zmax=zmax, wrap=narrow),
                heatmap(b, f"{what}: scrambled world", zmax=zmax, wrap=narrow),
                heatmap(c, f"{what}: un-scrambled", zmax=zmax, wrap=narrow)]
@@ -117,7 +117,7 @@ def authorization_histogram(result, metric_label: str) -> go.Figure:
         fig.update_xaxes(range=[0, 1.02])
     fig.update_layout(**{**LAYOUT, "height": 380}, title=dict(text=f"{metric_label}: what a key is worth",
                                                                font=dict(size=13)),
-                      legend=dict(orientation="h", yanchor="top", y=-0.25, x=0))
+                      legend=LEGEND_BESIDE)  # under the plot it covered the x tick labels at 1440 px
     fig.update_xaxes(title=metric_label, type="log" if result.metric == "perplexity" else "linear")
     fig.update_yaxes(title="number of wrong keys")
     return fig

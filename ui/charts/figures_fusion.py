@@ -5,8 +5,10 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ui.charts.figures import LEGEND_BELOW, threshold, titled, wrap_title
+from ui.charts.figures import LEGEND_BELOW, LEGEND_BESIDE, threshold, titled, wrap_title
 
+# The path between the two models in words ("alpha" alone meant nothing to a student)
+PATH_AXIS = "t in (1 − t)·A + t·aligned B"
 COLORS = {"average": "#7f7f7f", "permutation": "#1f77b4", "rotation": "#ff7f0e", "permutation+rotation": "#2ca02c"}
 
 
@@ -15,19 +17,25 @@ def _array(t):
 
 
 def side_by_side(original, rotated, title: str, x_title: str = "channel", y_title: str = "token") -> go.Figure:
-    """Two heatmaps on one colour scale: the original tensor and the rotated model's."""
+    """Two heatmaps on one colour scale: the original tensor and the rotated model's. Values of one sign (attention
+    probabilities) on a sequential scale from 0, never a diverging one: white would mean a middle that is not there.
+    A single row (the logits) has no y axis: its ticks (-0.4 .. 0.4) numbered nothing."""
     a, b = _array(original), _array(rotated)
     if a.ndim == 1:
         a, b = a[None], b[None]
     bound = float(max(abs(a).max(), abs(b).max())) or 1.0
+    one_sign = float(min(a.min(), b.min())) >= 0.0
+    scale = dict(zmin=0.0, zmax=bound, colorscale="Viridis") if one_sign else dict(
+        zmin=-bound, zmax=bound, colorscale="RdBu", reversescale=True)
     # One y axis for both (the second panel's token ticks sat on the first one's cells in a half column at 1024 px)
-    # and short panel titles ("original" and "rotated model" ran into each other there)
-    fig = make_subplots(1, 2, subplot_titles=("original", "rotated"), horizontal_spacing=0.06, shared_yaxes=True)
+    # and short panel titles ("original" and "rotated model" ran into each other there). Each x axis gets at most
+    # three ticks and the panels a wider gap: at 1024 px "0 5 10 15" of both panels ran together ("150 5").
+    fig = make_subplots(1, 2, subplot_titles=("original", "rotated"), horizontal_spacing=0.12, shared_yaxes=True)
     for col, z in ((1, a), (2, b)):
-        fig.add_trace(go.Heatmap(z=z, zmin=-bound, zmax=bound, colorscale="RdBu", reversescale=True,
-                                 showscale=col == 2), 1, col)
-        fig.update_yaxes(autorange="reversed", title_text=y_title if col == 1 else None, row=1, col=col)
-        fig.update_xaxes(title_text=x_title if col == 1 else None, row=1, col=col)  # one axis title: two collided
+        fig.add_trace(go.Heatmap(z=z, **scale, showscale=col == 2, colorbar=dict(exponentformat="e")), 1, col)
+        fig.update_yaxes(autorange="reversed", title_text=y_title if col == 1 else None, row=1, col=col,
+                         showticklabels=a.shape[0] > 1 and col == 1)
+        fig.update_xaxes(title_text=x_title if col == 1 else None, row=1, col=col, nticks=3)  # one title: two collided
     fig.update_layout(margin=dict(t=60, b=40, l=40, r=20))
     fig = titled(fig, wrap_title(title, 36), 300)  # two charts side by side
     fig.update_layout(margin_t=fig.layout.margin.t + 22)  # the panel titles sit under the chart's own, not on it
@@ -70,7 +78,7 @@ def barrier_curves(result, metric: str = "loss") -> go.Figure:
                                  line=dict(color=COLORS.get(m.method))))
     label = "test loss (cross-entropy)" if metric == "loss" else "test accuracy (%)"
     # The legend goes under the plot: beside it, it took half of a half-width column at 1024 px
-    fig.update_layout(xaxis_title="alpha", yaxis_title=label, legend=LEGEND_BELOW)
+    fig.update_layout(xaxis_title=PATH_AXIS, yaxis_title=label, legend=LEGEND_BELOW)
     titled(fig, wrap_title(f"{label}: path A (0) to aligned B (1)", 34), 480)  # two charts side by side
     return fig.update_layout(margin=dict(b=130))  # the x axis' ticks and title, and the legend's rows
 
@@ -87,8 +95,8 @@ def distance_bars(result) -> go.Figure:
                          marker_color=[COLORS.get(m) for m in methods]), 1, 1)
     for group in result.methods[0].group_distance_after:
         fig.add_trace(go.Bar(name=group, x=methods, y=[m.group_distance_after[group] for m in result.methods]), 1, 2)
-    fig.update_layout(barmode="group", height=440, margin=dict(t=60, b=40),  # the legend under the slanted ticks
-                      legend=dict(orientation="h", yanchor="top", y=-0.38, x=0))
+    fig.update_layout(barmode="group", height=440, margin=dict(t=60, b=40),  # the legend beside: under the slanted
+                      legend=LEGEND_BESIDE)  # ticks it covered them once the fonts grew (projector mode)
     return fig
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from ui.charts.figures import LAYOUT, LEGEND_BELOW, titled, wrap_title
+from ui.charts.figures_fusion import PATH_AXIS
 
 COLORS = {"average": "#7f7f7f", "weights: permutation": "#aec7e8", "weights: permutation+rotation": "#1f77b4",
           "activations: permutation": "#98df8a", "activations: permutation+rotation": "#2ca02c"}
@@ -82,7 +83,7 @@ def mean_paths(result) -> go.Figure:
         fig.add_trace(go.Scatter(x=result.path_alpha, y=mean, mode="lines+markers", name=summary.method,
                                  line=dict(color=COLORS.get(summary.method))))
     fig.update_layout(**LAYOUT, legend=LEGEND_BELOW)
-    fig.update_xaxes(title="alpha: (1 - alpha) A + alpha aligned B")
+    fig.update_xaxes(title=PATH_AXIS)
     fig.update_yaxes(title="test loss, mean over pairs")
     return titled(fig, "Test loss along the path from A (0) to aligned B (1)", 380 + BOTTOM_MARGIN).update_layout(
         margin_b=BOTTOM_MARGIN)

@@ -6,13 +6,14 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ui.charts.figures import wrap_title
+from ui.charts.figures import LEGEND_BELOW, titled, wrap_title
 
 PLAIN_COLOR, SCRAMBLED_COLOR = "#1f77b4", "#d62728"
 
 
-def training_curves(training) -> go.Figure:
-    """Held-out accuracy and training loss per epoch, plain vs scrambled (a SplitTraining)."""
+def training_curves(training, title: str = "") -> go.Figure:
+    """Held-out accuracy and training loss per epoch, plain vs scrambled (a SplitTraining); title: what the chart
+    shows in one sentence (the page says why the curves part)."""
     epochs = list(range(1, len(training.plain_accuracy) + 1))
     fig = make_subplots(rows=1, cols=2, subplot_titles=("held-out accuracy", "training loss"))
     for name, color, dash in (("plain", PLAIN_COLOR, "solid"), ("scrambled", SCRAMBLED_COLOR, "dot")):
@@ -23,7 +24,11 @@ def training_curves(training) -> go.Figure:
                       row=1, col=2)
     fig.update_xaxes(title_text="epoch")
     fig.update_yaxes(range=[0, 1], tickformat=".0%", row=1, col=1)
-    fig.update_layout(height=340, margin={"t": 40, "b": 40, "l": 50, "r": 20}, legend={"orientation": "h", "y": -0.25})
+    # The legend at the container's foot, below the axis titles (at y=-0.25 of the plot it could land on "epoch")
+    fig.update_layout(height=340, margin={"t": 40, "b": 90, "l": 50, "r": 20}, legend=LEGEND_BELOW)
+    if title:
+        titled(fig, wrap_title(title, 70), 340)
+        fig.update_layout(margin_t=fig.layout.margin.t + 22, margin_b=90)  # the panel titles under the chart's own
     return fig
 
 
