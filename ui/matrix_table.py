@@ -47,6 +47,12 @@ def class_name_html(name: str) -> str:
     return '<span class="class-name">' + "<wbr>".join(html.escape(word) for word in words) + "</span>"
 
 
+def family_html(name: str) -> str:
+    """A family name that may break only after an underscore: qwen2_<wbr>moe, never "qwen2_m / oe"."""
+    words = re.split(r"(?<=_)", name)
+    return '<span class="class-name">' + "<wbr>".join(html.escape(word) for word in words) + "</span>"
+
+
 def matrix_html(rows: list[Row], labels: dict[str, str]) -> str:
     head = "".join(f"<th>{html.escape(labels[s])}</th>" for s in SYMMETRIES)
     body = []
@@ -59,7 +65,7 @@ def matrix_html(rows: list[Row], labels: dict[str, str]) -> str:
                 f'<td style="background:{COLOURS[cell.status]}" title="{tip}">'
                 f'<a href="{html.escape(explore_link(row, symmetry), quote=True)}" target="_self">'
                 f"{LABELS[cell.status]}<br><code>{cell.max_rel_error:.1e}</code></a></td>")
-        body.append(f"<tr><th>{html.escape(row.family)}<br><small>{class_name_html(row.model_class)}</small></th>"
+        body.append(f"<tr><th>{family_html(row.family)}<br><small>{class_name_html(row.model_class)}</small></th>"
                     f"{''.join(cells)}</tr>")
     return ('<table class="symmetry-matrix"><thead><tr><th>family</th>' + head + "</tr></thead><tbody>"
             + "".join(body) + "</tbody></table>")

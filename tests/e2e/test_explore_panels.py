@@ -117,7 +117,7 @@ def claims(page) -> dict[str, tuple[str, str]]:
     """Each number the page states beside a chart: (what the page says, what the chart draws, formatted alike)."""
     charts = page.evaluate(CHART_DATA)
     proof = next(c for c in charts if c["title"].startswith("un-scrambled vs original"))
-    relative = [y for trace in proof["data"] if trace["name"].endswith("(rel)") for y in values(trace["y"])]
+    relative = [y for trace in proof["data"] if trace["name"].endswith("(relative)") for y in values(trace["y"])]
     weights = {c["title"]: values(c["data"][0]["z"]) for c in charts if c["title"].startswith(("W:", "W′"))}
     trained, held, back = (weights[t] for t in ("W: as trained", "W′: what the scrambled model holds",
                                                 "W′ with the inverse applied"))

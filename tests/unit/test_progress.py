@@ -56,5 +56,5 @@ def test_check_reports_each_scrambled_run_in_order():
     assert messages[0].startswith("original run") and messages[-1] == "done"
     runs = len(report.controls) + 3  # heads, mlp, all
     assert len(calls) == runs + 2
-    assert sum(m.startswith("heads: control") for m in messages) == sum(c.symmetry == "heads"
+    assert sum(m.startswith("heads: negative control, ") for m in messages) == sum(c.symmetry == "heads"
                                                                         for c in report.controls) > 0

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from perm_core.models.random_models import build_random_model, random_inputs
-from perm_core.run.trace import Record
 from perm_core.verify import oracle
 from perm_core.verify.check import check, summarize
 from perm_core.verify.results import NotSymmetry
@@ -42,19 +41,24 @@ def below(x: float) -> float:
     return math.nextafter(x, 0.0)
 
 
-def rerun_off_by(dtype: torch.dtype, relative: float):
-    """A subject whose round-off is exactly `relative` (a power of two, exact in float32): its float64 run gives
-    [2, 1], its float32 run [2 + 2 x relative, 1]; the trace is asked only for the other dtype."""
-    def run(in_dtype):
-        rounded = 2.0 + 2 * relative if in_dtype == torch.float32 else 2.0
-        return {"output.logits": Record(torch.tensor([rounded, 1.0], dtype=in_dtype), None)}
+def output(value: float, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    return {"output.logits": torch.tensor([value, 1.0], dtype=dtype)}
 
-    def trace(dtype=None):
-        assert dtype == OTHER[subject.dtype], "the round-off is measured in the other dtype"
-        return run(dtype)
 
-    subject = types.SimpleNamespace(dtype=dtype, trace=trace)
-    return subject, run(dtype)
+def oracle_tolerance(dtype: torch.dtype, error: float, roundoff: float | None) -> float:
+    """The tolerance verify.oracle.judged gives the traced logits against stock ones off by `error` (relative to the
+    stock's largest value, up to one rounding), where the run in the other dtype is off by exactly `roundoff` (a
+    power of two: the float64 run gives [2, 1], the float32 run [2 + 2 x roundoff, 1]). roundoff None: nothing may
+    be rerun."""
+    def rerun(other, name):
+        assert roundoff is not None, f"{name} was rerun, but nothing needed its round-off"
+        assert other == OTHER[dtype], "the round-off is measured in the other dtype"
+        return output(2.0 + 2 * roundoff if other == torch.float32 else 2.0, other)[name]
+
+    traced = output(2.0 + 2 * roundoff if dtype == torch.float32 and roundoff is not None else 2.0, dtype)
+    offset = 2 * error / (1 - error) if math.isfinite(error) else math.inf
+    return oracle.judged(output(traced["output.logits"][0].item() + offset, dtype), traced, dtype, "sdpa",
+                         rerun).tolerance
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -65,11 +69,9 @@ def test_the_oracles_tolerance_is_the_safety_times_round_off_between_base_and_ca
              (2.0**-12, ROUNDOFF_CAP),  # 8 x 2^-12 = 2.0e-3, just over: the cap
              (0.5, ROUNDOFF_CAP)]  # a huge round-off: the cap
     for roundoff, expected in cases:
-        subject, original = rerun_off_by(dtype, roundoff)
-        assert oracle._tolerance(subject, original, "output.logits", above(base)) == expected, roundoff
-    refusing = types.SimpleNamespace(dtype=dtype, trace=None)  # nothing is rerun at or under the base, or for inf
-    for error in (base, below(base), 0.0, math.inf):
-        assert oracle._tolerance(refusing, {}, "output.logits", error) == base
+        assert oracle_tolerance(dtype, 4 * base, roundoff) == expected, roundoff
+    for error in (base / 2, 0.0, math.inf):  # nothing is rerun at or under the base, or for a non-finite error
+        assert oracle_tolerance(dtype, error, None) == base
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
