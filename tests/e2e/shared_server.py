@@ -1,7 +1,9 @@
-"""The e2e tests' app servers, shared by the pytest-xdist workers: SERVERS of them, worker gwN on server N % SERVERS.
+"""The e2e tests' app servers, shared by the pytest-xdist workers: SERVERS of them (TSE_TEST_APP_SERVERS, default
+one), worker gwN on server N % SERVERS.
 
 A server runs its sessions' scripts in threads of one interpreter, so one server keeps at most one core busy with
-them however many browsers wait on it; two let the browser tests of three workers use both cores. Each worker's
+them however many browsers wait on it. The whole suite keeps both cores busy with one server already, so a second
+one only loads the models and computes the pages' first runs twice (docs/performance.md). Each worker's
 own server would load every model and compute every page's first run once more per worker. The first worker to
 ask for a server starts it under a file lock in the run's shared folder (TSE_TEST_SHARED_DIR, made by
 tests/conftest.py in the process that starts the workers) and writes its address and pid there; later askers reuse
@@ -21,7 +23,7 @@ from pathlib import Path
 from serve.local_server import answers_health_check, start_streamlit
 
 HEALTHY_WITHIN_S = 90
-SERVERS = int(os.environ.get("TSE_TEST_APP_SERVERS", "2"))
+SERVERS = int(os.environ.get("TSE_TEST_APP_SERVERS", "1"))
 
 
 def server_slot(worker: str | None = None) -> int:
