@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from perm_core.models import zoo  # noqa: E402
-from serve.local_server import (  # noqa: E402  # noqa: E402
+from serve.local_server import (  # noqa: E402
     CHROMIUM_FLAGS,
     DRAWN,
     RUN_BEGINS_WITHIN_MS,
