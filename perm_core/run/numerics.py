@@ -15,6 +15,7 @@ and the attention still returns its probabilities for traces.
 
 from __future__ import annotations
 
+import contextlib
 import types
 
 import torch
@@ -97,3 +98,34 @@ def use_exact_numerics(model) -> None:
             module.forward = types.MethodType(_rms_norm_forward, module)
         elif type(module).__name__ in SOFTMAX_ROUTERS:
             module.forward = types.MethodType(_exact_router_forward, module)
+
+
+def _attention_of(model):
+    return model.config._attn_implementation
+
+
+@contextlib.contextmanager
+def exact_numerics(model):
+    """The model on exact numerics (use_exact_numerics) for the duration, then as it came: its attention and experts
+    implementations and its modules' own forwards. A researcher's model loaded by transformers (sdpa attention,
+    stock norms) is traced, scrambled and compared on the same numerics as a model perm_core loaded, and is handed
+    back unchanged. A model that is on them already (perm_core loaded it) is left alone: the app's shared models
+    run other sessions' forwards meanwhile."""
+    if _attention_of(model) == EXACT_EAGER:
+        yield model
+        return
+    attention = _attention_of(model)
+    experts = getattr(model.config, "_experts_implementation", None)
+    own_forwards = {module: module.__dict__.get("forward") for module in model.modules()}
+    use_exact_numerics(model)
+    try:
+        yield model
+    finally:
+        for module, forward in own_forwards.items():
+            if forward is None:
+                module.__dict__.pop("forward", None)
+            else:
+                module.forward = forward
+        model.set_attn_implementation(attention)
+        if experts not in (None, "eager"):
+            model.set_experts_implementation(experts)

@@ -20,6 +20,7 @@ from perm_core.engine import symmetries
 from perm_core.engine.spec import Scramble
 from perm_core.run import trace_names
 from perm_core.run.devices import placed
+from perm_core.run.numerics import exact_numerics
 from perm_core.run.trace import Record
 from perm_core.verify import oracle
 from perm_core.verify.controls import explain_unbroken, measure_break, run_control
@@ -151,9 +152,16 @@ def check(model, inputs: dict, symmetry_names=symmetries.SYMMETRIES, key: int | 
     """Every symmetry forward (and backward), their composition, and every negative control.
     `key`: one key for every symmetry, or a key per symmetry name (as the app's sidebar sets them).
     `device`: "cpu", "cuda" or "mps": the model moves there (in place, as nn.Module.to) and the inputs with it;
-    default: where the model is, the inputs moved to it."""
+    default: where the model is, the inputs moved to it. A model transformers loaded runs on perm_core's exact
+    numerics for the check and is handed back as it came (run.numerics.exact_numerics)."""
     names, key_of = named_keys(symmetry_names, key)
     model, inputs = placed(model, inputs, device)
+    with exact_numerics(model):
+        return _checked(model, inputs, names, key_of, model_name, backward, include_combined, progress)
+
+
+def _checked(model, inputs: dict, names: list[str], key_of: dict[str, int], model_name: str, backward: bool,
+             include_combined: bool, progress) -> Report:
     subject = Subject(model, inputs)
     report = Report(model_name or type(model).__name__, subject.family.name, str(subject.dtype).split(".")[-1],
                     {name: key_of[name] for name in names})

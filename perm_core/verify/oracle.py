@@ -24,7 +24,6 @@ import torch
 from perm_core.engine.spec import Scramble
 from perm_core.engine.tokens import model_inputs
 from perm_core.run import trace_names
-from perm_core.run.numerics import EXACT_EAGER
 from perm_core.run.stateless import model_lock
 from perm_core.verify.tolerances import (
     ROUNDOFF_CAP,
@@ -65,6 +64,7 @@ def stock_numerics(model):
     with model_lock(model):
         replaced = {module: module.__dict__.pop("forward") for module in model.modules()
                     if "forward" in module.__dict__}
+        own_attention = model.config._attn_implementation
         attention = "eager"
         try:
             try:
@@ -76,7 +76,7 @@ def stock_numerics(model):
         finally:
             for module, forward in replaced.items():
                 module.forward = forward
-            model.set_attn_implementation(EXACT_EAGER)
+            model.set_attn_implementation(own_attention)
 
 
 # The traced outputs' names for transformers' output fields (trace.py names the rest after their field)

@@ -32,6 +32,7 @@ from perm_core.engine.spec import transform_params
 from perm_core.families import family_of
 from perm_core.run import trace_names
 from perm_core.run.devices import model_device, placed
+from perm_core.run.numerics import exact_numerics
 from perm_core.schemas import SCHEMA_VERSION
 from perm_core.verify.recover import NOT_RECOVERED, Recovered, recover
 from perm_core.verify.subject import Subject
@@ -277,6 +278,11 @@ def compare_models(model_a, model_b, probes: list[dict], name_a: str = "A", name
     model_a, _ = placed(model_a, {}, device)
     model_b, _ = placed(model_b, {}, model_device(model_a))
     probes = [placed(model_a, probe, None)[1] for probe in probes]
+    with exact_numerics(model_a), exact_numerics(model_b):
+        return _compared(model_a, model_b, probes, name_a, name_b, stored)
+
+
+def _compared(model_a, model_b, probes: list[dict], name_a: str, name_b: str, stored) -> Comparison:
     precision = coarsest(*stored)
     subject_a, params_b = Subject(model_a), dict(model_b.named_parameters())
     # recovery is matching on the host (its index and eye tensors are CPU tensors); .cpu() copies nothing there
