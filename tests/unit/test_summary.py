@@ -24,3 +24,26 @@ def test_the_summary_carries_the_reports_numbers_and_its_command():
     assert len(controls) == len(report.controls) and [float(v) for v in controls] == [
         float(f"{c.max_rel_error:.1e}") for c in report.controls]
     assert f"```bash\n{command}\n```" in text
+
+
+def test_every_branch_of_the_summary_says_what_its_report_says():
+    """Each row's tolerance is its check's own; the oracle line follows the oracle's verdict; each control's word
+    follows its result (broken, not informative here, not broken): a report with one of each, made from a real one."""
+    from dataclasses import replace
+
+    loaded = load_model("digits-vit", dtype=torch.float64)
+    report = check(loaded.model, default_inputs(loaded), ["channels"], {"channels": 42}, model_name="digits-vit",
+                   backward=False)
+    assert len(report.controls) >= 2 and report.oracle.passed
+    checks = [replace(report.checks[0], tolerance=3e-7)]
+    controls = [report.controls[0], replace(report.controls[1], broken=False, informative=False),
+                replace(report.controls[0], broken=False)]
+    failing_oracle = replace(report.oracle, max_rel_error=report.oracle.tolerance * 10)
+    text = check_summary(replace(report, checks=checks, controls=controls, oracle=failing_oracle), "FAILED",
+                         "test digit #0", "channels 42", "python -m perm_core check digits-vit")
+    assert re.search(r"^\| channels \| forward \| [\d.e+-]+ \| 3e-07 \| pass \|$", text, re.M)
+    assert f"{failing_oracle.max_rel_error:.1e} relative (tolerance {failing_oracle.tolerance:.0e}), DISAGREES" in text
+    words = re.findall(r"^\| \w+: .+ \| [\d.e+-]+ \| (.+) \|$", text, re.M)
+    assert words == ["broken, as it must", "cannot bite here", "NOT BROKEN"]
+    agreeing = check_summary(report, "PASSED", "test digit #0", "channels 42", "python -m perm_core check digits-vit")
+    assert "), agrees" in agreeing and "DISAGREES" not in agreeing
