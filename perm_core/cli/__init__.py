@@ -147,6 +147,13 @@ def device_or_usage_error(device: str | None) -> None:
             raise UsageError(f"--device {device}: {error}") from None
 
 
+def versioned(document: dict) -> dict:
+    """A document as the CLI prints it: its schema_version first (perm_core.schemas), then its fields."""
+    from perm_core.schemas import SCHEMA_VERSION
+
+    return {"schema_version": SCHEMA_VERSION, **document}
+
+
 def print_json(value) -> None:
     """Strict JSON on stdout: non-finite numbers are written as the strings "nan", "inf", "-inf"."""
     import json

@@ -8,7 +8,7 @@ the locked checkpoints, unlocks with it, and on digits models sweeps the owner's
 
 from __future__ import annotations
 
-from perm_core.cli import UsageError, load_or_usage_error, print_json
+from perm_core.cli import UsageError, load_or_usage_error, print_json, versioned
 from perm_core.models.zoo import AUTHORIZATION, serving
 
 SUPPORTED = serving(AUTHORIZATION)
@@ -68,7 +68,7 @@ def run(args) -> int:
 
         attacked = attack(loaded, key, args.model, learning_rate=args.lr, steps=steps)
     if args.json:
-        print_json({**result.to_json(), **({"attack": attacked.to_json()} if attacked else {})})
+        print_json(versioned({**result.to_json(), **({"attack": attacked.to_json()} if attacked else {})}))
         return 0
     print(format_result(result))
     if attacked:

@@ -11,7 +11,7 @@ and without rotations, reporting 95 % intervals (perm_core.applications.fusion_e
 from __future__ import annotations
 
 from perm_core.applications.matching import METHODS
-from perm_core.cli import UsageError, load_or_usage_error, print_json
+from perm_core.cli import UsageError, load_or_usage_error, print_json, versioned
 
 WIDTHS = (32, 64, 128, 256)
 
@@ -48,7 +48,7 @@ def run(args) -> int:
                       prove=not args.no_proof)
     except ValueError as error:
         raise UsageError(str(error)) from None
-    print_json(result.to_json()) if args.json else print(format_result(result))
+    print_json(versioned(result.to_json())) if args.json else print(format_result(result))
     proofs_ok = all(m.proof is None or (m.proof.passed and m.proof.control_broken) for m in result.methods)
     return 0 if proofs_ok else 1
 
@@ -67,7 +67,7 @@ def run_experiment(args) -> int:
         raise UsageError(f"--experiment needs at least 3 path points, got {args.points}")
     settings = ExperimentSettings(args.pairs, PairSettings(width=args.width, epochs=args.epochs), args.points)
     result = run_experiment(settings)
-    print_json(result.to_json()) if args.json else print(format_experiment(result))
+    print_json(versioned(result.to_json())) if args.json else print(format_experiment(result))
     proved = all(m.proved is not False for p in result.pairs for m in p.methods)
     return 0 if proved else 1
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from perm_core.cli import print_json
+from perm_core.cli import print_json, versioned
 
 
 def register(sub) -> None:
@@ -18,7 +18,7 @@ def run(args) -> int:
 
     rows = list_models()
     if args.json:
-        print_json([dataclasses.asdict(r) for r in rows])
+        print_json(versioned({"models": [dataclasses.asdict(r) for r in rows]}))
         return 0
     print(f"{'name':<34} {'family':<6} {'source':<7} {'params':>12} {'offline':<7} license")
     for r in rows:

@@ -12,7 +12,7 @@ SSIM is in -1..1, PSNR in dB, both averaged over the victims (held-out digits), 
 
 from __future__ import annotations
 
-from perm_core.cli import UsageError, key_or_usage_error, print_json
+from perm_core.cli import UsageError, key_or_usage_error, print_json, versioned
 
 HELP_EPILOG = __doc__.split("\n", 2)[2]
 
@@ -53,7 +53,7 @@ def run(args) -> int:
         extra = {"epochs": args.train_epochs} if args.train_epochs else {}
         report["training"] = train_split(args.seed, key, show_bar=not args.json, **extra).to_json()
     if args.json:
-        print_json(report)
+        print_json(versioned(report))
         return 0
     print(f"{'protection':<42} {'attacker':<9} {'SSIM':>7} {'PSNR dB':>8}  recovered")
     for row in result.rows:

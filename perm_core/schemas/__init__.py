@@ -4,6 +4,11 @@
     compare         `compare A B --json` (verify.same_function.Comparison.to_json)
     matrix          `matrix --json` (verify.matrix.to_json)
     scramble_keys   the key.json that `scramble` writes beside the scrambled checkpoint
+    models          `models --json` (the zoo: {"models": [...]})
+    authorize       `authorize --json` (applications.authorization, with --attack its `attack`)
+    fuse            `fuse A B --json` (applications.fusion.FusionResult.to_json)
+    fuse_experiment `fuse --experiment --json` (applications.fusion_experiment)
+    split_attack    `split-attack --json` (applications.inversion, with --train its `training`)
 
 Every such document carries "schema_version": SCHEMA_VERSION. It counts changes a reader must know of: a field
 removed, renamed or given another meaning or type raises it; a new optional field does not. The schemas are read
@@ -19,7 +24,8 @@ import json
 from importlib import resources
 
 SCHEMA_VERSION = 1
-KINDS = ("check", "compare", "matrix", "scramble_keys")
+KINDS = ("check", "compare", "matrix", "scramble_keys", "models", "authorize", "fuse", "fuse_experiment",
+         "split_attack")
 
 
 @functools.cache

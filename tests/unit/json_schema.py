@@ -33,3 +33,13 @@ def validated(kind: str, document: str | Path | dict) -> dict:
     parsed = strict_json(document if isinstance(document, str) else json.dumps(document, allow_nan=False))
     validator(kind).validate(parsed)
     return parsed
+
+
+def each_required_field_is_named(kind: str, document: dict) -> None:
+    """The control for a document a test validated: every required top-level field, removed in turn, fails by name."""
+    required = schema(kind)["required"]
+    assert "schema_version" in required and len(required) > 1
+    for field in required:
+        broken = {k: v for k, v in document.items() if k != field}
+        errors = [e.message for e in validator(kind).iter_errors(broken)]
+        assert f"'{field}' is a required property" in errors, (kind, field, errors)

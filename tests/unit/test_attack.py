@@ -1,7 +1,6 @@
 """The attacker of model authorization: the key comes back exactly from the base and locked checkpoints, a wrong
 recovery is caught by the attacker's own check, and the defender's fine-tuning sweep is measured."""
 
-import json
 
 import pytest
 import torch
@@ -10,6 +9,7 @@ from perm_core.__main__ import main
 from perm_core.applications import attack as atk
 from perm_core.applications.authorization import Lock, digits_accuracy
 from perm_core.models.registry import load_model
+from tests.unit.json_schema import each_required_field_is_named, validated
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 KEY = 0xC0FFEE
@@ -76,8 +76,9 @@ def test_fine_tuning_moves_only_the_backbone(lock):
 def test_cli_attack_json(capsys):
     assert main(["authorize", "digits-vit", "--key", "5", "--wrong", "2", "--attack", "--steps", "0,3",
                  "--json"]) == 0
-    data = json.loads(capsys.readouterr().out)
-    assert list(data)[:6] == ["model", "metric", "right_key", "no_key", "wrong_keys", "chance"]
+    data = validated("authorize", capsys.readouterr().out)
+    each_required_field_is_named("authorize", data)
+    assert list(data)[:7] == ["schema_version", "model", "metric", "right_key", "no_key", "wrong_keys", "chance"]
     attack = data["attack"]
     assert attack["recovered_exactly"] and attack["verified"] and attack["unlocked"] == data["right_key"]
     assert attack["fine_tune"]["steps"] == [0, 3] and attack["fine_tune"]["share_recovered"][0] == 1.0

@@ -1,6 +1,5 @@
 """Model authorization: the right key restores the model exactly; no key and wrong keys fall to chance."""
 
-import json
 
 import pytest
 import torch
@@ -10,6 +9,7 @@ from perm_core.applications import authorization as auth
 from perm_core.models.digits import evaluate_digits
 from perm_core.models.registry import load_model
 from perm_core.verify.subject import Subject
+from tests.unit.json_schema import each_required_field_is_named, validated
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -72,8 +72,9 @@ def test_non_digits_image_model_is_refused():
 
 def test_cli_json_shape(capsys):
     assert main(["authorize", "digits-vit", "--key", "5", "--wrong", "3", "--json"]) == 0
-    data = json.loads(capsys.readouterr().out)
-    assert list(data) == ["model", "metric", "right_key", "no_key", "wrong_keys", "chance"]
+    data = validated("authorize", capsys.readouterr().out)
+    each_required_field_is_named("authorize", data)
+    assert list(data) == ["schema_version", "model", "metric", "right_key", "no_key", "wrong_keys", "chance"]
     assert data["model"] == "digits-vit" and data["metric"] == "accuracy"
     assert data["right_key"] > 0.95 and data["no_key"] < 0.3 and len(data["wrong_keys"]) == 3
     assert data["chance"] == pytest.approx(0.1)

@@ -1,6 +1,5 @@
 """Fusion: the aligned model is provably B, matching never moves B away from A, the CLI's JSON shape."""
 
-import json
 
 import pytest
 import torch
@@ -10,6 +9,7 @@ from perm_core.applications import fusion
 from perm_core.applications.matching import METHODS, align, distance
 from perm_core.models.registry import load_model
 from perm_core.verify.subject import Subject
+from tests.unit.json_schema import each_required_field_is_named, validated
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -93,7 +93,8 @@ def test_barrier_height():
 def test_cli_json_shape(capsys):
     code = main(["fuse", "digits-vit", "digits-vit-b", "--method", "average", "--method", "permutation+rotation",
                  "--points", "5", "--json"])
-    out = json.loads(capsys.readouterr().out)
+    out = validated("fuse", capsys.readouterr().out)
+    each_required_field_is_named("fuse", out)
     assert code == 0
     assert out["model_a"] == "digits-vit" and out["model_b"] == "digits-vit-b"
     assert out["accuracy_a"] > 0.95 and out["accuracy_b"] > 0.95

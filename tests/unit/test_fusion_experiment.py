@@ -1,7 +1,6 @@
 """The fusion experiment on tiny pairs: every method's aligned B is B's function in float64 and its negative
 control breaks; activation and weight matching undo a hidden scramble; the verdict reads the intervals."""
 
-import json
 
 import pytest
 import torch
@@ -15,6 +14,7 @@ from perm_core.applications.intervals import Interval
 from perm_core.applications.matching import align_by_weights, distance
 from perm_core.verify.subject import Subject
 from perm_core.verify.tolerances import BROKEN_AT
+from tests.unit.json_schema import each_required_field_is_named, validated
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TINY = PairSettings(width=16, layers=2, heads=4, epochs=1)
@@ -81,7 +81,8 @@ def test_the_verdict_reads_the_intervals():
 def test_cli_experiment_json_gives_the_figures_and_intervals(capsys):
     code = main(["fuse", "--experiment", "--pairs", "2", "--width", "32", "--epochs", "1", "--points", "3",
                  "--json"])
-    out = json.loads(capsys.readouterr().out)
+    out = validated("fuse_experiment", capsys.readouterr().out)
+    each_required_field_is_named("fuse_experiment", out)
     assert code == 0
     assert out["settings"]["pairs"] == 2 and out["settings"]["pair"]["width"] == 32
     assert [s["method"] for s in out["summaries"]] == list(fx.METHODS)

@@ -1,6 +1,5 @@
 """Split learning: the scrambled split trains like the plain one; the inversion attack is a real one."""
 
-import json
 
 import pytest
 import torch
@@ -8,6 +7,7 @@ import torch
 from perm_core.__main__ import main
 from perm_core.applications import inversion, split_learning
 from perm_core.models.digits import digits_vit_config
+from tests.unit.json_schema import each_required_field_is_named, validated
 
 
 def test_scrambled_split_training_matches_plain():
@@ -75,7 +75,8 @@ def test_image_scores_are_perfect_for_identical_images_and_not_otherwise():
 
 def test_cli_json_shape_and_bad_key(capsys):
     assert main(["split-attack", "--json", "--epochs", "1", "--victims", "10"]) == 0
-    report = json.loads(capsys.readouterr().out)
+    report = validated("split_attack", capsys.readouterr().out)
+    each_required_field_is_named("split_attack", report)
     assert {"seed", "key", "epochs", "n_victims", "rows", "baselines", "seconds"} <= set(report)
     assert len(report["rows"]) == 7 and {r["protection"] for r in report["rows"]} == set(inversion.PROTECTIONS)
     assert all({"protection", "attacker", "ssim", "psnr"} <= set(r) for r in report["rows"])
