@@ -174,12 +174,12 @@ class BlockStage:
 
 def block_stage(stage, run: OriginalRun, elements: dict[str, Element], backward: bool, grad_out: torch.Tensor | None,
                 original_kwargs: dict, allowance: Allowances | None = None) -> torch.Tensor | None:
-    """Compare a block's `stage` (BlockStage, or an encoder-decoder's) under every element, the same steps for
-    every layout: the original block run backward once on the original's input and output gradient (its forward
-    tensors are the original run's records), then each element's transformed block on them, moved, its tensors
-    un-scrambled and compared; the stage's round-off allowance measured where a tensor needs it (`allowance`); each
-    run's parts of sums over several stages handed to stage.add. `original_kwargs`: what the original block is given
-    besides its input. Returns the original's gradient at its input."""
+    """Compare a block's `stage` (BlockStage) under every element, the same steps for every layout: the original
+    block run backward once on the original's input and output gradient (its forward tensors are the original run's
+    records), then each element's transformed block on them, moved, its tensors un-scrambled and compared; the
+    stage's round-off allowance measured where a tensor needs it (`allowance`); each run's parts of sums over several
+    stages handed to stage.add, and the stage kept for a sum's round-off rerun (Sums). `original_kwargs`: what the
+    original block is given besides its input. Returns the original's gradient at its input."""
     model, layer = stage.model, stage.layer
     original = dict(stage.records)
 
@@ -214,7 +214,7 @@ def block_stage(stage, run: OriginalRun, elements: dict[str, Element], backward:
 def measure_roundoff(allowance: Allowances, layer: int, elements: dict[str, Element], original: dict[str, torch.Tensor],
                      scales, names: list[str], run_once) -> None:
     """Block `layer`'s stage's round-off, measured where a tensor of `names` needs it (stream.allowance), the same
-    rule for every streamed path: the original block rerun in the other dtype against its checked tensors
+    rule for every layout: the original block rerun in the other dtype against its checked tensors
     (`original`, by name; its parameters' gradients dropped before the elements'), and each element's transformed
     block rerun in the other dtype against its own checked run. run_once(on, transform, dtype, element, kwargs,
     found) runs the stage once on model `on`: its weights moved by `transform`'s scramble (None: as stored) and its
