@@ -1,6 +1,5 @@
-"""An encoder-decoder checkpoint (T5ForConditionalGeneration) as stages that run one at a time, and its original
-run stage by stage (with the negative controls and transformers' own forward riding along, as stream.forward does
-for one stack).
+"""An encoder-decoder checkpoint (T5ForConditionalGeneration) as stages that run one at a time: a layout of the one
+driver (stream.forward, stream.reverse, stream.check), which asks it what stream.layout's one stack answers.
 
 Stages, in the order the model runs them: the shared token table (its rows looked up for the encoder's ids and the
 decoder's), the encoder's blocks (the last one ending with the encoder's final norm: the whole-model trace records
@@ -14,7 +13,7 @@ of the stack reads as a bias. Each block's stage computes the bias from that tab
 compute_bias (deterministic: the same values block 0 hands on in the stock run), so each stage holds its own
 input: its hidden state, the table (a few hundred numbers), and a decoder block's encoder output. Backward, a stage
 gives a gradient for each of those inputs: the table's and the encoder output's are sums over the stages that
-read them, accumulated as the stages run in reverse (stream.encoder_decoder_check).
+read them, accumulated as the stages run in reverse (stream.reverse.Sums).
 
 Every block is given what the stock stack gives it (the masks built by transformers from the same inputs) from a
 dry run of each stack's own forward stopped at its first block.
@@ -23,25 +22,19 @@ dry run of each stack's own forward stopped at its first block.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 
 import torch
 
-from perm_core.engine.spec import Scramble, apply_axes, transform_param, transform_params
-from perm_core.engine.symmetries import Control
-from perm_core.engine.tokens import model_inputs
 from perm_core.families.stages import EncoderDecoderLayout
 from perm_core.run import trace_names
 from perm_core.run.stateless import functional_call
 from perm_core.run.trace import TOKEN_RESID
-from perm_core.stream.forward import ControlRun, OriginalRun, control_runs, stock_start
 from perm_core.stream.layout import BlockRecorder, StopAtBlock, StreamedModel, module_at
 from perm_core.stream.shards import ShardReader
 from perm_core.stream.stages import StreamingUnsupportedError, family_for, is_encoder_decoder
 
 DECODER_RESID = (None, None, "resid")  # the decoder's tokens never move (engine.tokens)
 STACKS = ("encoder", "decoder")
-EMBEDS = (trace_names.EMBED, trace_names.DECODER_EMBED)  # each stack's embedding output, in STACKS' order
 
 
 def streamed_model(directory, dtype: torch.dtype, reader: ShardReader | None = None) -> StreamedModel:
@@ -49,20 +42,6 @@ def streamed_model(directory, dtype: torch.dtype, reader: ShardReader | None = N
     if is_encoder_decoder(reader.directory if reader is not None else directory):
         return EncoderDecoderModel(directory, dtype, reader)
     return StreamedModel(directory, dtype, reader)
-
-
-def hidden_axes(stack: str) -> tuple:
-    return TOKEN_RESID if stack == "encoder" else DECODER_RESID
-
-
-def attention_axes(layer: int, stack: str) -> tuple:
-    """A block's self-attention probabilities: the encoder's tokens move along both token axes, the decoder's not."""
-    return (None, ("heads", layer), "tokens", "tokens") if stack == "encoder" else (None, ("heads", layer), None, None)
-
-
-def cross_axes(layer: int) -> tuple:
-    """A decoder block's cross-attention probabilities [B, H, decoder T, encoder T]."""
-    return (None, ("heads", layer), None, "tokens")
 
 
 class _Rows(torch.nn.Module):
@@ -113,6 +92,41 @@ class EncoderDecoderModel(StreamedModel):
         if unstaged or not all(self.final_norms.values()):
             raise StreamingUnsupportedError(f"{self.cls_name} has {', '.join(unstaged) or 'a layout'} that no "
                                             "stage of a streamed check runs")
+        self.encoder_layer = self.n_encoder - 1
+        self.stack_starts = {0: trace_names.EMBED, self.n_encoder: trace_names.DECODER_EMBED}
+
+    # --- the stages as the one driver walks them (stream.layout.StreamedModel's questions) ---
+
+    embedding_axes = {trace_names.EMBED: TOKEN_RESID, trace_names.DECODER_EMBED: DECODER_RESID}
+    tokens_move = False  # the decoder's tokens never move, and its blocks read every encoder token
+    pixels = False
+
+    def looked_up(self, kwargs: dict) -> list[int]:
+        """The shared table's rows an input looks up, encoder's and decoder's ids together, ascending."""
+        return sorted(set(kwargs["input_ids"].flatten().tolist()) | set(kwargs["decoder_input_ids"].flatten().tolist()))
+
+    def hidden_axes(self, layer: int) -> tuple:
+        return TOKEN_RESID if self.stack_of(layer)[0] == "encoder" else DECODER_RESID
+
+    def block_axes(self, layer: int) -> dict[str, tuple]:
+        """Its output, its self-attention probabilities (the encoder's tokens move along both token axes, the
+        decoder's not) and a decoder block's cross-attention probabilities [B, H, decoder T, encoder T]."""
+        heads = ("heads", layer)
+        if self.stack_of(layer)[0] == "encoder":
+            return {trace_names.hidden(layer): TOKEN_RESID, trace_names.attn(layer): (None, heads, "tokens", "tokens")}
+        return {trace_names.hidden(layer): DECODER_RESID, trace_names.attn(layer): (None, heads, None, None),
+                trace_names.cross_attn(layer): (None, heads, None, "tokens")}
+
+    def grad_in(self, layer: int) -> str:
+        """The encoder's first block's input is the model's input; the decoder's first block's is its embedding."""
+        stack, index = self.stack_of(layer)
+        if index:
+            return trace_names.grad(trace_names.hidden(layer - 1))
+        return trace_names.GRAD_INPUT if stack == "encoder" else trace_names.grad(trace_names.DECODER_EMBED)
+
+    def summed(self, layer: int) -> list[str]:
+        """Its stack's relative position table (block 0's), read by every block of the stack."""
+        return [self.table(layer)]
 
     # --- where the stages' parameters are ---
 
@@ -141,20 +155,8 @@ class EncoderDecoderModel(StreamedModel):
         return self.tables[self.stack_of(layer)[0]]
 
     @property
-    def first_decoder_layer(self) -> int:
-        return self.n_encoder  # the decoder's blocks come after the encoder's
-
-    @property
-    def pixels(self) -> bool:
-        return False
-
-    @property
-    def logits_axes(self) -> tuple:
-        return (None, None, None)  # one row per decoder token: no axis moves
-
-    @property
     def output_axes(self) -> dict[str, tuple]:
-        return {trace_names.LOGITS: self.logits_axes}
+        return {trace_names.LOGITS: (None, None, None)}  # one row per decoder token: no axis moves
 
     # --- what the blocks are given ---
 
@@ -184,22 +186,20 @@ class EncoderDecoderModel(StreamedModel):
 
     # --- running the stages ---
 
-    def embedding_weights(self, looked_up: list[int]) -> dict[str, torch.Tensor]:
-        return {self.embed_name: self.reader.rows(self.embed_name, looked_up, self.dtype)}
-
     def embed(self, weights: dict[str, torch.Tensor], looked_up: list[int], kwargs: dict, stock: bool = False
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The embedding stage: (the encoder's first block input, the decoder's), each stack's own token lookup
-        (tied to the shared table) and dropout on its ids, with the looked-up rows of `weights` only."""
+              ) -> dict[str, torch.Tensor]:
+        """The embedding stage: the encoder's first block input and the decoder's (embedding_axes), each stack's own
+        token lookup (tied to the shared table) and dropout on its ids, with the looked-up rows of `weights` only."""
         position = {token: i for i, token in enumerate(looked_up)}
         rows = weights[self.embed_name]
-        found = []
+        found = {}
         for stack, ids in (("encoder", kwargs["input_ids"]), ("decoder", kwargs["decoder_input_ids"])):
             module = self._stack(stack, stock)
             local = ids.clone().apply_(position.__getitem__)
             lookup = module_at(module, self.layout.stack_embedding)
-            found.append(module.dropout(functional_call(lookup, {"weight": rows}, args=(local,))))
-        return found[0], found[1]
+            found[trace_names.embed("" if stack == "encoder" else trace_names.DECODER)] = module.dropout(
+                functional_call(lookup, {"weight": rows}, args=(local,)))
+        return found
 
     def position_bias(self, layer: int, table: torch.Tensor, length: int, stock: bool = False) -> torch.Tensor:
         """The relative position bias [1, heads, length, length] that block `layer`'s self-attention adds: its
@@ -210,14 +210,15 @@ class EncoderDecoderModel(StreamedModel):
             return attention.compute_bias(length, length, device=table.device)
 
     def block(self, layer: int, weights: dict[str, torch.Tensor], hidden: torch.Tensor, kwargs: dict,
-              table: torch.Tensor, encoder_out: torch.Tensor | None = None, stock: bool = False):
-        """(the block's output, normed when it is its stack's last; its self-attention probabilities; a decoder
-        block's cross-attention probabilities, else None). Probabilities are None for the stock model."""
+              encoder_out: torch.Tensor | None = None, stock: bool = False) -> dict[str, torch.Tensor | None]:
+        """block_axes' tensors: the block's output (normed when it is its stack's last), its self-attention
+        probabilities and a decoder block's cross-attention probabilities (None for the stock model), its stack's
+        position table among `weights`; a decoder block reads `encoder_out`."""
         stack, index = self.stack_of(layer)
         base = self._stack(stack, stock)
         module = module_at(base, self.layout.blocks)[index]
-        prefix = f"{stack}.{self.layout.blocks}.{index}."
-        local = {n[len(prefix):]: w for n, w in weights.items() if n.startswith(prefix)}
+        prefix, table = f"{stack}.{self.layout.blocks}.{index}.", weights[self.table(layer)]
+        local = {n[len(prefix):]: w for n, w in weights.items() if n.startswith(prefix) and n != self.table(layer)}
         box: dict = {}
         hooked = [("attn", self.layout.self_attention)] + ([("cross", self.layout.cross_attention)]
                                                            if stack == "decoder" else [])
@@ -236,7 +237,8 @@ class EncoderDecoderModel(StreamedModel):
             out = base.dropout(functional_call(module_at(base, self.layout.final_norm),
                                                {n[len(norm):]: weights[n] for n in self.final_norms[stack]},
                                                args=(out,), strict=False))
-        return out, box.get("attn"), box.get("cross")
+        names = list(self.block_axes(layer))
+        return dict(zip(names, (out, box.get("attn"), box.get("cross")), strict=False))
 
     def head(self, chunk: dict[str, torch.Tensor], whole: dict[str, torch.Tensor], normed: torch.Tensor,
              stock: bool = False) -> dict[str, torch.Tensor]:
@@ -252,148 +254,4 @@ class EncoderDecoderModel(StreamedModel):
 
     def _first_block(self, stack: str, stock: bool = False) -> torch.nn.Module:
         return module_at(self._stack(stack, stock), self.layout.blocks)[0]
-
-    @property
-    def primary(self) -> str:
-        return trace_names.LOGITS
-
-    def head_chunk(self, start: int, stop: int) -> dict[str, torch.Tensor]:
-        """Vocabulary rows start..stop-1 of the head's weight (T5's head has no bias)."""
-        return {self.head_name: self.reader.row_range(self.head_name, start, stop, self.dtype)}
-
-    def head_chunks(self, largest_block_bytes: int) -> list[tuple[int, int]]:
-        """Vocabulary row ranges of the head, each no larger than `largest_block_bytes`."""
-        vocab, width = self.reader.entries[self.head_name].shape
-        rows = max(1, largest_block_bytes // (width * self.dtype.itemsize))
-        return [(start, min(start + rows, vocab)) for start in range(0, vocab, rows)]
-
-    def embedding_bytes(self, looked_up: list[int]) -> int:
-        return len(looked_up) * self.geometry.d_model * self.dtype.itemsize
-
-    def stage_weights(self, layer: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """A block's weights and its stack's position table, in the checked dtype."""
-        return self.read(self.block_names(layer)), self.reader.read(self.table(layer), self.dtype)
-
-
-@dataclass
-class EncoderDecoderRun(OriginalRun):
-    """The original run (stream.forward.OriginalRun: the rows looked up are both stacks') and the encoder's output."""
-
-    encoder_out: torch.Tensor | None = None  # the encoder's normed output: every decoder block's cross input
-
-
-def block_tensor_names(model: EncoderDecoderModel, layer: int) -> dict[str, str]:
-    """A block stage's traced names: its output, attention (and cross-attention), its input's gradient (the
-    encoder's first block's input is the model's input; the decoder's first block's is the decoder embedding)."""
-    stack, index = model.stack_of(layer)
-    first = {"encoder": trace_names.GRAD_INPUT, "decoder": trace_names.grad(trace_names.DECODER_EMBED)}[stack]
-    names = {"hidden": trace_names.hidden(layer), "attn": trace_names.attn(layer),
-             "grad_in": trace_names.grad(trace_names.hidden(layer - 1)) if index else first}
-    if stack == "decoder":
-        names["cross"] = trace_names.cross_attn(layer)
-    return names
-
-
-def model_ids(kwargs: dict) -> list[int]:
-    """The shared table's rows an input looks up, encoder's and decoder's ids together, ascending."""
-    return sorted(set(kwargs["input_ids"].flatten().tolist()) | set(kwargs["decoder_input_ids"].flatten().tolist()))
-
-
-def forward_pass(model: EncoderDecoderModel, inputs: dict, controls: list[Control] = (), stock: bool = True,
-                 head_chunks: list[tuple[int, int]] | None = None, progress=None, lacking: list[Control] = ()
-                 ) -> tuple[EncoderDecoderRun, list[ControlRun]]:
-    """The original run (and, with `stock`, transformers' own forward beside it), each control compared at every
-    stage on the original's input there until it breaks, each of `lacking` on its own activations to the end
-    (stream.forward.forward_pass, for two stacks)."""
-    g, dtype = model.geometry, model.dtype
-    kwargs = model_inputs(inputs, g, Scramble(), dtype)
-    layer_kwargs = model.layer_kwargs(kwargs)
-    run = EncoderDecoderRun(looked_up=model_ids(kwargs))
-    embedding = model.embedding_weights(run.looked_up)
-    embeds = model.embed(embedding, run.looked_up, kwargs)
-    for name, embed in zip(EMBEDS, embeds, strict=True):
-        run.keep(name, embed)
-    if stock:
-        stock_layers, stock_embeds = stock_start(model, inputs, embedding, run.looked_up)
-    runs = control_runs(model, inputs, controls) + control_runs(model, inputs, lacking, own=True)
-    for c in runs:
-        moved = transform_params(embedding, model.spec, c.control.scramble, model.claims)
-        outs = model.embed(moved, run.looked_up, c.kwargs)
-        for name, original, out in zip(EMBEDS, embeds, outs, strict=True):
-            axes = TOKEN_RESID if name == trace_names.EMBED else DECODER_RESID
-            c.tally.add(name, original, apply_axes(out, axes, c.inverse))
-        if c.own:
-            c.hidden, c.decoder_start = outs
-        c.judge(list(EMBEDS), run.scales, "the embeddings")
-    del embedding
-    hidden, stock_hidden = embeds[0], stock_embeds[0] if stock else None
-    stock_encoder = None
-    for layer in range(model.n_layers):
-        stack, index = model.stack_of(layer)
-        if progress:
-            progress(layer / (model.n_layers + 1), f"original run: {stack} block {index}")
-        if stack == "decoder" and index == 0:
-            hidden, stock_hidden = embeds[1], stock_embeds[1] if stock else None
-        encoder_out = run.encoder_out if stack == "decoder" else None
-        weights, table = model.stage_weights(layer)
-        out, attention, cross = model.block(layer, weights, hidden, layer_kwargs[layer], table, encoder_out)
-        names = block_tensor_names(model, layer)
-        found = {names["hidden"]: out, names["attn"]: attention, **({names["cross"]: cross} if cross is not None
-                                                                     else {})}
-        for name, tensor in found.items():
-            run.keep(name, tensor)
-        axes = {names["hidden"]: hidden_axes(stack), names["attn"]: attention_axes(layer, stack),
-                names.get("cross"): cross_axes(layer)}
-        for c in runs:
-            if not c.follows:
-                continue
-            scramble = c.control.scramble
-            moved = transform_params(weights, model.spec, scramble, model.claims)
-            moved_table = transform_param(table, model.claims[model.table(layer)], scramble)
-            if c.own and stack == "decoder" and index == 0:
-                c.hidden, c.decoder_start = c.decoder_start, None
-            moved_encoder = None if encoder_out is None else (
-                c.encoder_out if c.own else apply_axes(encoder_out, TOKEN_RESID, scramble))
-            c_found = model.block(layer, moved, c.input_at(hidden, hidden_axes(stack)), c.layer_kwargs[layer],
-                                  moved_table, moved_encoder)
-            if c.own:
-                c.hidden = c_found[0]
-                c.encoder_out = c_found[0] if layer == model.n_encoder - 1 else c.encoder_out
-            for (name, original), tensor in zip(found.items(), c_found, strict=False):
-                c.tally.add(name, original, apply_axes(tensor, axes[name], c.inverse, layer))
-            c.judge(list(found), run.scales, f"block {layer}")
-        if stock:
-            stock_hidden = model.block(layer, weights, stock_hidden, stock_layers[layer], table, stock_encoder,
-                                       stock=True)[0]
-            if layer == model.n_encoder - 1:
-                stock_encoder = stock_hidden
-        run.block_inputs.append(hidden)
-        hidden = out
-        if layer == model.n_encoder - 1:
-            run.encoder_out = out
-        del weights, table
-    if progress:
-        progress(model.n_layers / (model.n_layers + 1), "original run: the head")
-    pieces, stock_pieces = [], []
-    for start, stop in head_chunks or [(0, model.reader.entries[model.head_name].shape[0])]:
-        chunk = model.head_chunk(start, stop)
-        logits = model.head(chunk, {}, hidden)[trace_names.LOGITS]
-        pieces.append(logits)
-        if stock:
-            stock_pieces.append(model.head(chunk, {}, stock_hidden, stock=True)[trace_names.LOGITS])
-        for c in runs:
-            if c.follows:
-                moved = transform_params(chunk, model.spec, c.control.scramble, model.claims)
-                c_logits = model.head(moved, {}, c.input_at(hidden, DECODER_RESID))
-                c.tally.add(trace_names.LOGITS, logits, apply_axes(c_logits[trace_names.LOGITS], model.logits_axes,
-                                                                c.inverse))
-        del chunk
-    run.keep(trace_names.LOGITS, torch.cat(pieces, dim=-1))
-    for c in runs:
-        c.hidden = c.encoder_out = None  # its outputs are compared: nothing of it is run again
-        if c.follows:
-            c.judge([trace_names.LOGITS], run.scales, "the head")
-    if stock:
-        run.stock_outputs = {trace_names.LOGITS: torch.cat(stock_pieces, dim=-1)}
-    return run, runs
 

@@ -1,9 +1,12 @@
-"""The original run of a streamed check, stage by stage, with what rides along on the same read of each block:
-the negative controls, the elements of symmetries the architecture lacks (on their own activations: their measured
+"""The original run of a streamed check, stage by stage, with what rides along on the same read of each stage: the
+negative controls, the elements of symmetries the architecture lacks (on their own activations: their measured
 break) and the stock model's own forward (the oracle).
 
-Each stage's weights are read, run and dropped before the next stage is read. What is kept is per token: each
-block's input and output hidden state, its attention probabilities and the logits.
+One pass for every layout (stream.layout's one stack, stream.encoder_decoder's two): the embedding (its outputs, one
+per stack, model.embedding_axes), the blocks in trace order (a stack's first block starts from its embedding output,
+model.stack_starts; a decoder block also reads the encoder's output, model.encoder_layer's), the head in vocabulary
+chunks. Each stage's weights are read, run and dropped before the next stage is read. What is kept is per token: each
+block's input and output hidden state, its attention probabilities and the outputs.
 """
 
 from __future__ import annotations
@@ -24,19 +27,16 @@ from perm_core.verify import oracle
 from perm_core.verify.tolerances import BROKEN_AT, relative
 
 
-def attention_axes(layer: int) -> tuple:
-    return (None, ("heads", layer), "tokens", "tokens")
-
-
 @dataclass
 class OriginalRun:
     block_inputs: list[torch.Tensor] = field(default_factory=list)  # block i's input hidden state
     records: dict[str, torch.Tensor] = field(default_factory=dict)  # the whole-model trace's forward names
     scales: Scales = field(default_factory=Scales)
-    looked_up: list[int] = field(default_factory=list)  # the embedding rows the input reads, ascending (none for
-    # pixels)
+    looked_up: list[int] = field(default_factory=list)  # the token table's rows the input reads (every stack's),
+    # ascending (none for pixels)
     stock_outputs: dict[str, torch.Tensor] = field(default_factory=dict)  # transformers' own, by output name
     pixel_bytes: int = 0  # an image model's input in the checked dtype
+    encoder_out: torch.Tensor | None = None  # an encoder-decoder's encoder output: every decoder block's cross input
 
     @property
     def stock_logits(self) -> torch.Tensor | None:
@@ -63,8 +63,8 @@ class ControlRun:
     worst: float = 0.0
     own: bool = False
     hidden: torch.Tensor | None = None  # with `own`: its last stage's output, in its own frame
-    encoder_out: torch.Tensor | None = None  # with `own`, an encoder-decoder's: its encoder's output,
-    decoder_start: torch.Tensor | None = None  # and its decoder embedding's until the decoder starts
+    starts: dict[str, torch.Tensor] = field(default_factory=dict)  # with `own`: its embedding outputs not yet read
+    encoder_out: torch.Tensor | None = None  # with `own`, an encoder-decoder's: its encoder's output
 
     @property
     def follows(self) -> bool:
@@ -92,54 +92,67 @@ def forward_pass(model: StreamedModel, inputs: dict, controls: list[Control] = (
     g, dtype = model.geometry, model.dtype
     kwargs = model_inputs(inputs, g, Scramble(), dtype)
     layer_kwargs = model.layer_kwargs(kwargs)
-    run = OriginalRun()
+    run = OriginalRun(looked_up=model.looked_up(kwargs))
     if model.pixels:
         run.pixel_bytes = kwargs["pixel_values"].numel() * dtype.itemsize
-    else:
-        run.looked_up = sorted(set(kwargs["input_ids"].flatten().tolist()))
     embedding = model.embedding_weights(run.looked_up)
-    hidden = model.embed(embedding, run.looked_up, kwargs)
-    run.keep(trace_names.EMBED, hidden)
+    embeds = model.embed(embedding, run.looked_up, kwargs)
+    for name, embed in embeds.items():
+        run.keep(name, embed)
     if stock:
-        stock_layers, stock_hidden = stock_start(model, inputs, embedding, run.looked_up)
+        stock_layers, stock_embeds = stock_start(model, inputs, embedding, run.looked_up)
     runs = control_runs(model, inputs, controls) + control_runs(model, inputs, lacking, own=True)
     for c in runs:
         moved = transform_params(embedding, model.spec, c.control.scramble, model.claims)
-        out = model.embed(moved, run.looked_up, c.kwargs)
-        c.tally.add(trace_names.EMBED, hidden, apply_axes(out, TOKEN_RESID, c.inverse))
-        c.hidden = out if c.own else None
-        c.judge([trace_names.EMBED], run.scales, "the embeddings")
+        outs = model.embed(moved, run.looked_up, c.kwargs)
+        for name, out in outs.items():
+            c.tally.add(name, embeds[name], apply_axes(out, model.embedding_axes[name], c.inverse))
+        c.starts = outs if c.own else {}
+        c.judge(list(embeds), run.scales, "the embeddings")
         del moved
     del embedding
+    hidden = stock_hidden = stock_encoder = None
     for layer in range(model.n_layers):
         if progress:
             progress(layer / (model.n_layers + 1), f"original run: block {layer}")
-        weights = model.read(model.block_names(layer))
-        out, attention = model.block(layer, weights, hidden, layer_kwargs[layer])
-        names = [trace_names.hidden(layer), trace_names.attn(layer)]
-        run.keep(names[0], out)
-        run.keep(names[1], attention)
+        start, axes = model.stack_starts.get(layer), model.block_axes(layer)
+        if start is not None:
+            hidden, stock_hidden = embeds[start], stock_embeds[start] if stock else None
+        weights = model.read(model.stage_names(layer))
+        found = model.block(layer, weights, hidden, layer_kwargs[layer], run.encoder_out)
+        for name, tensor in found.items():
+            run.keep(name, tensor)
         for c in runs:
             if not c.follows:
                 continue
             moved = transform_params(weights, model.spec, c.control.scramble, model.claims)
-            c_out, c_attention = model.block(layer, moved, c.input_at(hidden, TOKEN_RESID), c.layer_kwargs[layer])
-            c.hidden = c_out if c.own else None
+            if c.own and start is not None:
+                c.hidden = c.starts.pop(start)
+            encoder = None if run.encoder_out is None else (
+                c.encoder_out if c.own else apply_axes(run.encoder_out, TOKEN_RESID, c.control.scramble))
+            c_found = model.block(layer, moved, c.input_at(hidden, model.hidden_axes(layer)), c.layer_kwargs[layer],
+                                  encoder)
             del moved
-            c.tally.add(names[0], out, apply_axes(c_out, TOKEN_RESID, c.inverse))
-            c.tally.add(names[1], attention, apply_axes(c_attention, attention_axes(layer), c.inverse, layer))
-            c.judge(names, run.scales, f"block {layer}")
+            if c.own:
+                c.hidden = c_found[trace_names.hidden(layer)]
+                c.encoder_out = c.hidden if layer == model.encoder_layer else c.encoder_out
+            for name, original in found.items():
+                c.tally.add(name, original, apply_axes(c_found[name], axes[name], c.inverse, layer))
+            c.judge(list(found), run.scales, f"block {layer}")
         if stock:
-            stock_hidden, _ = model.block(layer, weights, stock_hidden, stock_layers[layer], stock=True)
+            stock_hidden = model.block(layer, weights, stock_hidden, stock_layers[layer], stock_encoder,
+                                       stock=True)[trace_names.hidden(layer)]
+            stock_encoder = stock_hidden if layer == model.encoder_layer else stock_encoder
         run.block_inputs.append(hidden)
-        hidden = out
+        hidden = found[trace_names.hidden(layer)]
+        run.encoder_out = hidden if layer == model.encoder_layer else run.encoder_out
         del weights
     if progress:
         progress(model.n_layers / (model.n_layers + 1), "original run: the head")
     pieces, stock_pieces = [], []  # each chunk's outputs (one chunk for a headless model)
     whole = model.read(model.head_whole)  # the head's parameters besides its vocabulary rows (BERT's transform)
     moved_whole = [transform_params(whole, model.spec, c.control.scramble, model.claims) for c in runs]
-    axes = model.output_axes
+    axes, top = model.output_axes, model.hidden_axes(model.n_layers - 1)
     for start, stop in head_chunks or [(0, _vocab(model))]:
         chunk = model.head_chunk(start, stop)
         outputs = model.head(chunk, whole, hidden)
@@ -149,7 +162,7 @@ def forward_pass(model: StreamedModel, inputs: dict, controls: list[Control] = (
         for c, c_whole in zip(runs, moved_whole, strict=True):
             if c.follows:
                 moved = transform_params(chunk, model.spec, c.control.scramble, model.claims)
-                c_outputs = model.head(moved, c_whole, c.input_at(hidden, TOKEN_RESID))
+                c_outputs = model.head(moved, c_whole, c.input_at(hidden, top))
                 for name, tensor in c_outputs.items():
                     c.tally.add(name, outputs[name], apply_axes(tensor, axes[name], c.inverse))
         del chunk
@@ -157,7 +170,7 @@ def forward_pass(model: StreamedModel, inputs: dict, controls: list[Control] = (
     for name in axes:
         run.keep(name, _joined(pieces, name))
     for c in runs:
-        c.hidden = None  # its outputs are compared: nothing of it is run again
+        c.hidden = c.encoder_out = None  # its outputs are compared: nothing of it is run again
         if c.follows:
             c.judge(list(axes), run.scales, "the head")
     if stock:
@@ -166,9 +179,9 @@ def forward_pass(model: StreamedModel, inputs: dict, controls: list[Control] = (
 
 
 def stock_start(model: StreamedModel, inputs: dict, embedding: dict[str, torch.Tensor], looked_up: list[int]
-                ) -> tuple[list[dict], object]:
+                ) -> tuple[list[dict], dict[str, torch.Tensor]]:
     """transformers' own forward, begun beside the original run (the oracle): what each of its blocks is given, and
-    its embedding stage's output on the same embedding weights (a tuple where the model embeds two stacks)."""
+    its embedding stage's outputs on the same embedding weights."""
     kwargs = oracle.stock_kwargs(inputs, model.geometry, model.dtype)
     return model.layer_kwargs(kwargs, stock=True), model.embed(embedding, looked_up, kwargs, stock=True)
 
@@ -192,4 +205,3 @@ def _vocab(model: StreamedModel) -> int:
 def _joined(pieces: list[dict], name: str) -> torch.Tensor:
     """An output from its chunks: the logits' vocabulary entries, one after the other."""
     return pieces[0][name] if len(pieces) == 1 else torch.cat([p[name] for p in pieces], dim=-1)
-

@@ -18,7 +18,7 @@ import torch
 
 from perm_core.engine.spec import transform_param
 from perm_core.run import trace_names
-from perm_core.run.trace import TOKEN_RESID, invariant_loss
+from perm_core.run.trace import invariant_loss
 from perm_core.stream.allowance import Allowances
 from perm_core.stream.forward import OriginalRun
 from perm_core.stream.tally import Tally
@@ -48,6 +48,7 @@ class HeadStage:
     def __init__(self, model, run: OriginalRun, backward: bool):
         self.model, self.backward, self.looked_up = model, backward, run.looked_up
         self.top = run.records[trace_names.hidden(model.n_layers - 1)]
+        self.axes = model.hidden_axes(model.n_layers - 1)  # the last stack's (an encoder-decoder's: the decoder's)
         self.grad_top = trace_names.grad(trace_names.hidden(model.n_layers - 1))
         self.grad_logits = None
         if backward:
@@ -92,7 +93,7 @@ class HeadRun:
         s, backward = self.stage, self.stage.backward
         axes, primary, claims = s.model.output_axes, s.model.primary, s.model.claims
         weights = {n: as_leaf(self.weight(n, w), backward) for n, w in chunk.items()}
-        inputs = as_leaf(self.moved(cast(s.top, self.dtype), TOKEN_RESID), backward)
+        inputs = as_leaf(self.moved(cast(s.top, self.dtype), s.axes), backward)
         outputs = self.on.head(weights, self.whole, inputs)
         for name, out in outputs.items():
             found(name, self.restored(out, axes[name]))
@@ -118,7 +119,7 @@ class HeadRun:
                 continue
             grad = grad if grad is not None else torch.zeros_like(weight)
             found(trace_names.param_grad(name), self.restored(grad, claims[name].rule.axes, claims[name].layer))
-        found(self.stage.grad_top, self.restored(self.grad_top, TOKEN_RESID))
+        found(self.stage.grad_top, self.restored(self.grad_top, self.stage.axes))
 
 
 def head_stage(model, run: OriginalRun, elements: dict, backward: bool, chunks: list[tuple[int, int]],

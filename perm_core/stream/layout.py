@@ -27,6 +27,7 @@ from perm_core.families.stages import StageLayout
 from perm_core.run import trace_names
 from perm_core.run.numerics import use_exact_numerics
 from perm_core.run.stateless import functional_call
+from perm_core.run.trace import TOKEN_RESID
 from perm_core.stream.shards import CheckpointError, ShardReader
 from perm_core.stream.stages import StreamingUnsupportedError, family_for
 
@@ -98,7 +99,8 @@ class StreamedModel:
         self._claim_parameters()
         self.n_layers = self.geometry.n_layers
         table = self.layout.token_embedding
-        self.embed_name = f"{self.prefix}{table}.weight" if table is not None else None  # None: pixels
+        self.embed_name = f"{self.prefix}{table}.weight" if table is not None else None
+        self.pixels = self.embed_name is None  # an image model: its input is pixels, it looks up no rows
         norm = self.layout.final_norm
         norm_names = [n for n in self.names if norm is not None and n.startswith(f"{self.prefix}{norm}.")]
         # the final norm's parameters: at the end of the last block's stage, or at the head's start
@@ -172,10 +174,41 @@ class StreamedModel:
         except UnclaimedParameterError as error:
             raise CheckpointError(str(error)) from None
 
-    @property
-    def first_decoder_layer(self) -> int | None:
-        """The trace's first decoder block (None: one stack, no decoder)."""
-        return None
+    # --- the stages as the one driver walks them (stream.forward, stream.reverse): one stack here; an
+    # encoder-decoder's two (stream.encoder_decoder) answer the same questions ---
+
+    embedding_axes = {trace_names.EMBED: TOKEN_RESID}  # the embedding stage's outputs, one per stack
+    stack_starts = {0: trace_names.EMBED}  # block -> the embedding output it starts its stack from
+    encoder_layer: int | None = None  # the block whose output every later block also reads (an encoder's last)
+    tokens_move = True  # a token permutation moves every stage's tokens
+
+    def looked_up(self, kwargs: dict) -> list[int]:
+        """The token table's rows model inputs `kwargs` read, ascending (an image model: none)."""
+        return [] if self.pixels else sorted(set(kwargs["input_ids"].flatten().tolist()))
+
+    def hidden_axes(self, layer: int) -> tuple:
+        """Block `layer`'s input and output hidden state."""
+        return TOKEN_RESID
+
+    def block_axes(self, layer: int) -> dict[str, tuple]:
+        """The forward tensors block `layer` records (its output first), with their axes."""
+        heads = ("heads", layer)
+        return {trace_names.hidden(layer): TOKEN_RESID, trace_names.attn(layer): (None, heads, "tokens", "tokens")}
+
+    def grad_in(self, layer: int) -> str:
+        """The gradient at block `layer`'s input: the embedding output's for block 0 of an image model, the model
+        input's for text (its embedding output is the input the whole-model trace differentiates)."""
+        if layer:
+            return trace_names.grad(trace_names.hidden(layer - 1))
+        return trace_names.grad(trace_names.EMBED) if self.pixels else trace_names.GRAD_INPUT
+
+    def summed(self, layer: int) -> list[str]:
+        """Parameters block `layer` reads besides its own whose gradients are sums over several blocks."""
+        return []
+
+    def stage_names(self, layer: int) -> list[str]:
+        """Every parameter block `layer`'s stage reads."""
+        return self.block_names(layer) + self.summed(layer)
 
     def places(self) -> dict:
         """What first_break needs (verify.subject.Subject.places): the blocks, each parameter's block, the embedding's
@@ -183,7 +216,7 @@ class StreamedModel:
         return {"n_layers": self.n_layers,
                 "parameter_layers": {name: claim.layer for name, claim in self.claims.items()},
                 "embedding_parameters": frozenset(n for n, c in self.claims.items() if c.rule.tag == "embedding"),
-                "first_decoder_layer": self.first_decoder_layer}
+                "first_decoder_layer": None if self.encoder_layer is None else self.encoder_layer + 1}
 
     def _head_modules(self, stock: bool = False) -> dict[str, torch.nn.Module]:
         """Every module the head stage runs, by its path in the class: the heads' (a headless model's pooler)."""
@@ -242,11 +275,6 @@ class StreamedModel:
         """The named tensors in the checked dtype."""
         return {name: self.reader.read(name, self.dtype) for name in names}
 
-    @property
-    def pixels(self) -> bool:
-        """An image model: its input is pixels, its embedding stage looks up no rows."""
-        return self.embed_name is None
-
     def embedding_weights(self, looked_up: list[int]) -> dict[str, torch.Tensor]:
         """The embedding stage's weights: the token table's looked-up rows, its other parameters whole."""
         return {name: self.reader.rows(name, looked_up, self.dtype) if name == self.embed_name
@@ -256,9 +284,8 @@ class StreamedModel:
         rows = len(looked_up) * self.geometry.d_model * self.dtype.itemsize
         return rows + self.bytes_of([n for n in self.embedding_names if n != self.embed_name])
 
-    def bytes_of(self, names, dtype: torch.dtype | None = None) -> int:
-        itemsize = (dtype or self.dtype).itemsize
-        return sum(self.reader.entries[n].numel * itemsize for n in names)
+    def bytes_of(self, names) -> int:
+        return sum(self.reader.entries[n].numel * self.dtype.itemsize for n in names)
 
     # --- what the blocks are given ---
 
@@ -307,7 +334,7 @@ class StreamedModel:
         """The embedding stage: the base model's own forward on `kwargs` (model inputs) up to its first block, with
         the token table's looked-up rows only (the ids renumbered into `weights`' rows for the table alone) and its
         other embedding parameters whole (an image model: every embedding parameter whole, on its pixels). Returns
-        the first block's input."""
+        the first block's input, by its trace name."""
         base = self._base(stock)
         sink: list = [None]
         first = BlockRecorder(sink, 0, self._blocks(stock)[0], stop=True)
@@ -316,7 +343,7 @@ class StreamedModel:
             with self._swapped(base, {self.layout.blocks: torch.nn.ModuleList([first])}), \
                     contextlib.suppress(StopAtBlock):
                 functional_call(base, given, args=(), kwargs=kwargs, strict=False)
-            return first.hidden
+            return {trace_names.EMBED: first.hidden}
         table = copy.deepcopy(module_at(base, self.layout.token_embedding))  # meta: costs nothing
         position = {token: i for i, token in enumerate(looked_up)}
         table.num_embeddings = len(looked_up)
@@ -331,11 +358,12 @@ class StreamedModel:
         swapped = {self.layout.blocks: torch.nn.ModuleList([first]), self.layout.token_embedding: table}
         with self._swapped(base, swapped), contextlib.suppress(StopAtBlock):
             functional_call(base, given, args=(), kwargs={**kwargs, "use_cache": False}, strict=False)
-        return first.hidden
+        return {trace_names.EMBED: first.hidden}
 
     def block(self, layer: int, weights: dict[str, torch.Tensor], hidden: torch.Tensor, kwargs: dict,
-              stock: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(the block's output, normed when it is the last; its attention probabilities, None for the stock)."""
+              encoder_out: torch.Tensor | None = None, stock: bool = False) -> dict[str, torch.Tensor | None]:
+        """block_axes' tensors: the block's output (normed when it is the last), its attention probabilities (None
+        for the stock). One stack reads no encoder output."""
         module = self._blocks(stock)[layer]
         prefix = f"{self.prefix}{self.layout.blocks}.{layer}."
         local = {n[len(prefix):]: w for n, w in weights.items() if n.startswith(prefix)}
@@ -349,7 +377,7 @@ class StreamedModel:
         out = out[0] if isinstance(out, tuple) else out
         if layer == self.n_layers - 1 and self.norm_names:
             out = self._final_norm(weights, self.norm_names, out, stock)
-        return out, box.get("attn")
+        return {trace_names.hidden(layer): out, trace_names.attn(layer): box.get("attn")}
 
     def _final_norm(self, weights: dict[str, torch.Tensor], names: list[str], hidden: torch.Tensor,
                     stock: bool = False) -> torch.Tensor:

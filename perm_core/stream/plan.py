@@ -1,8 +1,7 @@
 """The parts of the streamed check's one driver (stream.check.stream_check) that every layout shares: the model opened
 with the memory baseline taken (opened), what the check judges settled before any stage runs (plan_check), the
 original run with its controls and the oracle (Plan.original_run), and the verdicts from the elements' tallies
-(Plan.verdicts). What differs by layout is passed in: the model's class, its forward pass, the symmetries it
-measures apart.
+(Plan.verdicts), the same for every layout.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from perm_core.engine.tokens import model_inputs, n_tokens
 from perm_core.run import trace_names
 from perm_core.run.malloc import give_freed_memory_back
 from perm_core.stream.allowance import Allowances
-from perm_core.stream.forward import ControlRun
+from perm_core.stream.forward import ControlRun, forward_pass
 from perm_core.stream.layout import StreamedModel
 from perm_core.stream.memory import StagePeaks, reset_peak, resident_bytes
 from perm_core.stream.report import StreamedReport, control_result, movement, oracle
@@ -28,14 +27,13 @@ from perm_core.verify.results import NotSymmetry
 from perm_core.verify.tolerances import TOLERANCE, judged, worst_rel
 
 
-def opened(model_class: type[StreamedModel], directory, inputs: dict, dtype: torch.dtype
-           ) -> tuple[StreamedModel, StagePeaks]:
+def opened(open_model, directory, inputs: dict, dtype: torch.dtype) -> tuple[StreamedModel, StagePeaks]:
     """The checkpoint's model, and the stages' peaks counted from here: the interpreter, torch, transformers and
     the meta-device model are the baseline."""
     # Blocks of 1 MiB and more get their own mappings, returned to the system when freed: resident memory is then
     # what is alive, not what glibc kept of earlier stages (process-wide, as the app server sets it).
     give_freed_memory_back()
-    model = model_class(directory, dtype)
+    model = open_model(directory, dtype)
     model.layer_kwargs(model_inputs(inputs, model.geometry, Scramble(), dtype))  # transformers' lazy imports
     peak_reset = reset_peak()  # before the baseline is read: the peak is never below it
     return model, StagePeaks(resident_bytes(), peak_reset)
@@ -57,9 +55,9 @@ class Plan(SymmetryPlan):
                                             else {step: self.key_of[step]}, geometry, self.count)
                 for step in self.steps}
 
-    def original_run(self, model: StreamedModel, inputs: dict, chunks: list[tuple[int, int]], forward_pass,
-                     stages: StagePeaks, progress=None):
-        """The path's forward_pass (the original run, every control and every lacking symmetry's element riding
+    def original_run(self, model: StreamedModel, inputs: dict, chunks: list[tuple[int, int]], stages: StagePeaks,
+                     progress=None):
+        """stream.forward.forward_pass (the original run, every control and every lacking symmetry's element riding
         along, the stock forward beside it), the lacking symmetries' measured breaks and the oracle into the report,
         each ending its stage. Returns the run and the ControlRuns (the lacking symmetries' among them)."""
         g = model.geometry
@@ -72,7 +70,7 @@ class Plan(SymmetryPlan):
         for r in (r for r in runs if r.own):  # verify.controls.measure_break's figure, on the streamed records
             amount = worst_rel(judged(r.tally.differences(scales), model.dtype, {}))
             self.report.not_symmetries.append(NotSymmetry(r.control.symmetry, r.control.description, amount))
-        self.report.oracle = oracle(model, inputs, run, chunks, forward_pass)
+        self.report.oracle = oracle(model, inputs, run, chunks)
         stages.end("oracle")
         return run, runs
 

@@ -1,6 +1,5 @@
-"""The report of a streamed check and what every streamed path (one stack, stream.check; an encoder-decoder,
-stream.encoder_decoder_check) builds it from: the verdicts of verify.check, with the proof the streamed check
-rests on, its memory and its round-off allowances.
+"""The report of a streamed check and what the one driver (stream.check) builds it from: the verdicts of
+verify.check, with the proof the streamed check rests on, its memory and its round-off allowances.
 
 Each rule is the whole-model check's own function, given what a streamed check holds: a control's amount
 (tolerances.worst_rel) and why an unbroken one is not informative (verify.controls.explained_unbroken, on the
@@ -17,7 +16,7 @@ import torch
 
 from perm_core.engine.spec import Scramble, transform_param
 from perm_core.stream.allowance import Allowances
-from perm_core.stream.forward import ControlRun
+from perm_core.stream.forward import ControlRun, forward_pass
 from perm_core.stream.layout import StreamedModel
 from perm_core.stream.memory import MemoryBound
 from perm_core.stream.shards import ReplacedReader
@@ -63,9 +62,9 @@ def control_result(r: ControlRun, scales: dict, floor_reasons: dict, dtype: torc
 
 
 def explained(model: StreamedModel, inputs: dict, r: ControlRun, result: ControlResult, chunks: list[tuple[int, int]],
-              forward_pass, floor_reasons: dict) -> ControlResult:
+              floor_reasons: dict) -> ControlResult:
     """verify.controls.explained_unbroken, streamed: the checkpoint's tensors scanned from the shards, and the
-    control rerun by the path's `forward_pass` on the same reader with the uniform ones randomized."""
+    control rerun by forward_pass on the same reader with the uniform ones randomized."""
     stored = OnDemand(model.claims, lambda name: model.reader.read(name, model.dtype))
     def rerun(replaced: dict[str, torch.Tensor]) -> ControlResult:
         varied = type(model)(model.reader.directory, model.dtype, ReplacedReader(model.reader, replaced))
@@ -91,11 +90,9 @@ def floor_reasons(model: StreamedModel) -> dict[str, str]:
     return key_bias_floors(model.claims, lambda name: len(model.reader.entries[name].shape), model.geometry)
 
 
-def allowance_notes(allowance: Allowances, model: StreamedModel, report: StreamedReport, measured_at: str, not_at: str
-                    ) -> list[str]:
+def allowance_notes(allowance: Allowances, model: StreamedModel, report: StreamedReport) -> list[str]:
     """Where a stage's measured round-off was used, and where a tensor over its base tolerance was at a place whose
-    round-off is not measured; `measured_at`, `not_at`: the path's words for where round-off is measured and where
-    it is not."""
+    round-off was not measured."""
     other = str(allowance.other).split(".")[-1]
     notes = [f"{u['stage']}: {len(u['over_base_tolerance'])} tensor(s) over the base tolerance, judged with the "
              f"stage's round-off measured by a rerun in {other} ({', '.join(u['measured'])})" for u in allowance.used]
@@ -105,16 +102,16 @@ def allowance_notes(allowance: Allowances, model: StreamedModel, report: Streame
     unmeasured = sorted({e.name for c in report.checks for e in c.tensors
                          if e.finite and not e.max_rel_error <= base and e.name not in allowance.measured})
     if unmeasured:
-        notes.append(f"round-off allowances are measured at {measured_at} only: over its dtype's base tolerance at "
-                     f"{not_at}, {', '.join(unmeasured)} fails here (the whole-model check would measure its "
+        notes.append(f"round-off allowances are measured at every stage only: over its dtype's base tolerance at "
+                     f"no stage, {', '.join(unmeasured)} fails here (the whole-model check would measure its "
                      "round-off, tolerances.py, before failing)")
     return notes
 
 
-def oracle(model: StreamedModel, inputs: dict, run, chunks: list[tuple[int, int]], forward_pass) -> OracleResult:
+def oracle(model: StreamedModel, inputs: dict, run, chunks: list[tuple[int, int]]) -> OracleResult:
     """verify.oracle.judged on the streamed outputs (the logits; a headless model's last hidden state and pooled
-    output) against the stock forward's that rode along; an output's round-off, where the rule asks for it, is the
-    path's `forward_pass` rerun in the other dtype by a model of the same class on the same reader."""
+    output) against the stock forward's that rode along; an output's round-off, where the rule asks for it, is
+    forward_pass rerun in the other dtype by a model of the same class on the same reader."""
     def rerun(dtype: torch.dtype, name: str) -> torch.Tensor:
         other = type(model)(model.reader.directory, dtype, model.reader)
         return forward_pass(other, inputs, stock=False, head_chunks=chunks)[0].records[name]

@@ -73,14 +73,17 @@ CLIPPED = """() => {
   return clipped;
 }"""
 
+# Two boxes that overlap by more than `margin` px both across and down: the one box test of the checks below
+MEET = """  const meet = (a, b, margin) => Math.min(a.right, b.right) - Math.max(a.left, b.left) > margin
+    && Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top) > margin;"""
+
 # Texts of one chart that cover each other (its title, axis titles, legend, annotations such as subplot titles and
 # threshold labels), and charts that cover each other: what a lecturer saw at 1024 px as merged titles, a legend
 # over an axis title, 'originarotated model'. Tick labels are left out: a dense axis may touch its neighbours.
 OVERLAPS = """() => {
+""" + MEET + """
   const main = document.querySelector('[data-testid="stMain"]');
   const found = [];
-  const meet = (a, b) => Math.min(a.right, b.right) - Math.max(a.left, b.left) > 2
-    && Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top) > 2;
   const plots = Array.from(main.querySelectorAll('.js-plotly-plot')).filter(p => p.offsetParent !== null);
   for (const plot of plots) {
     const texts = Array.from(plot.querySelectorAll('.gtitle, .g-xtitle text, .g-ytitle text, .g-x2title text, '
@@ -89,7 +92,7 @@ OVERLAPS = """() => {
       .filter(t => t.text && t.box.width > 0);
     for (let i = 0; i < texts.length; i++) {
       for (let j = i + 1; j < texts.length; j++) {
-        if (meet(texts[i].box, texts[j].box)) {
+        if (meet(texts[i].box, texts[j].box, 2)) {
           found.push('chart texts overlap: "' + texts[i].text.slice(0, 40) + '" / "'
             + texts[j].text.slice(0, 40) + '"');
         }
@@ -98,7 +101,7 @@ OVERLAPS = """() => {
   }
   for (let i = 0; i < plots.length; i++) {
     for (let j = i + 1; j < plots.length; j++) {
-      if (meet(plots[i].getBoundingClientRect(), plots[j].getBoundingClientRect())) {
+      if (meet(plots[i].getBoundingClientRect(), plots[j].getBoundingClientRect(), 2)) {
         found.push('charts overlap: ' + i + ' / ' + j);
       }
     }
@@ -110,9 +113,8 @@ OVERLAPS = """() => {
 # side by side read "0 5 10 150 5 10 15" at 1024 px: the last tick of one panel ran into the first of the next) and
 # the labels of a y axis. Slanted labels are left out (their boxes overlap where their letters do not).
 TICKS = """() => {
+""" + MEET + """
   const found = [];
-  const meet = (a, b) => Math.min(a.right, b.right) - Math.max(a.left, b.left) > 1
-    && Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top) > 1;
   for (const plot of document.querySelectorAll('[data-testid="stMain"] .js-plotly-plot')) {
     if (plot.offsetParent === null) continue;
     const texts = Array.from(plot.querySelectorAll('.xaxislayer-above text, .yaxislayer-above text'))
@@ -121,7 +123,7 @@ TICKS = """() => {
       .filter(t => t.box.width > 0);
     for (let i = 0; i < texts.length; i++) {
       for (let j = i + 1; j < texts.length; j++) {
-        if (meet(texts[i].box, texts[j].box)) {
+        if (meet(texts[i].box, texts[j].box, 1)) {
           const title = (plot.querySelector('.gtitle') || {}).textContent || '(untitled)';
           found.push('tick labels collide in "' + title.slice(0, 40) + '": "' + texts[i].text + '" / "'
             + texts[j].text + '"');
@@ -135,9 +137,8 @@ TICKS = """() => {
 # A legend over a chart's axis labels (its tick labels, slanted or not, and axis titles): under the plot at a fraction
 # of its height it covered the tensor names on Check and the walk's step 5.
 LEGEND_OVER_LABELS = """() => {
+""" + MEET + """
   const found = [];
-  const meet = (a, b) => Math.min(a.right, b.right) - Math.max(a.left, b.left) > 1
-    && Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top) > 1;
   for (const plot of document.querySelectorAll('[data-testid="stMain"] .js-plotly-plot')) {
     if (plot.offsetParent === null) continue;
     const legends = Array.from(plot.querySelectorAll('.legend .traces')).map(t => t.getBoundingClientRect())
@@ -147,7 +148,7 @@ LEGEND_OVER_LABELS = """() => {
       .filter(t => t.textContent.trim()).map(t => ({text: t.textContent.trim(), box: t.getBoundingClientRect()}));
     for (const legend of legends) {
       for (const label of labels) {
-        if (meet(legend, label.box)) {
+        if (meet(legend, label.box, 1)) {
           found.push('legend over the axis label "' + label.text.slice(0, 40) + '"');
         }
       }
@@ -463,6 +464,13 @@ def test_layout_checks_catch_planted_defects(page):
     assert any("legend over the axis label" in f for f in page.evaluate(LEGEND_OVER_LABELS))
     page.evaluate("() => document.getElementById('old').remove()")
     assert page.evaluate(LEGEND_OVER_LABELS) == []
+
+    # two charts over each other (the same box test at its 2 px margin)
+    planted(page, '<div id="old" style="position:absolute;top:100px"></div><div id="new" style="position:absolute;'
+                  'top:200px;left:100px"></div>', {"old": old, "new": new})
+    assert "charts overlap: 0 / 1" in page.evaluate(OVERLAPS)
+    page.evaluate("() => document.getElementById('old').remove()")
+    assert page.evaluate(OVERLAPS) == []
 
     # a word cut across lines: a class name in a narrow cell that may break anywhere
     css = Path(__file__).resolve().parents[2].joinpath("assets", "app.css").read_text()

@@ -12,11 +12,10 @@ import dataclasses
 import pytest
 import torch
 
-from perm_core.stream import encoder_decoder_check, reverse
-from perm_core.stream.check import OneStack, stream_check
+from perm_core.stream import reverse
+from perm_core.stream.check import stream_check
 from perm_core.stream.encoder_decoder import streamed_model
-from perm_core.stream.encoder_decoder_check import TwoStacks
-from perm_core.stream.stages import is_encoder_decoder
+from perm_core.stream.forward import forward_pass
 from perm_core.verify.check import check
 from perm_core.verify.subject import Subject
 from tests.unit import test_stream, test_stream_t5
@@ -39,35 +38,29 @@ def disagreements(model, inputs, directory) -> list[str]:
         if (mine.passed, mine.first_break) != (theirs.passed, theirs.first_break):
             found.append(f"{mine.direction}: streamed {mine.passed} at {mine.first_break!r}, whole "
                          f"{theirs.passed} at {theirs.first_break!r}")
-    records = streamed_forward(directory)(streamed_model(directory, torch.float64), inputs, stock=False)[0].records
+    records = forward_pass(streamed_model(directory, torch.float64), inputs, stock=False)[0].records
     traced = Subject(model, inputs).trace()
     found += [f"record {name}" for name, tensor in records.items()
               if not (tensor - traced[name].tensor).abs().max() <= 1e-12 * traced[name].tensor.abs().max()]
     return found
 
 
-def streamed_forward(directory):
-    return (TwoStacks if is_encoder_decoder(directory) else OneStack).forward_pass
-
-
 def forget_bias(monkeypatch, family: str) -> None:
     """Block 1's element stage leaves a per-channel parameter as stored: GPT-2's MLP output bias, T5's first norm."""
     tag = "norm" if family == "t5" else "mlp.out"
-    for module in (reverse, encoder_decoder_check):
-        real = module.transform_param
-        monkeypatch.setattr(module, "transform_param", lambda w, claim, scramble, real=real: w if (
-            claim.layer == 1 and claim.rule.tag == tag and w.dim() == 1) else real(w, claim, scramble))
+    real = reverse.transform_param
+    monkeypatch.setattr(reverse, "transform_param", lambda w, claim, scramble: w if (
+        claim.layer == 1 and claim.rule.tag == tag and w.dim() == 1) else real(w, claim, scramble))
 
 
 def shift_block_inputs(monkeypatch, family: str) -> None:
     """Block 1's stage given block 0's input (T5's block 1 is its encoder's)."""
-    path = TwoStacks if family == "t5" else OneStack
-    real = path.block
+    real = reverse.BlockStage.__init__
 
-    def block(self, layer, run, *args):
+    def stage(self, model, layer, run, *args):
         inputs = run.block_inputs
-        return real(self, layer, dataclasses.replace(run, block_inputs=[inputs[0], inputs[0], *inputs[2:]]), *args)
-    monkeypatch.setattr(path, "block", block)
+        real(self, model, layer, dataclasses.replace(run, block_inputs=[inputs[0], inputs[0], *inputs[2:]]), *args)
+    monkeypatch.setattr(reverse.BlockStage, "__init__", stage)
 
 
 def move_final_norm_into_the_head(monkeypatch, family: str) -> None:
