@@ -3,7 +3,7 @@
 channels, heads, head channels and rotations, forward and backward, the oracle agreeing, at Hugging Face's init and
 far from it, in float64 and float32; every negative control breaks; each planted bug is caught; a scrambled
 checkpoint reloaded by plain transformers (eager experts) computes the same logits; a dense family says experts are
-not applicable.
+not applicable; the streamed check runs them (test_stream_moe.py).
 
 The random:FAMILY models (perm_core.models.random_models) have four experts of 16 neurons, two per token, three
 key/value groups of two query heads, and every gain, bias, router bias and sink far from init.
@@ -399,9 +399,18 @@ def test_cli_check_of_a_mixture_of_experts_json(capsys):
     assert {c["symmetry"] for c in report["checks"]} == {"mlp"}
 
 
-def test_the_streamed_check_refuses_a_mixture_of_experts_in_one_line(tmp_path, capsys):
+def test_the_streamed_check_of_a_mixture_of_experts_checkpoint(tmp_path, capsys):
+    """check --stream reads Mixtral's per-expert tensors into its fused experts one block at a time (the streamed
+    path's own tests: test_stream_moe.py): experts and mlp pass at float64 round-off, and their controls break."""
+    from tests.unit.json_schema import validated
+
     moe_model("mixtral").save_pretrained(tmp_path, safe_serialization=True)
     capsys.readouterr()  # the save's own progress bar
-    assert main(["check", str(tmp_path), "--stream", "--symmetry", "experts", "--dtype", "float64"]) == 2
-    message = capsys.readouterr().err.strip()
-    assert len(message.splitlines()) == 1 and "MixtralForCausalLM" in message and "streaming supports" in message
+    assert main(["check", str(tmp_path), "--stream", "--symmetry", "experts", "--symmetry", "mlp", "--dtype",
+                 "float64", "--json"]) == 0
+    report = validated("check", capsys.readouterr().out)
+    assert report["passed"] and report["family"] == "mixtral" and "streamed" in report
+    assert {c["symmetry"] for c in report["checks"]} == {"experts", "mlp", "all"}
+    assert all(c["max_rel_error"] < EXACT for c in report["checks"])
+    assert {c["name"]: c["broken"] for c in report["controls"]} == {
+        "router_not_permuted": True, "router_alone": True, "expert_down_not_permuted": True}
