@@ -143,7 +143,8 @@ class Geometry:
         says so, as no break can be measured of an element that moves nothing."""
         if self.n_experts:
             return {}
-        return {"experts": "no mixture-of-experts layers: this architecture has no experts to reorder"}
+        return {"experts": "no mixture-of-experts layers: this architecture has no experts to reorder",
+                "router_shift": "no mixture-of-experts layers: this architecture has no router to translate"}
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ def router_and_experts(layer_prefix: str, g: Geometry) -> tuple[Rule, ...]:
     """Mixtral's, Qwen's and OLMoE's MoE block: router `mlp.gate` [E, H], gate_up_proj [E, 2I, H], down_proj
     [E, H, I], no biases."""
     return (
-        Rule(layer_prefix + r"mlp\.gate\.weight", ("experts", "resid"), "router"),
+        Rule(layer_prefix + r"mlp\.gate\.weight", ("experts", "resid"), "router", shift="router_shift"),
         Rule(layer_prefix + r"mlp\.experts\.gate_up_proj", (None, Merged(0, gate_up(g)), "resid"), "experts.gate_up"),
         Rule(layer_prefix + r"mlp\.experts\.down_proj", (None, "resid", Merged(0, "expert_mlp")), "experts.down"),
     )

@@ -32,8 +32,8 @@ def rules(g: Geometry) -> tuple[Rule, ...]:
     fused = Merged(0, gate_up(g))
     return (
         Rule(L + r"self_attn\.sinks", ("heads",), "attn.sinks"),
-        Rule(L + r"mlp\.router\.weight", ("experts", "resid"), "router"),
-        Rule(L + r"mlp\.router\.bias", ("experts",), "router"),
+        Rule(L + r"mlp\.router\.weight", ("experts", "resid"), "router", shift="router_shift"),
+        Rule(L + r"mlp\.router\.bias", ("experts",), "router", shift="router_shift"),
         Rule(L + r"mlp\.experts\.gate_up_proj", (None, "resid", fused), "experts.gate_up"),
         Rule(L + r"mlp\.experts\.gate_up_proj_bias", (None, fused), "experts.gate_up"),
         Rule(L + r"mlp\.experts\.down_proj", (None, Merged(0, "expert_mlp"), "resid"), "experts.down"),
