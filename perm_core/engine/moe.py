@@ -33,7 +33,7 @@ def expert_order(key: int, g, layer: int) -> torch.Tensor:
 def experts(key: int, g) -> Scramble:
     """Each MoE layer's experts reordered by its own permutation, router rows and biases with them."""
     spaces = {}
-    for layer in range(g.n_layers if g.n_experts else 0):
+    for layer in g.moe_layers:
         order = expert_order(key, g, layer)
         neurons = (order[:, None] * g.d_expert + torch.arange(g.d_expert)).flatten()
         spaces[("experts", layer)] = (Permutation(order),)
@@ -44,7 +44,7 @@ def experts(key: int, g) -> Scramble:
 def expert_neurons(key: int, g, layer: int) -> dict:
     """The `mlp` symmetry inside the experts of one layer: every expert its own permutation of its neurons, the
     experts in place ({} without experts)."""
-    if not g.n_experts:
+    if layer not in g.moe_layers:
         return {}
     perms = keys.permutations(key, g.n_experts, g.d_expert, f"mlp/{layer}/experts")
     index = (torch.arange(g.n_experts)[:, None] * g.d_expert + perms).flatten()
@@ -55,7 +55,7 @@ def router_shift(key: int, g, alone: bool = False) -> Scramble:
     """Each MoE layer's router translated by its own (v, c) drawn from the key: v with entries of variance
     1 / d_model (v.x about the size of x's entries), c a standard normal; alone: added to expert 0's row only."""
     spaces = {}
-    for layer in range(g.n_layers if g.n_experts else 0):
+    for layer in g.moe_layers:
         drawn = torch.from_numpy(keys.rng_for(key, f"router_shift/{layer}").standard_normal(g.d_model + 1))
         rows = torch.eye(g.n_experts, dtype=torch.float64)[0] if alone else torch.ones(g.n_experts, dtype=torch.float64)
         spaces[("router_shift", layer)] = (Translation(rows, drawn[:-1] / g.d_model**0.5, drawn[-1]),)
@@ -71,7 +71,7 @@ def _interleaving_ignored(element: Scramble, g) -> Scramble:
     the parts' gather laid back on the interleaved axis (new (e, i, h) <- old 2 * index[e, i] + h)."""
     spaces = dict(element.spaces)
     i_size = g.d_expert
-    for layer in range(g.n_layers):
+    for layer in g.moe_layers:
         index = spaces[("expert_mlp", layer)][0].index
         q = (2 * index[:, None] + torch.arange(2)).flatten()
         expert, neuron = index // i_size, index % i_size  # old (expert, neuron) of each new flat (e, i)
@@ -107,5 +107,5 @@ def key_space_bits(name: str, g) -> float:
     if name == "router_shift":  # continuous, as rotations are
         return float("inf") if g.n_experts else 0.0
     if name == "experts":
-        return g.n_layers * keys.permutation_bits(g.n_experts) if g.n_experts else 0.0
-    return g.n_layers * g.n_experts * keys.permutation_bits(g.d_expert)  # mlp inside the experts
+        return len(g.moe_layers) * keys.permutation_bits(g.n_experts) if g.n_experts else 0.0
+    return len(g.moe_layers) * g.n_experts * keys.permutation_bits(g.d_expert)  # mlp inside the experts

@@ -138,7 +138,8 @@ def head_channels(key: int, g: Geometry, permute_qk: bool | None = None) -> Scra
 def mlp(key: int, g: Geometry) -> Scramble:
     """The dense MLP's (or shared expert's) neurons, and inside a mixture of experts each expert's own."""
     def build(layer):
-        dense = {"mlp": (Permutation(keys.permutation(key, g.d_mlp, f"mlp/{layer}")),)} if g.d_mlp else {}
+        width = g.mlp_width(layer)  # a dense MLP's, a shared expert's (Qwen2-MoE), or none (0)
+        dense = {"mlp": (Permutation(keys.permutation(key, width, f"mlp/{layer}")),)} if width else {}
         return {**dense, **moe.expert_neurons(key, g, layer)}
 
     return Scramble(_per_layer(g, build))
@@ -344,7 +345,7 @@ def controls(name: str, key: int, g: Geometry, n_tokens: int | None = None) -> l
             found.append(Control(name, "rotary_channels_moved",
                                  "the rotary Q/K channels permuted (the same way in Q and K)",
                                  lambda: _rotary_channels_moved(key, g)))
-    elif name == "mlp" and g.d_mlp:
+    elif name == "mlp" and any(g.mlp_width(layer) for layer in range(g.n_layers)):
         found.append(Control(name, "output_not_permuted", "MLP input side permuted, output projection not",
                              lambda: element().with_controls(skip_tags=frozenset({"mlp.out"}))))
     elif name == "rotation":
@@ -399,7 +400,7 @@ def key_space_bits(name: str, g: Geometry, n_tokens: int | None = None) -> float
     if name == "head_channels":
         return g.n_layers * g.n_kv_heads * (perm_bits(g.head_dim) + perm_bits(movable_qk_channels(g)))
     if name == "mlp":
-        return g.n_layers * perm_bits(g.d_mlp) + moe.key_space_bits(name, g)
+        return sum(perm_bits(g.mlp_width(layer)) for layer in range(g.n_layers)) + moe.key_space_bits(name, g)
     if name in ("experts", "router_shift"):
         return moe.key_space_bits(name, g)
     if name == "rotation":

@@ -228,7 +228,7 @@ def recover(params_a: dict, params_b: dict, spec: FamilySpec, claims: dict[str, 
         if mlp_a.numel():
             found.mlp[layer] = match_rows(rows(params_b, claims, "mlp", layer), mlp_a)
             spaces[("mlp", layer)] = (Permutation(found.mlp[layer]),)
-        if g.n_experts:
+        if layer in g.moe_layers:
             order, neurons = recover_experts(aligned_a, params_b, claims, layer, g)
             found.experts[layer], found.expert_mlp[layer] = order, neurons
             spaces[("experts", layer)], spaces[("expert_mlp", layer)] = (Permutation(order),), (Permutation(neurons),)
