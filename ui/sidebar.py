@@ -27,7 +27,8 @@ from ui.state import DEFAULT_KEYS, parse_bool, seed
 from ui.view import _THIS_RUN, NOTES, View, _keep_sidebar_state, current_view, end_run, without_controls  # noqa: F401
 
 SYMMETRY_LABELS = {"tokens": "Tokens", "channels": "Channels", "heads": "Heads", "head_channels": "Head channels",
-                   "mlp": "MLP neurons", "rotation": "Rotations", "experts": "Experts"}
+                   "mlp": "MLP neurons", "rotation": "Rotations", "experts": "Experts",
+                   "router_shift": "Router shift"}
 DEFAULT_ON = ("tokens", "channels")
 MAX_TOKENS = 128  # the Explore page draws tokens x tokens maps; longer texts are truncated with a notice
 # What the notice calls that limit: the visitor chose none ("the chosen limit" read as if they had)

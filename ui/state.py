@@ -12,7 +12,8 @@ import streamlit as st
 _SEEDED = "_seeded_params"
 # One key per symmetry for the whole app: the sidebar starts with these, and every page with a key of its own starts
 # from the sidebar's current key for the symmetry it applies, so a class following the lecturer sees one key.
-DEFAULT_KEYS = {"tokens": 7, "channels": 42, "heads": 3, "head_channels": 5, "mlp": 11, "rotation": 13, "experts": 17}
+DEFAULT_KEYS = {"tokens": 7, "channels": 42, "heads": 3, "head_channels": 5, "mlp": 11, "rotation": 13, "experts": 17,
+                "router_shift": 19}
 
 
 def seed(name: str, default, parse=str, valid=None):

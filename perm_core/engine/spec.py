@@ -19,7 +19,9 @@ from perm_core.engine.transforms import AxisTransform, BlockOrthogonal, Permutat
 # "experts" is a mixture-of-experts layer's expert axis (router rows); "expert_mlp" its experts' hidden neurons as
 # one space of experts x neurons, expert-major (see Merged); "expert_gate_up" a fused gate|up axis of those taken
 # whole, which only a negative control transforms (see Concat.whole).
-LAYERED_ROLES = frozenset({"q", "k", "v", "o", "mlp", "heads", "experts", "expert_mlp", "expert_gate_up"})
+# "router_shift" holds a router's translation (transforms.Translation), named by a rule's `shift`, never by its axes.
+LAYERED_ROLES = frozenset({"q", "k", "v", "o", "mlp", "heads", "experts", "expert_mlp", "expert_gate_up",
+                           "router_shift"})
 # Roles of the whole model. "positions" is the token axis of a learned position table (ViT),
 # which moves with the tokens; "tokens" is the sequence axis of activations.
 GLOBAL_ROLES = frozenset({"resid", "tokens", "positions"})
@@ -101,6 +103,9 @@ class Rule:
     # Added to the `layer` group: an encoder-decoder numbers its decoder blocks after the encoder's, so that
     # decoder block i and encoder block i are different spaces.
     layer_offset: int = 0
+    # The space of a translation added to the parameter's values after its axes are transformed (a router's weight
+    # and bias: transforms.Translation); it acts on the parameter only, never on a gradient or an activation.
+    shift: str | None = None
 
     def match(self, name: str) -> re.Match | None:
         return re.fullmatch(self.pattern, name)
@@ -258,4 +263,21 @@ def transform_param(tensor: torch.Tensor, claim: Claim, scramble: Scramble) -> t
     """One parameter of the transformed model: the same tensor where a control's element skips its tag."""
     if claim.rule.tag in scramble.skip_tags:
         return tensor
-    return apply_axes(tensor, claim.rule.axes, scramble, claim.layer)
+    tensor = apply_axes(tensor, claim.rule.axes, scramble, claim.layer)
+    for translation in shifts(claim, scramble):
+        tensor = translation.add_to(tensor)
+    return tensor
+
+
+def shifts(claim: Claim, scramble: Scramble) -> tuple:
+    """The translations the element adds to a parameter's values (its rule's `shift` space; none for most)."""
+    return scramble.chain(claim.rule.shift, claim.layer) if claim.rule.shift else ()
+
+
+def restore_param(tensor: torch.Tensor, claim: Claim, scramble: Scramble, patch_size: int | None = None
+                  ) -> torch.Tensor:
+    """A transformed parameter given back: its translations taken off, then the axes' inverse applied (the exact
+    inverse of transform_param for an element applied as a whole: its translations act after its axes)."""
+    for translation in reversed(shifts(claim, scramble)):
+        tensor = translation.inverse().add_to(tensor)
+    return apply_axes(tensor, claim.rule.axes, scramble.inverse(), claim.layer, patch_size)

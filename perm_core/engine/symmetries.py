@@ -17,7 +17,7 @@ from perm_core.engine.spec import Scramble
 from perm_core.engine.transforms import BlockOrthogonal, Permutation
 from perm_core.families import Geometry
 
-SYMMETRIES = ("tokens", "channels", "heads", "head_channels", "mlp", "rotation", "experts")
+SYMMETRIES = ("tokens", "channels", "heads", "head_channels", "mlp", "rotation", "experts", "router_shift")
 WEIGHT_SYMMETRIES = SYMMETRIES[1:]
 DESCRIPTIONS = {
     "tokens": "inter-token permutation of the input (positions move with their tokens)",
@@ -28,6 +28,8 @@ DESCRIPTIONS = {
     "rotation": "per-head orthogonal rotations: Q/K by R, V by S and O by S^T",
     "experts": "reordering of each mixture-of-experts layer's routed experts with their router rows and biases "
                "(a shared expert stays)",
+    "router_shift": "one vector added to every router row and one number to every router bias of a "
+                    "mixture-of-experts layer (the routing reads only the logits' differences)",
 }
 
 
@@ -136,7 +138,8 @@ def head_channels(key: int, g: Geometry, permute_qk: bool | None = None) -> Scra
 def mlp(key: int, g: Geometry) -> Scramble:
     """The dense MLP's (or shared expert's) neurons, and inside a mixture of experts each expert's own."""
     def build(layer):
-        dense = {"mlp": (Permutation(keys.permutation(key, g.d_mlp, f"mlp/{layer}")),)} if g.d_mlp else {}
+        width = g.mlp_width(layer)  # a dense MLP's, a shared expert's (Qwen2-MoE), or none (0)
+        dense = {"mlp": (Permutation(keys.permutation(key, width, f"mlp/{layer}")),)} if width else {}
         return {**dense, **moe.expert_neurons(key, g, layer)}
 
     return Scramble(_per_layer(g, build))
@@ -212,7 +215,7 @@ def build(name: str, key: int, g: Geometry, n_tokens: int | None = None) -> Scra
             raise ValueError("the tokens symmetry needs the number of input tokens")
         return Scramble(tokens=token_permutation(key, n_tokens, g.fixed_tokens, g.fixed_last_token))
     builders = {"channels": channels, "heads": heads, "head_channels": head_channels, "mlp": mlp,
-                "rotation": rotation, "experts": moe.experts}
+                "rotation": rotation, "experts": moe.experts, "router_shift": moe.router_shift}
     if name not in builders:
         raise ValueError(f"unknown symmetry {name!r}; choose from {', '.join(SYMMETRIES)}")
     return _drawn(builders[name], key, g)
@@ -342,7 +345,7 @@ def controls(name: str, key: int, g: Geometry, n_tokens: int | None = None) -> l
             found.append(Control(name, "rotary_channels_moved",
                                  "the rotary Q/K channels permuted (the same way in Q and K)",
                                  lambda: _rotary_channels_moved(key, g)))
-    elif name == "mlp" and g.d_mlp:
+    elif name == "mlp" and any(g.mlp_width(layer) for layer in range(g.n_layers)):
         found.append(Control(name, "output_not_permuted", "MLP input side permuted, output projection not",
                              lambda: element().with_controls(skip_tags=frozenset({"mlp.out"}))))
     elif name == "rotation":
@@ -360,7 +363,7 @@ def controls(name: str, key: int, g: Geometry, n_tokens: int | None = None) -> l
             found.append(Control(name, "plane_rotation_with_qk_norm" if g.rope else "general_rotation_with_qk_norm",
                                  "a Q/K rotation that mixes channels with different Q/K norm gains",
                                  lambda: rotation(key, g, qk="planes" if g.rope else "general")))
-    if name in ("mlp", "experts"):
+    if name in ("mlp", "experts", "router_shift"):
         found += moe.controls(name, key, g, element,
                               lambda control, description, make: Control(name, control, description, make))
     return found
@@ -397,8 +400,8 @@ def key_space_bits(name: str, g: Geometry, n_tokens: int | None = None) -> float
     if name == "head_channels":
         return g.n_layers * g.n_kv_heads * (perm_bits(g.head_dim) + perm_bits(movable_qk_channels(g)))
     if name == "mlp":
-        return g.n_layers * perm_bits(g.d_mlp) + moe.key_space_bits(name, g)
-    if name == "experts":
+        return sum(perm_bits(g.mlp_width(layer)) for layer in range(g.n_layers)) + moe.key_space_bits(name, g)
+    if name in ("experts", "router_shift"):
         return moe.key_space_bits(name, g)
     if name == "rotation":
         return float("inf")

@@ -83,6 +83,38 @@ class BlockOrthogonal:
         return torch.block_diag(*self.blocks)
 
 
+@dataclass(frozen=True)
+class Translation:
+    """A continuous element that adds instead of gathering or rotating: a router's weight [E, H] gets rows[e] * v
+    added to its row e (W' = W + rows v^T), its bias [E] rows[e] * offset. With every rows[e] = 1 (the router_shift
+    symmetry) every expert's logit of a token x moves by the same v.x + offset, which a softmax over the experts and
+    a top k of them both ignore; with rows one-hot (its negative control) one expert's logit moves alone.
+
+    It acts on a parameter's values, on no axis: a space holding it (("router_shift", layer)) is named by a rule's
+    `shift`, never by its axes, so activations and gradients never see it. The routing is unchanged, so the
+    scrambled run's activations are the original's; and L(W + rows v^T) = L(W) for every W makes the gradient at W'
+    the gradient at W (only the permutations act on it)."""
+
+    rows: torch.Tensor  # [E] float64
+    vector: torch.Tensor  # [H] float64
+    offset: torch.Tensor  # [] float64
+
+    @property
+    def size(self) -> int:
+        return self.rows.numel()
+
+    def add_to(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The router weight [E, H] or bias [E] translated (in its own dtype and device)."""
+        step = torch.outer(self.rows, self.vector) if tensor.dim() == 2 else self.rows * self.offset
+        if tuple(step.shape) != tuple(tensor.shape):
+            raise ValueError(f"a router translation of shape {tuple(step.shape)} cannot act on a tensor of shape "
+                             f"{tuple(tensor.shape)}")
+        return tensor + step.to(device=tensor.device, dtype=tensor.dtype)
+
+    def inverse(self) -> Translation:
+        return Translation(self.rows, -self.vector, -self.offset)
+
+
 AxisTransform = Permutation | BlockOrthogonal
 
 

@@ -378,11 +378,10 @@ def weight_view(explorer: Exploration, result: ExploreResult, keys_by_symmetry: 
                 control: str | None, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(W, W' as the scrambled model holds it, W' with the inverse applied): the weights really change, and the
     inverse gives them back."""
-    from perm_core.engine.spec import apply_axes
+    from perm_core.engine.spec import restore_param
 
     params, _ = explorer.params_for(result.scramble, keys_by_symmetry, control, names={name})
     claim = explorer.subject.claims[name]
     scrambled = params[name]
-    back = apply_axes(scrambled, claim.rule.axes, result.scramble.inverse(), claim.layer,
-                      explorer.geometry.patch_size)
+    back = restore_param(scrambled, claim, result.scramble, explorer.geometry.patch_size)
     return explorer.subject.params[name], scrambled, back

@@ -51,11 +51,15 @@ class Geometry:
     # Image families: the tokens the position table holds (patches of config.image_size plus the leading fixed
     # tokens). An image giving another count cannot be checked: its tokens would not match the table's rows.
     image_tokens: int | None = None
-    # Mixture of experts (every block's MLP): n_experts routed experts of d_expert hidden neurons each, stored fused
-    # (perm_core.families.moe); d_mlp is then a shared expert's width (Qwen2-MoE), or 0 where there is none.
+    # Mixture of experts (every block's MLP but dense_layers'): n_experts routed experts of d_expert hidden neurons
+    # each, stored fused (perm_core.families.experts); d_mlp is then a shared expert's width (Qwen2-MoE), or 0.
     n_experts: int = 0
     d_expert: int = 0
     experts_interleaved: bool = False  # gate and up columns alternate in the fused gate_up axis (gpt-oss)
+    # A mixture of experts whose config keeps some blocks dense (Qwen's mlp_only_layers, decoder_sparse_step): those
+    # blocks' MLP is a dense one of d_dense neurons (the ("mlp", layer) space), with no router and no experts.
+    dense_layers: tuple[int, ...] = ()
+    d_dense: int = 0
     # The Q/K norm is one RMSNorm over the whole projection (all heads at once, one gain per head channel of each
     # head: OLMoE), not one per head with a gain shared by the heads: see restrictions.
     qk_norm_full_width: bool = False
@@ -73,6 +77,15 @@ class Geometry:
 
     def movable_tokens(self, n_tokens: int) -> int:
         return max(n_tokens - self.fixed_count, 0)
+
+    def mlp_width(self, layer: int) -> int:
+        """The neurons of a block's ("mlp", layer) space: a dense MLP's, a shared expert's, or none (0)."""
+        return self.d_dense if layer in self.dense_layers else self.d_mlp
+
+    @property
+    def moe_layers(self) -> tuple[int, ...]:
+        """The blocks whose MLP is a mixture of experts (a router and routed experts)."""
+        return tuple(i for i in range(self.n_layers) if i not in self.dense_layers) if self.n_experts else ()
 
     @property
     def heads_per_group(self) -> int:
@@ -143,7 +156,8 @@ class Geometry:
         says so, as no break can be measured of an element that moves nothing."""
         if self.n_experts:
             return {}
-        return {"experts": "no mixture-of-experts layers: this architecture has no experts to reorder"}
+        return {"experts": "no mixture-of-experts layers: this architecture has no experts to reorder",
+                "router_shift": "no mixture-of-experts layers: this architecture has no router to translate"}
 
 
 @dataclass(frozen=True)

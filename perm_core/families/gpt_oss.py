@@ -16,6 +16,7 @@ import perm_core.families.llama as llama
 from perm_core.engine.spec import Merged, Rule
 from perm_core.families.base import Family, Geometry
 from perm_core.families.experts import gate_up, with_experts
+from perm_core.families.stages import CAUSAL_LM
 
 L = llama.L
 
@@ -31,8 +32,8 @@ def rules(g: Geometry) -> tuple[Rule, ...]:
     fused = Merged(0, gate_up(g))
     return (
         Rule(L + r"self_attn\.sinks", ("heads",), "attn.sinks"),
-        Rule(L + r"mlp\.router\.weight", ("experts", "resid"), "router"),
-        Rule(L + r"mlp\.router\.bias", ("experts",), "router"),
+        Rule(L + r"mlp\.router\.weight", ("experts", "resid"), "router", shift="router_shift"),
+        Rule(L + r"mlp\.router\.bias", ("experts",), "router", shift="router_shift"),
         Rule(L + r"mlp\.experts\.gate_up_proj", (None, "resid", fused), "experts.gate_up"),
         Rule(L + r"mlp\.experts\.gate_up_proj_bias", (None, fused), "experts.gate_up"),
         Rule(L + r"mlp\.experts\.down_proj", (None, Merged(0, "expert_mlp"), "resid"), "experts.down"),
@@ -42,4 +43,5 @@ def rules(g: Geometry) -> tuple[Rule, ...]:
 
 
 FAMILY = Family("gpt_oss", ("gpt_oss",), ("GptOssModel", "GptOssForCausalLM", "GptOssForSequenceClassification",
-                                          "GptOssForTokenClassification"), geometry, rules, pools_last_token=True)
+                                          "GptOssForTokenClassification"), geometry, rules, pools_last_token=True,
+                stages=(CAUSAL_LM,))

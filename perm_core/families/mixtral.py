@@ -7,6 +7,7 @@ import perm_core.families.mistral as mistral
 from perm_core.engine.spec import Rule
 from perm_core.families.base import Family, Geometry
 from perm_core.families.experts import router_and_experts, with_experts
+from perm_core.families.stages import CAUSAL_LM
 
 
 def geometry(config) -> Geometry:
@@ -17,4 +18,5 @@ def rules(g: Geometry) -> tuple[Rule, ...]:
     return (*router_and_experts(llama.L, g), *llama.rules(g))  # llama's dense MLP rules match nothing here
 
 
-FAMILY = Family("mixtral", ("mixtral",), llama.head_classes("Mixtral"), geometry, rules, pools_last_token=True)
+FAMILY = Family("mixtral", ("mixtral",), llama.head_classes("Mixtral"), geometry, rules, pools_last_token=True,
+                stages=(CAUSAL_LM,))

@@ -15,6 +15,7 @@ import perm_core.families.llama as llama
 from perm_core.engine.spec import Gain, Rule
 from perm_core.families.base import Family, Geometry
 from perm_core.families.experts import router_and_experts, with_experts
+from perm_core.families.stages import CAUSAL_LM
 
 
 def geometry(config) -> Geometry:
@@ -31,4 +32,5 @@ def rules(g: Geometry) -> tuple[Rule, ...]:
     )
 
 
-FAMILY = Family("olmoe", ("olmoe",), ("OlmoeModel", "OlmoeForCausalLM"), geometry, rules, pools_last_token=True)
+FAMILY = Family("olmoe", ("olmoe",), ("OlmoeModel", "OlmoeForCausalLM"), geometry, rules, pools_last_token=True,
+                stages=(CAUSAL_LM,))

@@ -29,7 +29,7 @@ from collections import OrderedDict
 import torch
 
 from perm_core import limits
-from perm_core.engine.spec import Concat, Gain, Merged, Scramble, apply_axes, parts_of
+from perm_core.engine.spec import Concat, Gain, Merged, Scramble, apply_axes, parts_of, shifts
 from perm_core.engine.transforms import Permutation, composed
 from perm_core.fast.batched_gathers import gather_many, steps_of
 
@@ -52,6 +52,7 @@ SYMMETRIES_OF_ROLE = {
     "experts": ("experts",),
     "expert_mlp": ("experts", "mlp"),
     "expert_gate_up": (),  # only a negative control transforms it (Concat.whole)
+    "router_shift": ("router_shift",),  # a rule's `shift`: added to its values (a router's)
 }
 
 
@@ -220,7 +221,7 @@ def transformed_params(subject, scramble: Scramble, keys_by_symmetry: dict[str, 
     params, missing, moved_keys = {}, {}, {}
     for name, tensor in subject.params.items():
         claim = subject.claims[name]
-        roles = roles_of(claim.rule.axes)
+        roles = roles_of(claim.rule.axes) | ({claim.rule.shift} if claim.rule.shift else set())
         reaching = tuple(sorted((s, keys_by_symmetry[s]) for role in roles
                                 for s in SYMMETRIES_OF_ROLE.get(role, ()) if s in keys_by_symmetry))
         if reaching and claim.rule.tag not in scramble.skip_tags:
@@ -240,9 +241,11 @@ def transformed_params(subject, scramble: Scramble, keys_by_symmetry: dict[str, 
     gathers: dict[str, tuple] = {}  # name -> (source, steps, indices): pure gathers, made in one batch
     for name in missing:
         tensor, claim = subject.params[name], subject.claims[name]
-        indices = gather_indices(claim.rule.axes, scramble, claim.layer, tuple(tensor.shape))
-        if indices is None:  # a rotation acts on some axis: arithmetic, not a gather
+        indices = _gathered_by(claim, scramble, tuple(tensor.shape))
+        if indices is None:  # a rotation acts on some axis, or a translation adds: arithmetic, not a gather
             params[name] = apply_axes(tensor, claim.rule.axes, scramble, claim.layer)
+            for translation in shifts(claim, scramble):  # after the axes, as spec.transform_param adds them
+                params[name] = translation.add_to(params[name])
             continue
         source, steps = _derive(cache.kin((scope, name), KIN_LOOKED_AT), indices) or (tensor, steps_of(indices))
         gathers[name] = (source, steps, indices)
@@ -255,9 +258,14 @@ def transformed_params(subject, scramble: Scramble, keys_by_symmetry: dict[str, 
     if len(kept) < len(moved_keys):  # what make_room let go of the kept part goes back
         for name in kept.keys() & params.keys() - missing.keys():
             claim = subject.claims[name]
-            indices = gather_indices(claim.rule.axes, scramble, claim.layer, tuple(params[name].shape))
+            indices = _gathered_by(claim, scramble, tuple(params[name].shape))
             cache.put(kept[name], params[name], group=(scope, name), indices=indices)
     return params
+
+
+def _gathered_by(claim, scramble: Scramble, shape: tuple) -> tuple | None:
+    """gather_indices of a parameter, None where a translation is added to it too (not a pure gather)."""
+    return None if shifts(claim, scramble) else gather_indices(claim.rule.axes, scramble, claim.layer, shape)
 
 
 def _bytes(tensor: torch.Tensor) -> int:

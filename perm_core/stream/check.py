@@ -112,8 +112,11 @@ def memory(model: StreamedModel, run: OriginalRun, count: int, largest: int, sta
     # the logits' width (a headless model's outputs: its last hidden state and pooled output)
     vocab = model.reader.entries[model.head_name].shape[0] if model.head_name is not None else 2 * g.d_model
     # one block's activations with their gradients (x4: original and transformed, forward and backward), every
-    # block's input kept, and the logits with their gradient
-    per_block = tokens * (12 * g.d_model + 4 * g.d_mlp + 4 * g.n_heads * tokens) * 4
+    # block's input kept, and the logits with their gradient; a mixture of experts' at most every expert's per
+    # token (each token reaches its top k): its input and output rows, gate|up, activation and product, and its
+    # router logit
+    experts = g.n_experts * (2 * g.d_model + 4 * g.d_expert + 1)
+    per_block = tokens * (12 * g.d_model + 4 * g.d_mlp + experts + 4 * g.n_heads * tokens) * 4
     kept = tokens * g.d_model * 2 * model.n_layers
     if model.encoder_layer is not None:
         kept += count * g.d_model * (2 + len(elements)) + tokens * g.d_model * model.n_layers

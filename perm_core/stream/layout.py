@@ -156,6 +156,8 @@ class StreamedModel:
             self.model = cls(self.config).to(dtype).eval()
             self.stock = cls(copy.deepcopy(self.config)).to(dtype).eval()  # its own attention setting
         use_exact_numerics(self.model)
+        if getattr(self.stock.config, "_experts_implementation", None) not in (None, "eager"):
+            self.stock.set_experts_implementation("eager")  # as the loaded model's (grouped_mm refuses float64)
         try:
             self.stock.set_attn_implementation("sdpa")
             self.stock_attention = "sdpa"
@@ -228,25 +230,31 @@ class StreamedModel:
 
     def _rename_stored(self) -> None:
         """The checkpoint's tensors under the class's parameter names, as transformers renames them on loading (its
-        conversion mapping: ViT's stored encoder.layer.N.attention.attention.query is layers.N.attention.q_proj). A
-        tensor that loading converts (splits, fuses) is not streamed: its stored bytes are not the parameter."""
-        if self.reader.stored:
+        conversion mapping: ViT's stored encoder.layer.N.attention.attention.query is layers.N.attention.q_proj); a
+        parameter that loading assembles from several stored tensors (a mixture of experts' experts, stored one per
+        expert) is read as transformers assembles it (stream.fused)."""
+        if self.reader.stored or self.reader.fused_into:
             return  # renamed already (a reader shared with another StreamedModel)
         from transformers.conversion_mapping import get_model_conversion_mapping
         from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+
+        from perm_core.stream.fused import fused_parameters
 
         transforms = get_model_conversion_mapping(self.model)
         renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
         converters = [t for t in transforms if isinstance(t, WeightConverter)]
         state = self.model.state_dict()
-        mapping = {}
+        mapping, groups = {}, {}
         for stored in self.reader.names():
             name, converted = rename_source_key(stored, renamings, converters, self.model.base_model_prefix, state)
             if converted is not None:
-                raise StreamingUnsupportedError(f"{stored} is converted when transformers loads it, not only renamed: "
-                                                "streaming reads each tensor as it is stored")
-            mapping[stored] = name
+                groups.setdefault(name, []).append((stored, converted))
+            else:
+                mapping[stored] = name
         self.reader.rename(mapping)
+        if groups:
+            self.reader.fuse(fused_parameters(self.model, groups, converters,
+                                              lambda stored: self.reader.entries[stored].dtype))
 
     def _check_names(self) -> None:
         """Every parameter of the class in the checkpoint, and nothing else but the class's buffers."""

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +38,22 @@ class Entry:
     shape: tuple[int, ...]
     start: int  # absolute byte offset of the tensor's data in its file
     stop: int
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class Fused:
+    """A parameter that loading assembles from several stored tensors (stream.fused: a mixture of experts' experts,
+    stored one tensor per expert): read as its pieces, assembled as transformers assembles them."""
+
+    pieces: tuple[str, ...]  # the stored tensors' names, in the order they are assembled
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    assemble: Callable[[Callable[[str], torch.Tensor]], torch.Tensor]  # (read a piece by name) -> the parameter
+    file = None  # in no one file
 
     @property
     def numel(self) -> int:
@@ -79,6 +96,8 @@ class ShardReader:
         self.metadata: dict[str, dict] = {}
         self.order: dict[str, list[str]] = {}  # file -> its tensor names in the order of their bytes
         self.stored: dict[str, str] = {}  # a renamed tensor's name (rename) -> its name in the checkpoint
+        self.pieces: dict[str, Entry] = {}  # a fused parameter's stored pieces (fuse), out of `entries`
+        self.fused_into: dict[str, str] = {}  # a stored piece -> the fused parameter it is part of
         for file in self.files:
             header, metadata, data_start = read_header(self.directory / file)
             self.metadata[file] = metadata
@@ -107,6 +126,19 @@ class ShardReader:
         self.entries = {new: self.entries[old] for new, old in renamed.items()}
         self.order = {file: [mapping.get(name, name) for name in names] for file, names in self.order.items()}
 
+    def fuse(self, fused: dict[str, Fused]) -> None:
+        """Each fused parameter under its name from now on, its stored pieces no longer tensors of their own (they
+        keep their place in `order`, as the scramble writes them)."""
+        for name, entry in fused.items():
+            for piece in entry.pieces:
+                self.pieces[piece] = self.entries.pop(piece)
+                self.fused_into[piece] = name
+            self.entries[name] = entry
+
+    def stored_entry(self, name: str) -> Entry:
+        """A tensor as the checkpoint stores it, a fused parameter's piece included (names as in `order`)."""
+        return self.pieces[name] if name in self.pieces else self.entries[name]
+
     def stored_name(self, name: str) -> str:
         return self.stored.get(name, name)
 
@@ -119,13 +151,19 @@ class ShardReader:
     def read(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
         """The whole tensor, in `dtype` (a floating tensor; others keep theirs) or as stored."""
         entry = self._entry(name)
+        if isinstance(entry, Fused):
+            return _cast(entry.assemble(self._read_stored), dtype)
+        return _cast(self._read_stored(name), dtype)
+
+    def _read_stored(self, name: str) -> torch.Tensor:
+        entry = self.pieces.get(name) or self._entry(name)
         tensor = torch.empty(entry.shape, dtype=entry.dtype)
         self._read_into(entry, entry.start, tensor)
-        return _cast(tensor, dtype)
+        return tensor
 
     def rows(self, name: str, indices: list[int], dtype: torch.dtype | None = None) -> torch.Tensor:
         """The rows `indices` of a tensor (its first axis), read one by one: an embedding table's looked-up rows."""
-        entry = self._entry(name)
+        entry = self._stored_entry(name)
         row_bytes = math.prod(entry.shape[1:]) * entry.dtype.itemsize
         tensor = torch.empty((len(indices), *entry.shape[1:]), dtype=entry.dtype)
         with open(self.directory / entry.file, "rb") as handle:
@@ -137,16 +175,23 @@ class ShardReader:
 
     def row_range(self, name: str, start: int, stop: int, dtype: torch.dtype | None = None) -> torch.Tensor:
         """Rows start..stop-1 of a tensor in one read: a chunk of an output head's vocabulary."""
-        entry = self._entry(name)
+        entry = self._stored_entry(name)
         row_bytes = math.prod(entry.shape[1:]) * entry.dtype.itemsize
         tensor = torch.empty((stop - start, *entry.shape[1:]), dtype=entry.dtype)
         self._read_into(entry, entry.start + start * row_bytes, tensor)
         return _cast(tensor, dtype)
 
-    def _entry(self, name: str) -> Entry:
+    def _entry(self, name: str) -> Entry | Fused:
         if name not in self.entries:
             raise CheckpointError(f"{self.directory} has no tensor {name}")
         return self.entries[name]
+
+    def _stored_entry(self, name: str) -> Entry:
+        """A tensor stored as one (rows are read from one): a fused parameter is not."""
+        entry = self._entry(name)
+        if isinstance(entry, Fused):
+            raise CheckpointError(f"{name} is assembled from {len(entry.pieces)} stored tensors: read it whole")
+        return entry
 
     def _read_into(self, entry: Entry, offset: int, tensor: torch.Tensor) -> None:
         with open(self.directory / entry.file, "rb") as handle:

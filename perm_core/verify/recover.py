@@ -14,6 +14,8 @@ uses a cost that is exactly zero at the right answer and visibly positive elsewh
   experts per mixture-of-experts layer, the experts' order by LSA on the rows of the experts space (router rows
           and biases, gpt-oss's down-projection biases), then each expert's neurons by LSA on its own rows of the
           experts' neuron space (spec.Merged) against those of the expert it came from.
+  router  per mixture-of-experts layer, the translation of the router (router_shift): B's router rows minus A's
+          reordered ones, where all of them differ by one vector (and the biases by one number).
 Tokens are not recovered: a token permutation acts on the inputs, never on the weights.
 A channel permutation inside a head followed by a rotation is one orthogonal map, so with both present only
 their product is determined; it is reported as a rotation (see symmetries.head_channels and .rotation).
@@ -28,7 +30,7 @@ import torch
 
 from perm_core.applications.matching import assignment, procrustes
 from perm_core.engine.spec import LAYERED_ROLES, Claim, Concat, FamilySpec, Gain, Merged, Scramble, transform_params
-from perm_core.engine.transforms import BlockOrthogonal, Permutation
+from perm_core.engine.transforms import BlockOrthogonal, Permutation, Translation
 from perm_core.families import Geometry
 
 PERMUTATION_MATRIX_AT = 1e-9  # an in-head map this close to a permutation matrix is that permutation
@@ -37,6 +39,8 @@ UNMOVED_ROLES = (None, "positions", "tokens")  # parameter axes that no weight s
 # in float64 (1.3 GB for gemma3-270m), and a few thousand columns already tell every channel apart.
 FEATURES_PER_PARAMETER = 8192
 SIDES = {"qk": ("k", "q"), "vo": ("v", "o")}  # side -> (its key/value-group role, its query-head role)
+SHIFT_ROUNDOFF = 1e-6  # router rows that differ from one shared translation by less (of their scale: a float32
+# checkpoint's rounding) are that translation
 NOT_RECOVERED = {"tokens": "a token permutation acts on the inputs, not on the weights: it leaves no trace "
                            "in a checkpoint, so there is nothing to recover"}
 
@@ -59,6 +63,7 @@ class Recovered:
     mlp: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> A's neuron per B position
     experts: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> A's expert per B position
     expert_mlp: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> A's (expert, neuron), flat
+    router_shifts: dict[int, Translation] = field(default_factory=dict)  # layer -> its router's translation
 
     def summary(self) -> dict[str, dict]:
         """symmetry -> how much of the model its part of the element moves."""
@@ -78,6 +83,7 @@ class Recovered:
                     "of": sum(len(p) for p in self.mlp.values()) + sum(len(n) for n in self.expert_mlp.values())},
             "experts": {"moved": sum(_moved(e) for e in self.experts.values()),
                         "of": sum(len(e) for e in self.experts.values())},
+            "router_shift": {"shifted": len(self.router_shifts), "of": len(self.experts)},
             "rotation": {"rotated": len(rotations), "of": len(maps),
                          "max_deviation": max(((r - eye).abs().max().item() for r in rotations), default=0.0)},
         }
@@ -222,10 +228,14 @@ def recover(params_a: dict, params_b: dict, spec: FamilySpec, claims: dict[str, 
         if mlp_a.numel():
             found.mlp[layer] = match_rows(rows(params_b, claims, "mlp", layer), mlp_a)
             spaces[("mlp", layer)] = (Permutation(found.mlp[layer]),)
-        if g.n_experts:
+        if layer in g.moe_layers:
             order, neurons = recover_experts(aligned_a, params_b, claims, layer, g)
             found.experts[layer], found.expert_mlp[layer] = order, neurons
             spaces[("experts", layer)], spaces[("expert_mlp", layer)] = (Permutation(order),), (Permutation(neurons),)
+            shift = router_shift(aligned_a, params_b, claims, layer, order)
+            if shift is not None:
+                found.router_shifts[layer] = shift
+                spaces[("router_shift", layer)] = (shift,)
     found.element = Scramble(spaces)
     return found
 
@@ -240,3 +250,23 @@ def recover_experts(a: dict, b: dict, claims, layer: int, g: Geometry) -> tuple[
                                            neurons_a[order[e] * width:(order[e] + 1) * width])
              for e in range(g.n_experts)]
     return order, torch.cat(index)
+
+
+def router_shift(a: dict, b: dict, claims, layer: int, order: torch.Tensor) -> Translation | None:
+    """The translation B's router rows carry beyond A's reordered ones (A in B's residual order): the rows' mean
+    difference v and the biases' mean difference c, where every row differs by v to round-off (then B's routing is
+    A's); None where nothing is added or the rows differ otherwise (then the residual says how far)."""
+    names = [n for n, c in claims.items() if c.rule.shift and c.layer == layer]
+    weight = next((n for n in names if a[n].dim() == 2), None)
+    if weight is None:
+        return None
+    diff = b[weight].detach().to(torch.float64) - a[weight].detach().to(torch.float64)[order]
+    vector = diff.mean(0)
+    bias = next((n for n in names if a[n].dim() == 1), None)
+    offset = ((b[bias].detach().to(torch.float64) - a[bias].detach().to(torch.float64)[order]).mean()
+              if bias is not None else torch.tensor(0.0, dtype=torch.float64))
+    scale = b[weight].detach().abs().max().to(torch.float64)
+    if not (diff - vector).abs().max() <= SHIFT_ROUNDOFF * scale or not (vector.abs().max() > SHIFT_ROUNDOFF * scale
+                                                                       or offset.abs() > 0):
+        return None
+    return Translation(torch.ones(len(order), dtype=torch.float64), vector, offset)

@@ -63,4 +63,8 @@ def assert_same_errors(streamed, whole) -> None:
             # an exact zero (BERT's, ViT's key-bias gradient) is judged on a floor, absolute: compare what is left
             measure = "max_abs_error" if error.floor_reason else "max_rel_error"
             assert max(getattr(error, measure), getattr(theirs_error, measure)) < ROUNDOFF_NOISE, name
-        assert 0 < mine.max_rel_error < ROUNDOFF_NOISE and 0 < theirs.max_rel_error < ROUNDOFF_NOISE
+        assert mine.max_rel_error < ROUNDOFF_NOISE and theirs.max_rel_error < ROUNDOFF_NOISE
+        # something compared: each worst above zero, or exactly zero in both where the element moved what it acts
+        # on (gpt-oss's experts reordered: its loop over experts adds each token's two in the same order, bit exact)
+        assert (0 < mine.max_rel_error and 0 < theirs.max_rel_error) or (
+            mine.max_rel_error == theirs.max_rel_error == 0 and mine.moved >= 0.1 and len(by_name(mine)) > 3)

@@ -60,8 +60,16 @@ def stepwise_axes(tensor, axes, scramble: Scramble, layer, patch_size=None):
 
 
 def stepwise_params(subject, scramble: Scramble) -> dict[str, torch.Tensor]:
-    return {name: tensor if subject.claims[name].rule.tag in scramble.skip_tags
-            else stepwise_axes(tensor, subject.claims[name].rule.axes, scramble, subject.claims[name].layer)
+    """Each parameter's axes transformed step by step, then a router's translation added (router_shift)."""
+    def transformed(name, tensor):
+        claim = subject.claims[name]
+        tensor = stepwise_axes(tensor, claim.rule.axes, scramble, claim.layer)
+        for translation in scramble.chain(claim.rule.shift, claim.layer) if claim.rule.shift else ():
+            tensor = tensor + torch.outer(translation.rows, translation.vector).to(tensor.dtype) if tensor.dim() == 2 \
+                else tensor + (translation.rows * translation.offset).to(tensor.dtype)
+        return tensor
+
+    return {name: tensor if subject.claims[name].rule.tag in scramble.skip_tags else transformed(name, tensor)
             for name, tensor in subject.params.items()}
 
 
@@ -162,7 +170,8 @@ def test_strided_gather_and_merged_chain_equal_index_select():
 
 
 MOE_WITHOUT_DENSE = ("mixtral", "qwen3_moe", "olmoe", "gpt_oss")  # under mlp, only fused expert tensors move
-PERMUTATIONS = {name: key for name, key in KEYS.items() if name != "rotation"}  # every weight a pure gather
+# every weight a pure gather: no rotation, no router translation (router_shift adds: built whole, as a rotation is)
+PERMUTATIONS = {name: key for name, key in KEYS.items() if name not in ("rotation", "router_shift")}
 
 
 @pytest.mark.parametrize("family", family_names())

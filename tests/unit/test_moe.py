@@ -3,7 +3,7 @@
 channels, heads, head channels and rotations, forward and backward, the oracle agreeing, at Hugging Face's init and
 far from it, in float64 and float32; every negative control breaks; each planted bug is caught; a scrambled
 checkpoint reloaded by plain transformers (eager experts) computes the same logits; a dense family says experts are
-not applicable.
+not applicable; the streamed check runs them (test_stream_moe.py).
 
 The random:FAMILY models (perm_core.models.random_models) have four experts of 16 neurons, two per token, three
 key/value groups of two query heads, and every gain, bias, router bias and sink far from init.
@@ -36,7 +36,8 @@ FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss")
 MOE_SYMMETRIES = ("experts", "mlp", "channels", "heads")  # what the lighter rows of the table check
 # Each family's controls beyond the dense ones: the experts' two, each expert's down projection left behind, and
 # gpt-oss's gate|up interleaving ignored; Qwen2-MoE's shared expert keeps the dense MLP's control.
-OWN_CONTROLS = {"experts": {"router_not_permuted", "router_alone"}, "mlp": {"expert_down_not_permuted"}}
+OWN_CONTROLS = {"experts": {"router_not_permuted", "router_alone"}, "mlp": {"expert_down_not_permuted"},
+                "router_shift": {"one_row_shifted"}}
 EXACT = 1e-12  # float64: every MoE check measured at or below 2e-14
 BROKEN = 1e-2
 
@@ -128,13 +129,16 @@ def test_key_space_bits_and_dense_families_have_no_experts():
     g = family_by_name("mixtral").geometry(random_config("mixtral"))
     assert symmetries.key_space_bits("experts", g) == pytest.approx(2 * math.log2(math.factorial(4) - 1))
     assert symmetries.key_space_bits("mlp", g) == pytest.approx(2 * 4 * keys.permutation_bits(16))
+    assert symmetries.key_space_bits("router_shift", g) == math.inf  # continuous, as rotations are
     dense = family_by_name("llama").geometry(random_config("llama"))
-    assert symmetries.key_space_bits("experts", dense) == 0.0
+    assert symmetries.key_space_bits("experts", dense) == symmetries.key_space_bits("router_shift", dense) == 0.0
     assert "no mixture-of-experts layers" in dense.not_applicable()["experts"]
+    assert "no router to translate" in dense.not_applicable()["router_shift"]
     model = build_random_model("llama", dtype=torch.float64, seed=3)[0]
-    with pytest.raises(VacuousCheckError, match="no mixture-of-experts layers"):
-        check(model, random_inputs("llama", model, seed=3), ["experts"])
-    assert main(["check", "random:llama", "--symmetry", "experts", "--dtype", "float64"]) == 2
+    for name in ("experts", "router_shift"):
+        with pytest.raises(VacuousCheckError, match="no mixture-of-experts layers"):
+            check(model, random_inputs("llama", model, seed=3), [name])
+        assert main(["check", "random:llama", "--symmetry", name, "--dtype", "float64"]) == 2
 
 
 # --- the check: the full report per family, then the lighter rows of the table ---
@@ -274,7 +278,7 @@ def test_the_shared_expert_reordered_with_the_routed_ones_is_caught():
 @pytest.mark.parametrize("family", FAMILIES)
 def test_scrambled_checkpoint_reloads_in_plain_transformers(family, tmp_path):
     model = moe_model(family)
-    names = ("experts", "mlp", "channels", "heads", "rotation")
+    names = ("experts", "mlp", "channels", "heads", "rotation", "router_shift")
     record = save_and_scramble(model, tmp_path, key=5, symmetries=names)
     assert set(record["symmetries"]) == set(names)
 
@@ -322,6 +326,12 @@ def test_compare_recovers_the_experts_and_their_neurons(family):
             assert torch.equal(mine.index, theirs.index), (role, layer)
     summary = result.recovered.summary()
     assert summary["experts"]["of"] == 8 and summary["experts"]["moved"] >= 2
+    assert summary["router_shift"] == {"shifted": 2, "of": 2}  # every layer's router translation recovered
+    for layer in range(subject.geometry.n_layers):
+        (mine,), (theirs,) = found.spaces[("router_shift", layer)], key.spaces[("router_shift", layer)]
+        assert (mine.vector - theirs.vector).abs().max() < 1e-12
+        # a router bias (gpt-oss's) gives its offset back; without one the key's offset acts on nothing
+        assert abs(mine.offset - theirs.offset) < 1e-12 if family == "gpt_oss" else mine.offset == 0
     assert summary["mlp"]["moved"] > summary["mlp"]["of"] // 2
     moved = dict(b.named_parameters())  # a control: one layer's router rows of B rolled by one
     router = next(n for n in moved if n.endswith(("mlp.gate.weight", "router.weight")))
@@ -340,8 +350,8 @@ def test_the_matrix_row_of_a_mixture_of_experts(capsys):
     assert "whole projection" in row.cells["rotation"].reason
 
 
-# --- the router's translation: measured here, not yet a symmetry the engine draws (it adds, the engine gathers and
-# rotates) ---
+# --- the router's translation: router_shift, a symmetry check runs (engine.transforms.Translation), and the same
+# translation written by hand here, measured on the stock forward ---
 
 
 def shifted_routers(params: dict, alone: bool, seed: int = 0) -> dict:
@@ -372,6 +382,54 @@ def test_the_router_translation_keeps_the_function_and_one_row_alone_breaks_it(f
     assert ((alone - base).abs().max() / scale).item() > BROKEN
 
 
+ROUTER_SHIFT_ROWS = [(family, dtype, far) for family in FAMILIES for dtype, far in
+                     ((torch.float64, True), (torch.float32, True), (torch.float64, False))]
+
+
+@pytest.mark.parametrize("family,dtype,far", ROUTER_SHIFT_ROWS,
+                         ids=[f"{f}-{str(d)[6:]}-{'far' if far else 'init'}" for f, d, far in ROUTER_SHIFT_ROWS])
+def test_router_shift_holds_both_ways_and_one_row_shifted_breaks(family, dtype, far):
+    model = moe_model(family, dtype=dtype, far=far)
+    report = check(model, random_inputs(family, model, seed=3), ["router_shift", "experts"], key=21)
+    for symmetry in ("router_shift", "experts", "all"):
+        assert_symmetry_holds(report, symmetry, dtype)
+    shift = {c.direction: c for c in report.checks if c.symmetry == "router_shift"}
+    assert "router" in shift["forward"].moved_what or "gate.weight" in shift["forward"].moved_what
+    if dtype == torch.float64:
+        assert max(c.max_rel_error for c in shift.values()) < EXACT
+    control = next(c for c in report.controls if c.symmetry == "router_shift")
+    assert control.name == "one_row_shifted" and control.broken and control.max_rel_error > BROKEN
+    assert report.passed and report.oracle.passed
+
+
+def test_router_shift_adds_to_the_router_alone_and_comes_back_off():
+    """The element adds one vector to every router row and one number to every bias (gpt-oss), moves nothing else,
+    and spec.restore_param takes it back off after the experts' reordering (Explore's un-scrambled weight)."""
+    from perm_core.engine.spec import restore_param
+
+    subject = Subject(moe_model("gpt_oss"))
+    element = subject.build({"router_shift": 4, "experts": 4})
+    shift_only = subject.build({"router_shift": 4})
+    moved = subject.transformed_params(shift_only)
+    changed = {n for n, p in subject.params.items() if not torch.equal(moved[n], p)}
+    assert changed == {f"model.layers.{i}.mlp.router.{w}" for i in (0, 1) for w in ("weight", "bias")}
+    weight = subject.params["model.layers.0.mlp.router.weight"]
+    step = moved["model.layers.0.mlp.router.weight"] - weight
+    assert (step - step[0]).abs().max() < 1e-15 and step[0].abs().max() > 0.05  # the same vector on every row
+    bias = moved["model.layers.0.mlp.router.bias"] - subject.params["model.layers.0.mlp.router.bias"]
+    assert (bias - bias[0]).abs().max() < 1e-15 and bias[0].abs() > 1e-3
+    both = subject.transformed_params(element)
+    for name in ("model.layers.1.mlp.router.weight", "model.layers.1.mlp.router.bias"):
+        claim = subject.claims[name]
+        assert (restore_param(both[name], claim, element) - subject.params[name]).abs().max() < 1e-14
+        # the control: the permutations alone undone leave the translation in
+        plain = apply_axes(both[name], claim.rule.axes, element.inverse(), claim.layer)
+        assert (plain - subject.params[name]).abs().max() > 1e-3
+    alone = subject.transformed_params(symmetries.controls("router_shift", 4, subject.geometry)[0].scramble)
+    rows = alone["model.layers.0.mlp.router.weight"] - weight
+    assert rows[0].abs().max() > 0.05 and rows[1:].abs().max() == 0  # the control: one row shifted
+
+
 def test_assert_symmetric_on_a_mixture_of_experts():
     from perm_core.testing import assert_symmetric
 
@@ -399,9 +457,18 @@ def test_cli_check_of_a_mixture_of_experts_json(capsys):
     assert {c["symmetry"] for c in report["checks"]} == {"mlp"}
 
 
-def test_the_streamed_check_refuses_a_mixture_of_experts_in_one_line(tmp_path, capsys):
+def test_the_streamed_check_of_a_mixture_of_experts_checkpoint(tmp_path, capsys):
+    """check --stream reads Mixtral's per-expert tensors into its fused experts one block at a time (the streamed
+    path's own tests: test_stream_moe.py): experts and mlp pass at float64 round-off, and their controls break."""
+    from tests.unit.json_schema import validated
+
     moe_model("mixtral").save_pretrained(tmp_path, safe_serialization=True)
     capsys.readouterr()  # the save's own progress bar
-    assert main(["check", str(tmp_path), "--stream", "--symmetry", "experts", "--dtype", "float64"]) == 2
-    message = capsys.readouterr().err.strip()
-    assert len(message.splitlines()) == 1 and "MixtralForCausalLM" in message and "streaming supports" in message
+    assert main(["check", str(tmp_path), "--stream", "--symmetry", "experts", "--symmetry", "mlp", "--dtype",
+                 "float64", "--json"]) == 0
+    report = validated("check", capsys.readouterr().out)
+    assert report["passed"] and report["family"] == "mixtral" and "streamed" in report
+    assert {c["symmetry"] for c in report["checks"]} == {"experts", "mlp", "all"}
+    assert all(c["max_rel_error"] < EXACT for c in report["checks"])
+    assert {c["name"]: c["broken"] for c in report["controls"]} == {
+        "router_not_permuted": True, "router_alone": True, "expert_down_not_permuted": True}

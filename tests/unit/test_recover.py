@@ -76,6 +76,10 @@ def test_every_weight_symmetry_is_recovered_exactly(family):
     for space, chain in key.spaces.items():
         if space[0] in ("resid", "heads", "mlp"):  # pure permutations: the very same index
             assert torch.equal(only_permutation(found.spaces[space]), only_permutation(chain)), space
+        elif space[0] == "router_shift":  # a translation: the same vector (and offset, where a router bias takes it)
+            (mine,), (theirs,) = found.spaces[space], chain
+            assert (mine.vector - theirs.vector).abs().max() < 1e-12, space
+            assert abs(mine.offset - theirs.offset) < 1e-12 if family == "gpt_oss" else mine.offset == 0, space
         else:  # head permutation, then an orthogonal map per head: equal as matrices
             size = chain[0].size
             assert (matrix(found.spaces[space], size) - matrix(chain, size)).abs().max() < 1e-12, space

@@ -518,7 +518,8 @@ def test_bad_checkpoints_get_one_clear_line(tmp_path, capsys):
     # a streamed family's class that no layout declares (its head: a pre-classifier, ReLU and classifier on token 0)
     _, _, unsupported = saved("distilbert:DistilBertForSequenceClassification", tmp_path / "classifier")
     with pytest.raises(StreamingUnsupportedError, match=r"llama, gemma3, gpt_neox, phi3, mistral, qwen2, "
-                                                        r"qwen3; ViTForImageClassification \(vit\); "
+                                                        r"qwen3, mixtral, qwen2_moe, qwen3_moe, olmoe, gpt_oss; "
+                                                        r"ViTForImageClassification \(vit\); "
                                                         r"BertForMaskedLM \(bert\); BertModel \(bert\); "
                                                         r"GPT2LMHeadModel \(gpt2\); Dinov2Model \(dinov2\); "
                                                         r"DistilBertForMaskedLM \(distilbert\); "
