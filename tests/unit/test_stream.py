@@ -517,13 +517,19 @@ def test_bad_checkpoints_get_one_clear_line(tmp_path, capsys):
 
     # a streamed family's class that no layout declares (its head: a pre-classifier, ReLU and classifier on token 0)
     _, _, unsupported = saved("distilbert:DistilBertForSequenceClassification", tmp_path / "classifier")
-    with pytest.raises(StreamingUnsupportedError, match=r"llama, gemma3, gpt_neox, phi3, mistral, qwen2, "
-                                                        r"qwen3; ViTForImageClassification \(vit\); "
+    decoders = "llama, gemma3, gpt_neox, phi3, mistral, qwen2, qwen3"
+    with pytest.raises(StreamingUnsupportedError, match=rf"^streaming supports \*ForCausalLM of {decoders}; "
+                                                        rf"\*ForSequenceClassification of {decoders}; "
+                                                        r"ViTForImageClassification \(vit\); "
                                                         r"BertForMaskedLM \(bert\); BertModel \(bert\); "
-                                                        r"GPT2LMHeadModel \(gpt2\); Dinov2Model \(dinov2\); "
+                                                        r"BertForSequenceClassification \(bert\); "
+                                                        r"GPT2LMHeadModel \(gpt2\); "
+                                                        r"GPT2ForSequenceClassification \(gpt2\); "
+                                                        r"Dinov2Model \(dinov2\); "
                                                         r"DistilBertForMaskedLM \(distilbert\); "
                                                         r"DistilBertModel \(distilbert\); "
                                                         r"RobertaForMaskedLM \(roberta\); "
+                                                        r"RobertaForSequenceClassification \(roberta\); "
                                                         r"DeiTForImageClassificationWithTeacher \(deit\); "
                                                         r"DeiTForImageClassification \(deit\); "
                                                         r"T5ForConditionalGeneration \(t5\); this checkpoint is "
