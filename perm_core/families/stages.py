@@ -8,6 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+
+@dataclass(frozen=True)
+class Function:
+    """A head's step that the class's forward applies inline, not as a module of the class: the function of that
+    name in torch.nn.functional (DistilBERT's classifier applies nn.ReLU() made on the spot)."""
+
+    name: str
+
+
 LAST_NON_PADDING = "last non-padding"  # Head.token: each row's last token that is no padding
 
 
@@ -16,9 +25,9 @@ class Head:
     """One output of the head stage: modules of the class run in order on the last hidden state (or on one token of
     it), each one's output the next one's input."""
 
-    modules: tuple[str, ...]  # dotted paths in the class (DistilBERT's vocab_transform, activation (the class's
-    # own, a module without parameters), vocab_layer_norm, vocab_projector); the last holds the rows per vocabulary
-    # entry (StageLayout.head_output)
+    modules: tuple[str | Function, ...]  # dotted paths in the class (DistilBERT's vocab_transform, activation (the
+    # class's own, a module without parameters), vocab_layer_norm, vocab_projector), or functions its forward applies
+    # inline; the last holds the rows per vocabulary entry (StageLayout.head_output)
     token: int | str | None = None  # the one token it reads, before its modules (ViT's [CLS]); LAST_NON_PADDING:
     # its modules' output at each row's last token that is no padding, found as transformers' sequence classifiers
     # find it (from the row's ids and the config's pad_token_id; the last token without one). Either way its output

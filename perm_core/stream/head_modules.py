@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from perm_core.families.stages import LAST_NON_PADDING, Head
+from perm_core.families.stages import LAST_NON_PADDING, Function, Head
 from perm_core.run import trace_names
 from perm_core.run.stateless import functional_call
 
@@ -29,17 +29,30 @@ def last_non_padding(ids: torch.Tensor | None, pad: int | None) -> torch.Tensor 
     return (positions * (ids != pad).to(torch.int32)).argmax(-1)
 
 
+class Applied(torch.nn.Module):
+    """A Function step of a head as a module without parameters: what the class's forward applies inline."""
+
+    def __init__(self, step: Function):
+        super().__init__()
+        self.function = getattr(torch.nn.functional, step.name)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.function(hidden)
+
+
 class OneStackHead:
     """The head stage's methods of StreamedModel (which sets layout, prefix, config, model, stock, head_params,
     head_chunked, head_name, head_norm_names, reader and dtype, and runs _final_norm)."""
 
-    def _head_modules(self, stock: bool = False) -> dict[str, torch.nn.Module]:
-        """Every module the head stage runs, by its path in the class: the heads' (a headless model's pooler)."""
+    def _head_modules(self, stock: bool = False) -> dict[str | Function, torch.nn.Module]:
+        """Every module the head stage runs, by its path in the class (a function applied inline: by itself): the
+        heads' (a headless model's pooler)."""
         paths = [path for head in self.layout.heads for path in head.modules]
         if self.layout.pooler is not None:
             paths.append(f"{self.prefix}{self.layout.pooler}")
         model = self.stock if stock else self.model
-        return {path: module_at(model, path) for path in dict.fromkeys(paths)}
+        return {path: Applied(path) if isinstance(path, Function) else module_at(model, path)
+                for path in dict.fromkeys(paths)}
 
     def head_chunk(self, start: int, stop: int) -> dict[str, torch.Tensor]:
         """Vocabulary rows start..stop-1 of the head's output weight and of its bias (none for a headless model)."""
@@ -74,7 +87,7 @@ class OneStackHead:
             normed = self._final_norm(whole, self.head_norm_names, normed, stock)
         modules = self._head_modules(stock)
 
-        def run(path: str, hidden: torch.Tensor) -> torch.Tensor:
+        def run(path: str | Function, hidden: torch.Tensor) -> torch.Tensor:
             given = {local: chunk[n] if n in chunk else whole[n] for local, n in self.head_params[path].items()}
             return functional_call(modules[path], given, args=(hidden,), strict=False)
 

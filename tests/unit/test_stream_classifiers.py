@@ -1,5 +1,6 @@
 """The streamed check of sequence classifiers, the checkpoints fine-tuning most often leaves: BERT's (its pooler, then
-the classifier), RoBERTa's (a classification head reading token 0 itself) and the decoders' (score on every token,
+the classifier), RoBERTa's (a classification head reading token 0 itself), DistilBERT's (token 0 through
+pre_classifier, an inline ReLU and the classifier) and the decoders' (score on every token,
 read at each row's last token that is no padding, found from the ids as transformers finds it). The same verdicts,
 per tensor, control and oracle as the whole-model check, on inputs whose last position is padding; a bug planted in
 the new heads caught; save_pretrained directories (sharded, and bfloat16) through the CLI."""
@@ -24,7 +25,8 @@ from tests.unit.test_cli import cli_here
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-ENCODERS = ["bert:BertForSequenceClassification", "roberta:RobertaForSequenceClassification"]
+ENCODERS = ["bert:BertForSequenceClassification", "roberta:RobertaForSequenceClassification",
+            "distilbert:DistilBertForSequenceClassification"]
 DECODERS = ["llama:LlamaForSequenceClassification", "qwen2:Qwen2ForSequenceClassification",
             "mistral:MistralForSequenceClassification", "qwen3:Qwen3ForSequenceClassification",
             "phi3:Phi3ForSequenceClassification", "gemma3:Gemma3TextForSequenceClassification",
@@ -125,7 +127,9 @@ def test_a_pooled_token_off_by_one_is_caught(tmp_path, monkeypatch):
 # (case, the head's bias claimed as untouched though its channels move, its gradient's name)
 BIASES = {"bert": ("bert:BertForSequenceClassification", r"bert\.pooler\.dense\.bias", "bert.pooler.dense.bias"),
           "roberta": ("roberta:RobertaForSequenceClassification", r"classifier\.dense\.bias",
-                      "classifier.dense.bias")}
+                      "classifier.dense.bias"),
+          "distilbert": ("distilbert:DistilBertForSequenceClassification", r"pre_classifier\.bias",
+                         "pre_classifier.bias")}
 
 
 @pytest.mark.parametrize("family", BIASES)
@@ -167,6 +171,7 @@ def test_a_saved_classifier_passes_the_streamed_check_on_the_cli(case, dtype, tm
 
 
 @pytest.mark.parametrize("case", ["bert:BertForSequenceClassification", "roberta:RobertaForSequenceClassification",
+                                  "distilbert:DistilBertForSequenceClassification",
                                   "llama:LlamaForSequenceClassification", "gpt2:GPT2ForSequenceClassification"])
 def test_a_streamed_scramble_of_a_classifier_writes_the_whole_model_scramble(case, tmp_path, capsys):
     """The same shards, tensor for tensor, as the whole-model scramble; the scrambled classifier, loaded by
@@ -188,3 +193,23 @@ def test_a_streamed_scramble_of_a_classifier_writes_the_whole_model_scramble(cas
     with torch.no_grad():
         a, b = original(**inputs).logits, scrambled(**inputs).logits
     assert (a - b).abs().max() <= 1e-5 * a.abs().max()
+
+
+def test_distilberts_inline_relu_is_run(tmp_path, monkeypatch):
+    """DistilBERT's classifier applies a ReLU its forward makes on the spot (no module of the class): left out of
+    the declared head, the streamed logits are no longer transformers' (and the check cannot see it: the head
+    without it is equivariant all the same, which is why the record is compared)."""
+    import dataclasses
+
+    model, inputs, directory = saved("distilbert:DistilBertForSequenceClassification", tmp_path)
+    with torch.no_grad():
+        logits = model(**inputs).logits
+    streamed = StreamedModel(directory, torch.float64)
+    records = forward_pass(streamed, inputs, stock=False)[0].records
+    assert (records["output.logits"] - logits).abs().max() <= 1e-12 * logits.abs().max()
+    head = streamed.layout.heads[0]
+    assert len(head.modules) == 3  # the control: pre_classifier, the ReLU, the classifier
+    monkeypatch.setattr(streamed, "layout", dataclasses.replace(streamed.layout, heads=(
+        dataclasses.replace(head, modules=(head.modules[0], head.modules[2])),)))
+    records = forward_pass(streamed, inputs, stock=False)[0].records
+    assert (records["output.logits"] - logits).abs().max() > 1e-3 * logits.abs().max()
