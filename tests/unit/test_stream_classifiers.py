@@ -80,6 +80,20 @@ def test_streamed_and_whole_model_checks_agree_on_classifiers(case, tmp_path):
             assert pooled_index(model, inputs) == inputs["input_ids"].shape[1] - 1
 
 
+@pytest.mark.parametrize("case", ["bert:BertForSequenceClassification", "llama:LlamaForSequenceClassification"])
+def test_float32_classifiers_get_the_same_verdicts_streamed(case, tmp_path):
+    """In float32 (the head's round-off measured against float64 where a tensor needs it), the same verdicts and
+    controls as the whole-model check, every error at float32 round-off."""
+    model, inputs, directory = saved(case, tmp_path)
+    whole, streamed = check(model.float(), inputs), stream_check(directory, inputs, dtype=torch.float32)
+    assert whole.passed and streamed.passed
+    assert [(c.symmetry, c.direction, c.passed) for c in streamed.checks] == [
+        (c.symmetry, c.direction, c.passed) for c in whole.checks]
+    assert all(0 < c.max_rel_error < 1e-4 for r in (whole, streamed) for c in r.checks)
+    assert [(c.name, c.broken) for c in streamed.controls] == [(c.name, c.broken) for c in whole.controls]
+    assert all(c.broken for c in streamed.controls)
+
+
 @pytest.mark.parametrize("case", ["llama:LlamaForSequenceClassification", "gpt2:GPT2ForSequenceClassification"])
 def test_a_right_padded_decoder_input_gets_the_same_verdicts_streamed(case, tmp_path):
     """Ids padded with the pad id on the right: transformers pools the last real token (two before the end), which
