@@ -67,7 +67,10 @@ STAGES = (
     StageLayout("BertForMaskedLM", base="bert", heads=(Head(("cls.predictions",)),), head_output="decoder",
                 **ENCODER_STAGES),
     # the pooler (dense + tanh on token 0) beside the last hidden state
-    StageLayout("BertModel", base="", heads=(), pooler="pooler", **ENCODER_STAGES))
+    StageLayout("BertModel", base="", heads=(), pooler="pooler", **ENCODER_STAGES),
+    # the pooler (it reads token 0 itself) then the classifier (a row per label); dropout is the identity in eval
+    StageLayout("BertForSequenceClassification", base="bert", heads=(Head(("bert.pooler", "classifier"), pooled=True),),
+                **ENCODER_STAGES))
 
 
 # Sequence classification, multiple choice and next-sentence prediction read the pooled [CLS], which never moves;

@@ -4,7 +4,7 @@ sa_layer_norm, ffn.lin1/lin2, output_layer_norm); learned positions taken as pos
 from perm_core.engine.spec import Rule
 from perm_core.families.base import Family, Geometry
 from perm_core.families.bert import ENCODER_STAGES
-from perm_core.families.stages import Head, StageLayout
+from perm_core.families.stages import Function, Head, StageLayout
 
 P = r"(?:distilbert\.)?"
 L = P + r"transformer\.layer\.(?P<layer>\d+)\."
@@ -50,7 +50,10 @@ STAGES = (
     # the MLM head: four modules on the class, its projector tied to the word embeddings with its own bias
     StageLayout("DistilBertForMaskedLM", base="distilbert", **_STAGES,
                 heads=(Head(("vocab_transform", "activation", "vocab_layer_norm", "vocab_projector")),)),
-    StageLayout("DistilBertModel", base="", heads=(), **_STAGES))  # headless: the last hidden state alone
+    StageLayout("DistilBertModel", base="", heads=(), **_STAGES),  # headless: the last hidden state alone
+    # token 0 through pre_classifier, the ReLU its forward applies inline, and the classifier (a row per label)
+    StageLayout("DistilBertForSequenceClassification", base="distilbert", **_STAGES,
+                heads=(Head(("pre_classifier", Function("relu"), "classifier"), token=0),)))
 
 
 FAMILY = Family("distilbert", ("distilbert",), ("DistilBertModel", "DistilBertForMaskedLM",

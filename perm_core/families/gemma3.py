@@ -8,7 +8,7 @@ The embedding is scaled by sqrt(d_model), a scalar that every symmetry leaves al
 
 from perm_core.engine.spec import Rule
 from perm_core.families.base import Family, Geometry, UnsupportedModelError
-from perm_core.families.stages import CAUSAL_LM
+from perm_core.families.stages import CAUSAL_LM, SEQUENCE_CLASSIFIER
 
 P = r"(?:model\.)?"
 L = P + r"layers\.(?P<layer>\d+)\."
@@ -54,4 +54,4 @@ FAMILY = Family("gemma3", ("gemma3_text",), ("Gemma3TextModel", "Gemma3ForCausal
                 refused=tuple((name, MULTIMODAL) for name in ("Gemma3ForConditionalGeneration",
                                                               "Gemma3ForSequenceClassification", "Gemma3Model")),
                 pools_last_token=True,
-                stages=(CAUSAL_LM,))
+                stages=(CAUSAL_LM, SEQUENCE_CLASSIFIER))

@@ -1,8 +1,10 @@
 """GPT-2: Conv1D weights are stored [in, out]; c_attn fuses q|k|v along its output axis."""
 
+from dataclasses import replace
+
 from perm_core.engine.spec import Concat, Rule
 from perm_core.families.base import Family, Geometry
-from perm_core.families.stages import StageLayout
+from perm_core.families.stages import LAST_NON_PADDING, Head, StageLayout
 
 P = r"(?:transformer\.)?"
 L = P + r"h\.(?P<layer>\d+)\."
@@ -46,6 +48,9 @@ def rules(g: Geometry) -> tuple[Rule, ...]:
 # wte + wpe -> h -> ln_f -> lm_head (tied to wte)
 STAGES = StageLayout("GPT2LMHeadModel", base="transformer", blocks="h", attention="attn", token_embedding="wte",
                      final_norm="ln_f")
+# the same stages, then score (a row per label) read at each row's last token that is no padding
+CLASSIFIER = replace(STAGES, head_class="GPT2ForSequenceClassification",
+                     heads=(Head(("score",), token=LAST_NON_PADDING),))
 
 
 FAMILY = Family("gpt2", ("gpt2",), ("GPT2Model", "GPT2LMHeadModel", "GPT2ForTokenClassification",
@@ -53,4 +58,4 @@ FAMILY = Family("gpt2", ("gpt2",), ("GPT2Model", "GPT2LMHeadModel", "GPT2ForToke
                 refused=(("GPT2DoubleHeadsModel", "a language model and a multiple-choice head at once, over "
                           "[batch, choices, tokens] (logits [B, choices, T, vocab]), has no spec here"),),
                 pools_last_token=True,
-                stages=(STAGES,))
+                stages=(STAGES, CLASSIFIER))

@@ -8,9 +8,11 @@ symmetry here acts on the residual stream and inside each branch alike. Old chec
 untied output head embed_out; transformers renames it lm_head on load.
 """
 
+from dataclasses import replace
+
 from perm_core.engine.spec import Concat, Rule
 from perm_core.families.base import Family, Geometry, UnsupportedModelError
-from perm_core.families.stages import StageLayout
+from perm_core.families.stages import LAST_NON_PADDING, Head, StageLayout
 
 P = r"(?:gpt_neox\.)?"
 L = P + r"layers\.(?P<layer>\d+)\."
@@ -56,9 +58,12 @@ def rules(g: Geometry) -> tuple[Rule, ...]:
 # checkpoints, renamed on loading)
 STAGES = StageLayout("ForCausalLM", base="gpt_neox", attention="attention", token_embedding="embed_in",
                      final_norm="final_layer_norm", built=("rotary_emb",))
+# the same stages, then score (a row per label) read at each row's last token that is no padding
+CLASSIFIER = replace(STAGES, head_class="ForSequenceClassification",
+                     heads=(Head(("score",), token=LAST_NON_PADDING),))
 
 
 FAMILY = Family("gpt_neox", ("gpt_neox",), ("GPTNeoXModel", "GPTNeoXForCausalLM", "GPTNeoXForTokenClassification",
                                             "GPTNeoXForSequenceClassification", "GPTNeoXForQuestionAnswering"),
                 geometry, rules, pools_last_token=True,
-                stages=(STAGES,))
+                stages=(STAGES, CLASSIFIER))

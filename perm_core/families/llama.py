@@ -2,7 +2,7 @@
 
 from perm_core.engine.spec import Rule
 from perm_core.families.base import Family, Geometry
-from perm_core.families.stages import CAUSAL_LM
+from perm_core.families.stages import CAUSAL_LM, SEQUENCE_CLASSIFIER
 
 P = r"(?:model\.|transformer\.)?"  # LlamaForQuestionAnswering keeps its LlamaModel as `transformer`
 L = P + r"layers\.(?P<layer>\d+)\."
@@ -44,4 +44,4 @@ def head_classes(prefix: str) -> tuple[str, ...]:
 
 
 FAMILY = Family("llama", ("llama",), head_classes("Llama"), geometry, rules, pools_last_token=True,
-                stages=(CAUSAL_LM,))
+                stages=(CAUSAL_LM, SEQUENCE_CLASSIFIER))

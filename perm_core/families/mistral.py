@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import perm_core.families.llama as llama
 from perm_core.families.base import Family, Geometry
-from perm_core.families.stages import CAUSAL_LM
+from perm_core.families.stages import CAUSAL_LM, SEQUENCE_CLASSIFIER
 
 
 def geometry(config) -> Geometry:
@@ -18,4 +18,4 @@ def geometry(config) -> Geometry:
 
 FAMILY = Family("mistral", ("mistral",), llama.head_classes("Mistral"), geometry, llama.rules,
                 pools_last_token=True,
-                stages=(CAUSAL_LM,))
+                stages=(CAUSAL_LM, SEQUENCE_CLASSIFIER))

@@ -8,7 +8,7 @@ window (Phi-3-mini's 2047) acts on every layer through one mask, as in Mistral (
 
 from perm_core.engine.spec import Concat, Rule
 from perm_core.families.base import Family, Geometry, UnsupportedModelError
-from perm_core.families.stages import CAUSAL_LM
+from perm_core.families.stages import CAUSAL_LM, SEQUENCE_CLASSIFIER
 
 P = r"(?:model\.)?"
 L = P + r"layers\.(?P<layer>\d+)\."
@@ -46,4 +46,5 @@ def rules(g: Geometry) -> tuple[Rule, ...]:
 # Phi3ForSequenceClassification pools the last token in array order, which stays in place (see gpt2.py).
 FAMILY = Family("phi3", ("phi3",), ("Phi3Model", "Phi3ForCausalLM", "Phi3ForTokenClassification",
                                     "Phi3ForSequenceClassification"), geometry, rules, pools_last_token=True,
-                stages=(CAUSAL_LM,))  # fused qkv_proj and gate_up_proj inside its blocks: the stages are Llama's
+                # fused qkv_proj and gate_up_proj inside its blocks: the stages are Llama's
+                stages=(CAUSAL_LM, SEQUENCE_CLASSIFIER))

@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import perm_core.families.llama as llama
 from perm_core.families.base import Family, Geometry
-from perm_core.families.stages import CAUSAL_LM
+from perm_core.families.stages import CAUSAL_LM, SEQUENCE_CLASSIFIER
 
 
 def geometry(config) -> Geometry:
@@ -16,4 +16,4 @@ def geometry(config) -> Geometry:
 
 FAMILY = Family("qwen2", ("qwen2",), llama.head_classes("Qwen2"), geometry, llama.rules,
                 pools_last_token=True,
-                stages=(CAUSAL_LM,))
+                stages=(CAUSAL_LM, SEQUENCE_CLASSIFIER))

@@ -11,7 +11,7 @@ import perm_core.families.llama as llama
 import perm_core.families.qwen2 as qwen2
 from perm_core.engine.spec import Rule
 from perm_core.families.base import Family, Geometry
-from perm_core.families.stages import CAUSAL_LM
+from perm_core.families.stages import CAUSAL_LM, SEQUENCE_CLASSIFIER
 
 
 def geometry(config) -> Geometry:
@@ -25,4 +25,4 @@ def rules(g: Geometry) -> tuple[Rule, ...]:
 
 FAMILY = Family("qwen3", ("qwen3",), llama.head_classes("Qwen3"), geometry, rules,
                 pools_last_token=True,
-                stages=(CAUSAL_LM,))
+                stages=(CAUSAL_LM, SEQUENCE_CLASSIFIER))

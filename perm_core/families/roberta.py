@@ -38,11 +38,14 @@ def rules(g: Geometry) -> tuple[Rule, ...]:
 
 # BERT's stages under roberta.*, its MLM head lm_head.{dense,layer_norm} whole and lm_head.decoder (tied to the word
 # embeddings) with its bias in chunks; position ids counted from padding_idx + 1
-STAGES = StageLayout("RobertaForMaskedLM", base="roberta", heads=(Head(("lm_head",)),), head_output="decoder",
-                     **ENCODER_STAGES)
+STAGES = (StageLayout("RobertaForMaskedLM", base="roberta", heads=(Head(("lm_head",)),), head_output="decoder",
+                      **ENCODER_STAGES),
+          # its classification head reads token 0 itself: dense, tanh, out_proj (a row per label); no pooler
+          StageLayout("RobertaForSequenceClassification", base="roberta", heads=(Head(("classifier",), pooled=True),),
+                      head_output="out_proj", **ENCODER_STAGES))
 
 
 FAMILY = Family("roberta", ("roberta",), ("RobertaModel", "RobertaForMaskedLM", "RobertaForSequenceClassification",
                                           "RobertaForTokenClassification", "RobertaForQuestionAnswering",
                                           "RobertaForMultipleChoice", "RobertaForCausalLM"), geometry, rules,
-                stages=(STAGES,))
+                stages=STAGES)

@@ -10,15 +10,36 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class Function:
+    """A head's step that the class's forward applies inline, not as a module of the class: the function of that
+    name in torch.nn.functional (DistilBERT's classifier applies nn.ReLU() made on the spot)."""
+
+    name: str
+
+
+LAST_NON_PADDING = "last non-padding"  # Head.token: each row's last token that is no padding
+
+
+@dataclass(frozen=True)
 class Head:
     """One output of the head stage: modules of the class run in order on the last hidden state (or on one token of
     it), each one's output the next one's input."""
 
-    modules: tuple[str, ...]  # dotted paths in the class (DistilBERT's vocab_transform, activation (the class's
-    # own, a module without parameters), vocab_layer_norm, vocab_projector); the last holds the rows per vocabulary
-    # entry (StageLayout.head_output)
-    token: int | None = None  # the one token it reads (ViT's [CLS]): its output has no token axis
+    modules: tuple[str | Function, ...]  # dotted paths in the class (DistilBERT's vocab_transform, activation (the
+    # class's own, a module without parameters), vocab_layer_norm, vocab_projector), or functions its forward applies
+    # inline; the last holds the rows per vocabulary entry (StageLayout.head_output)
+    token: int | str | None = None  # the one token it reads, before its modules (ViT's [CLS]); LAST_NON_PADDING:
+    # its modules' output at each row's last token that is no padding, found as transformers' sequence classifiers
+    # find it (from the row's ids and the config's pad_token_id; the last token without one). Either way its output
+    # has no token axis
     output: str = "logits"  # its output field: the whole-model trace records it as trace_names.output(output)
+    pooled: bool = False  # its first module reads one token of the last hidden state itself (BERT's pooler,
+    # RoBERTa's classification head: token 0): its output has no token axis
+
+    @property
+    def per_token(self) -> bool:
+        """Whether its output has one entry per token (a token axis)."""
+        return self.token is None and not self.pooled
 
 
 @dataclass(frozen=True)
@@ -51,10 +72,6 @@ class StageLayout:
     # frequencies, BERT's position ids): built from the config on the CPU (a vocabulary that just holds the padding
     # row), buffers kept
 
-    @property
-    def causal_lm(self) -> bool:
-        return self.head_class == "ForCausalLM"
-
 
 @dataclass(frozen=True)
 class EncoderDecoderLayout:
@@ -77,7 +94,8 @@ class EncoderDecoderLayout:
     scale_option: str = "scale_decoder_outputs"  # the config's flag for scaling the decoder's output before the
     # head (by d_model ** -0.5); absent, a tied head scales it
 
-    causal_lm = False
-
 
 CAUSAL_LM = StageLayout("ForCausalLM", built=("rotary_emb",))  # embed_tokens -> layers -> norm -> lm_head
+# the same stages, then score (a row per label) on every token, read at each row's last token that is no padding
+SEQUENCE_CLASSIFIER = StageLayout("ForSequenceClassification", heads=(Head(("score",), token=LAST_NON_PADDING),),
+                                  built=("rotary_emb",))

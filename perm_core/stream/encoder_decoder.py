@@ -241,9 +241,10 @@ class EncoderDecoderModel(StreamedModel):
         return dict(zip(names, (out, box.get("attn"), box.get("cross")), strict=False))
 
     def head(self, chunk: dict[str, torch.Tensor], whole: dict[str, torch.Tensor], normed: torch.Tensor,
-             stock: bool = False) -> dict[str, torch.Tensor]:
+             stock: bool = False, ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """The logits of the vocabulary rows in `chunk` on the decoder's normed output (scaled first where the
-        stock forward scales it); `whole` is empty (T5's head has no other parameter)."""
+        stock forward scales it); `whole` is empty (T5's head has no other parameter), `ids` unread (every decoder
+        token has its logits)."""
         if self.scale_output:
             normed = normed * (self.config.d_model ** -0.5)
         return {trace_names.LOGITS: functional_call(self._head_module(stock), {"weight": chunk[self.head_name]},

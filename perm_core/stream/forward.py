@@ -37,6 +37,8 @@ class OriginalRun:
     stock_outputs: dict[str, torch.Tensor] = field(default_factory=dict)  # transformers' own, by output name
     pixel_bytes: int = 0  # an image model's input in the checked dtype
     encoder_out: torch.Tensor | None = None  # an encoder-decoder's encoder output: every decoder block's cross input
+    ids: torch.Tensor | None = None  # the input's token ids (none for pixels): a head pooled at the last token that
+    # is no padding finds it in them
 
     @property
     def stock_logits(self) -> torch.Tensor | None:
@@ -92,7 +94,7 @@ def forward_pass(model: StreamedModel, inputs: dict, controls: list[Control] = (
     g, dtype = model.geometry, model.dtype
     kwargs = model_inputs(inputs, g, Scramble(), dtype)
     layer_kwargs = model.layer_kwargs(kwargs)
-    run = OriginalRun(looked_up=model.looked_up(kwargs))
+    run = OriginalRun(looked_up=model.looked_up(kwargs), ids=kwargs.get("input_ids"))
     if model.pixels:
         run.pixel_bytes = kwargs["pixel_values"].numel() * dtype.itemsize
     embedding = model.embedding_weights(run.looked_up)
@@ -155,14 +157,14 @@ def forward_pass(model: StreamedModel, inputs: dict, controls: list[Control] = (
     axes, top = model.output_axes, model.hidden_axes(model.n_layers - 1)
     for start, stop in head_chunks or [(0, _vocab(model))]:
         chunk = model.head_chunk(start, stop)
-        outputs = model.head(chunk, whole, hidden)
+        outputs = model.head(chunk, whole, hidden, ids=run.ids)
         pieces.append(outputs)
-        if stock:
-            stock_pieces.append(model.head(chunk, whole, stock_hidden, stock=True))
+        if stock:  # the raw input's ids are the original's
+            stock_pieces.append(model.head(chunk, whole, stock_hidden, stock=True, ids=run.ids))
         for c, c_whole in zip(runs, moved_whole, strict=True):
             if c.follows:
                 moved = transform_params(chunk, model.spec, c.control.scramble, model.claims)
-                c_outputs = model.head(moved, c_whole, c.input_at(hidden, top))
+                c_outputs = model.head(moved, c_whole, c.input_at(hidden, top), ids=c.kwargs.get("input_ids"))
                 for name, tensor in c_outputs.items():
                     c.tally.add(name, outputs[name], apply_axes(tensor, axes[name], c.inverse))
         del chunk

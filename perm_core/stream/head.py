@@ -46,7 +46,7 @@ class HeadStage:
     loss's gradient at the original's primary output (the logits, else the last hidden state)."""
 
     def __init__(self, model, run: OriginalRun, backward: bool):
-        self.model, self.backward, self.looked_up = model, backward, run.looked_up
+        self.model, self.backward, self.looked_up, self.ids = model, backward, run.looked_up, run.ids
         self.top = run.records[trace_names.hidden(model.n_layers - 1)]
         self.axes = model.hidden_axes(model.n_layers - 1)  # the last stack's (an encoder-decoder's: the decoder's)
         self.grad_top = trace_names.grad(trace_names.hidden(model.n_layers - 1))
@@ -79,6 +79,7 @@ class HeadRun:
     def __init__(self, stage: HeadStage, on, whole: dict[str, torch.Tensor], transform, dtype: torch.dtype, element):
         self.stage, self.on, self.transform, self.dtype = stage, on, transform, dtype
         self.moved, self.restored = frames(element)
+        self.ids = stage.ids if element is None else element.kwargs.get("input_ids")  # in its own frame
         self.whole = {n: as_leaf(self.weight(n, w), stage.backward) for n, w in whole.items()}
         self.grad_top: torch.Tensor | None = None
 
@@ -94,7 +95,7 @@ class HeadRun:
         axes, primary, claims = s.model.output_axes, s.model.primary, s.model.claims
         weights = {n: as_leaf(self.weight(n, w), backward) for n, w in chunk.items()}
         inputs = as_leaf(self.moved(cast(s.top, self.dtype), s.axes), backward)
-        outputs = self.on.head(weights, self.whole, inputs)
+        outputs = self.on.head(weights, self.whole, inputs, ids=self.ids)
         for name, out in outputs.items():
             found(name, self.restored(out, axes[name]))
         if backward:

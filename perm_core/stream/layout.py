@@ -11,6 +11,7 @@ position embeddings, the attention mask of its layer type) is found by a dry run
 forward, whose blocks only record what they are given: the masks and positions are then built by transformers
 itself from the same inputs the whole-model check passes. The last block ends with the final norm where the
 whole-model trace records it so ("blocks.{L-1}.hidden" is normed); where it does not (ViT), the norm opens the head.
+The head stage itself is stream.head_modules' (OneStackHead).
 """
 
 from __future__ import annotations
@@ -28,16 +29,9 @@ from perm_core.run import trace_names
 from perm_core.run.numerics import use_exact_numerics
 from perm_core.run.stateless import functional_call
 from perm_core.run.trace import TOKEN_RESID
+from perm_core.stream.head_modules import OneStackHead, module_at
 from perm_core.stream.shards import CheckpointError, ShardReader
 from perm_core.stream.stages import StreamingUnsupportedError, family_for
-
-
-def module_at(module, *paths: str):
-    """The submodule (or attribute) at the dotted paths, in turn; "" is the module itself."""
-    for path in paths:
-        for part in path.split(".") if path else ():
-            module = getattr(module, part)
-    return module
 
 
 class StopAtBlock(Exception):
@@ -73,7 +67,7 @@ class BlockRecorder(torch.nn.Module):
         return hidden_states
 
 
-class StreamedModel:
+class StreamedModel(OneStackHead):
     """One checkpoint directory's architecture on the meta device, and its parameters grouped into stages."""
 
     def __init__(self, directory, dtype: torch.dtype, reader: ShardReader | None = None):
@@ -219,14 +213,6 @@ class StreamedModel:
                 "parameter_layers": {name: claim.layer for name, claim in self.claims.items()},
                 "embedding_parameters": frozenset(n for n, c in self.claims.items() if c.rule.tag == "embedding"),
                 "first_decoder_layer": None if self.encoder_layer is None else self.encoder_layer + 1}
-
-    def _head_modules(self, stock: bool = False) -> dict[str, torch.nn.Module]:
-        """Every module the head stage runs, by its path in the class: the heads' (a headless model's pooler)."""
-        paths = [path for head in self.layout.heads for path in head.modules]
-        if self.layout.pooler is not None:
-            paths.append(f"{self.prefix}{self.layout.pooler}")
-        model = self.stock if stock else self.model
-        return {path: module_at(model, path) for path in dict.fromkeys(paths)}
 
     def _rename_stored(self) -> None:
         """The checkpoint's tensors under the class's parameter names, as transformers renames them on loading (its
@@ -393,66 +379,3 @@ class StreamedModel:
         norm = f"{self.prefix}{self.layout.final_norm}."
         return functional_call(module_at(self._base(stock), self.layout.final_norm),
                                {n[len(norm):]: weights[n] for n in names}, args=(hidden,), strict=False)
-
-    def head_chunk(self, start: int, stop: int) -> dict[str, torch.Tensor]:
-        """Vocabulary rows start..stop-1 of the head's output weight and of its bias (none for a headless model)."""
-        return {n: self.reader.row_range(n, start, stop, self.dtype) for n in self.head_chunked}
-
-    @property
-    def output_axes(self) -> dict[str, tuple]:
-        """The head stage's outputs, named as the whole-model trace names them, with their axis roles: each head's
-        (a token axis, unless it reads one token), their mean first where it is the logits; a headless model's last
-        hidden state and its pooled output (where it has a pooler or pools a token)."""
-        if self.layout.heads:
-            axes = {trace_names.output(h.output): (None, None) if h.token is not None else (None, "tokens", None)
-                    for h in self.layout.heads}
-            return {trace_names.LOGITS: next(iter(axes.values())), **axes} if self.layout.logits_mean else axes
-        pooled = self.layout.pooler is not None or self.layout.pooled_token is not None
-        return {trace_names.LAST_HIDDEN: (None, "tokens", "resid"), **({trace_names.POOLER: (None, "resid")} if pooled
-                                                                     else {})}
-
-    @property
-    def primary(self) -> str:
-        """The output the invariant loss reads (trace.primary_output): the logits, else the last hidden state."""
-        return next(iter(self.output_axes))
-
-    def head(self, chunk: dict[str, torch.Tensor], whole: dict[str, torch.Tensor], normed: torch.Tensor,
-             stock: bool = False) -> dict[str, torch.Tensor]:
-        """The head stage's outputs (output_axes): each head's modules run in order, its rows those of `chunk` (a
-        head_chunk), its other parameters `whole` (the final norm's among them where it opens the head; then
-        `normed` is the last block's own output); a headless model's last hidden state and pooled output (its
-        pooler's parameters in `whole`)."""
-        if self.head_norm_names:
-            normed = self._final_norm(whole, self.head_norm_names, normed, stock)
-        modules = self._head_modules(stock)
-
-        def run(path: str, hidden: torch.Tensor) -> torch.Tensor:
-            given = {local: chunk[n] if n in chunk else whole[n] for local, n in self.head_params[path].items()}
-            return functional_call(modules[path], given, args=(hidden,), strict=False)
-
-        if not self.layout.heads:
-            outputs = {trace_names.LAST_HIDDEN: normed}
-            if self.layout.pooler is not None:  # the pooler reads its token itself
-                outputs[trace_names.POOLER] = run(f"{self.prefix}{self.layout.pooler}", normed)
-            elif self.layout.pooled_token is not None:
-                outputs[trace_names.POOLER] = normed[:, self.layout.pooled_token]
-            return outputs
-        outputs = {}
-        for head in self.layout.heads:
-            hidden = normed if head.token is None else normed[:, head.token]
-            for path in head.modules:
-                hidden = run(path, hidden)
-            outputs[trace_names.output(head.output)] = hidden
-        if self.layout.logits_mean:  # as the class computes it: (a + b) / 2
-            pieces = list(outputs.values())
-            outputs = {trace_names.LOGITS: sum(pieces[1:], pieces[0]) / len(pieces), **outputs}
-        return outputs
-
-    def head_chunks(self, largest_block_bytes: int) -> list[tuple[int, int]]:
-        """Vocabulary row ranges of the head, each no larger than the largest block: the head never sets the
-        memory bound (a headless model's: one range, empty)."""
-        if self.head_name is None:
-            return [(0, 0)]
-        vocab, width = self.reader.entries[self.head_name].shape
-        rows = max(1, largest_block_bytes // (width * self.dtype.itemsize))
-        return [(start, min(start + rows, vocab)) for start in range(0, vocab, rows)]

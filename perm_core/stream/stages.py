@@ -34,9 +34,15 @@ def is_encoder_decoder(directory) -> bool:
 
 def supported_summary() -> str:
     families = [family_by_name(name) for name in streamed_families()]
-    causal = [f.name for f in families if f.stages[0].causal_lm]
-    others = [f"{layout.head_class} ({f.name})" for f in families for layout in f.stages if not layout.causal_lm]
-    return f"the causal language models of {', '.join(causal)}" + "".join(f"; {o}" for o in others)
+    # a layout named by how its class's name ends ("For...") streams that class of each family declaring it
+    ends: dict[str, list[str]] = {}
+    for f in families:
+        for layout in f.stages:
+            if layout.head_class.startswith("For"):
+                ends.setdefault(layout.head_class, []).append(f.name)
+    others = [f"{layout.head_class} ({f.name})" for f in families for layout in f.stages
+              if not layout.head_class.startswith("For")]
+    return "; ".join([f"*{end} of {', '.join(names)}" for end, names in ends.items()] + others)
 
 
 def family_for(config: dict, kind: type[StageLayout | EncoderDecoderLayout] = StageLayout

@@ -515,20 +515,27 @@ def test_bad_checkpoints_get_one_clear_line(tmp_path, capsys):
     with pytest.raises(CheckpointError, match="holds model.layers.0.mlp.surprise.weight, which is no parameter"):
         stream_check(other, inputs, ["channels"])
 
-    # a streamed family's class that no layout declares (its head: a pre-classifier, ReLU and classifier on token 0)
-    _, _, unsupported = saved("distilbert:DistilBertForSequenceClassification", tmp_path / "classifier")
-    with pytest.raises(StreamingUnsupportedError, match=r"llama, gemma3, gpt_neox, phi3, mistral, qwen2, "
-                                                        r"qwen3, mixtral, qwen2_moe, qwen3_moe, olmoe, gpt_oss; "
+    # a streamed family's class that no layout declares (its head: dropout and a classifier on every token)
+    _, _, unsupported = saved("distilbert:DistilBertForTokenClassification", tmp_path / "classifier")
+    decoders = "llama, gemma3, gpt_neox, phi3, mistral, qwen2, qwen3"
+    moe = "mixtral, qwen2_moe, qwen3_moe, olmoe, gpt_oss"
+    with pytest.raises(StreamingUnsupportedError, match=rf"^streaming supports \*ForCausalLM of {decoders}, {moe}; "
+                                                        rf"\*ForSequenceClassification of {decoders}; "
                                                         r"ViTForImageClassification \(vit\); "
                                                         r"BertForMaskedLM \(bert\); BertModel \(bert\); "
-                                                        r"GPT2LMHeadModel \(gpt2\); Dinov2Model \(dinov2\); "
+                                                        r"BertForSequenceClassification \(bert\); "
+                                                        r"GPT2LMHeadModel \(gpt2\); "
+                                                        r"GPT2ForSequenceClassification \(gpt2\); "
+                                                        r"Dinov2Model \(dinov2\); "
                                                         r"DistilBertForMaskedLM \(distilbert\); "
                                                         r"DistilBertModel \(distilbert\); "
+                                                        r"DistilBertForSequenceClassification \(distilbert\); "
                                                         r"RobertaForMaskedLM \(roberta\); "
+                                                        r"RobertaForSequenceClassification \(roberta\); "
                                                         r"DeiTForImageClassificationWithTeacher \(deit\); "
                                                         r"DeiTForImageClassification \(deit\); "
                                                         r"T5ForConditionalGeneration \(t5\); this checkpoint is "
-                                                        "DistilBertForSequenceClassification"):
+                                                        "DistilBertForTokenClassification"):
         stream_check(unsupported, inputs, ["channels"])
     result = cli_here(capsys, "check", "random:llama", "--stream")
     assert result.returncode == 2 and "--stream reads a checkpoint directory" in result.stderr
