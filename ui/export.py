@@ -22,16 +22,21 @@ def _image_or_message(fig, fmt: str):
     return render
 
 
-def chart(fig, where=None, **options) -> None:
-    """st.plotly_chart(fig, **options) in `where` (a column or the page), with its export menu under it."""
+def chart(fig, where=None, caption: str | None = None, **options) -> None:
+    """st.plotly_chart(fig, **options) in `where` (a column or the page), with `caption` (a sentence of what it
+    shows) right under it and its export menu under that."""
     where = where or st
     options.setdefault("width", "stretch")
     if projector.on():  # large texts, and neither the export menu nor plotly's toolbar in a lecture hall
         # on a copy: a figure may be shared (cached for every session), and only this session is in projector mode
         where.plotly_chart(figures.for_projector(figures.powers_of_ten(copy.deepcopy(fig))),
                            config={"displayModeBar": False}, **options)
+        if caption:
+            where.caption(caption)
         return
     where.plotly_chart(figures.powers_of_ten(fig), **options)
+    if caption:
+        where.caption(caption)
     stem = file_stem(fig)
     with where.popover("Export", icon=":material/download:"):
         st.download_button("PNG image", _image_or_message(fig, "png"), file_name=f"{stem}.png", mime="image/png",

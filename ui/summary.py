@@ -1,5 +1,7 @@
-"""A take-home summary of a Check run as Markdown: the model, input and keys, the verdict, every check's and every
-negative control's numbers, and the command that reproduces the report. Every number is the report's own."""
+"""Take-home summaries as Markdown: of a Check run (the model, input and keys, the verdict, every check's and every
+negative control's numbers) and of an Explore run (the model, input, keys and control, the verdict, the key
+figures, the worst error of each kind of tensor), each with the command that reproduces it. Every number is the
+report's or the result's own."""
 
 from __future__ import annotations
 
@@ -24,4 +26,31 @@ def check_summary(report, verdict: str, input_label: str, keys_text: str, comman
                   + ("broken, as it must" if c.broken else "cannot bite here" if not c.informative else "NOT BROKEN")
                   + " |" for c in report.controls]
     lines += ["", "## Reproduce", "", "```bash", command, "```", ""]
+    return "\n".join(lines)
+
+
+def explore_summary(model: str, input_label: str, keys_text: str, result, verdict: str, proof_rows: list[dict],
+                    command: str) -> str:
+    """result: a perm_core.explore.exploration.ExploreResult; verdict: the page's verdict line; proof_rows: the
+    proof chart's rows (perm_core.explore.page_data: one per compared tensor, with its kind and errors)."""
+    dtype = str(result.dtype).split(".")[-1]
+    control = result.control
+    lines = [f"# Explore: {model} ({dtype})", "", f"- **Input:** {input_label}", f"- **Keys:** {keys_text}",
+             f"- **Negative control:** {control.description if control else 'none (the keys applied correctly)'}",
+             f"- **Verdict:** {verdict}", "", "## Key figures", "", "| what | value |", "|---|---|"]
+    if not result.scramble.is_identity:
+        lines.append(f"| scrambled differs from the original by (relative; {result.moved_what}) | {result.moved:.2g} |")
+    lines += [f"| un-scrambled differs from the original by (worst relative error) | {result.worst_rel:.1e} |",
+              f"| worst absolute error | {result.worst_abs:.1e} |",
+              f"| tolerance ({dtype}) | {result.tolerance:.0e} |",
+              f"| tensors compared | {len(result.errors)} |"]
+    kinds: dict[str, list[dict]] = {}
+    for row in proof_rows:
+        kinds.setdefault(row["kind"], []).append(row)
+    lines += ["", "## Worst error of each kind of tensor", "", "| tensors | how many | max rel error | max abs error |",
+              "|---|---|---|---|"]
+    lines += [f"| {kind} | {len(rows)} | {max(r['rel'] for r in rows):.1e} | {max(r['abs'] for r in rows):.1e} |"
+              for kind, rows in kinds.items()]
+    lines += ["", "## Reproduce", "", "The same model, input and keys from a terminal (the full check: each symmetry "
+              "on its own and all together, and the negative controls):", "", "```bash", command, "```", ""]
     return "\n".join(lines)

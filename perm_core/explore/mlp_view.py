@@ -14,6 +14,7 @@ import torch
 
 from perm_core.engine.spec import Scramble, apply_axes
 from perm_core.explore.exploration import Exploration, ExploreResult
+from perm_core.explore.path import AxisPath, tensor_paths
 from perm_core.run import capture
 from perm_core.verify.tolerances import relative_differences
 
@@ -27,6 +28,7 @@ class MlpView:
     restored: torch.Tensor  # the inverse applied to `scrambled`
     held: torch.Tensor | None  # new neuron i holds original neuron held[i] (None when the MLP key is off)
     max_rel_error: float  # restored vs original, on the original's scale
+    paths: tuple[AxisPath, AxisPath] | None = None  # where the element put each row (token) and column (neuron)
 
 
 def output_projection(explorer: Exploration, layer: int) -> str:
@@ -64,4 +66,5 @@ def mlp_view(explorer: Exploration, result: ExploreResult, params: dict | None, 
     _, rel, _ = relative_differences({"mlp": original}, {"mlp": restored}, scale)["mlp"]
     chain = result.scramble.chain("mlp", layer)
     held = chain[0].index if len(chain) == 1 and hasattr(chain[0], "index") else None
-    return MlpView(layer, module, original[0], scrambled[0], restored[0], held, rel)
+    return MlpView(layer, module, original[0], scrambled[0], restored[0], held, rel,
+                   tensor_paths(axes[1:], scrambled.shape[1:], result.scramble, layer))

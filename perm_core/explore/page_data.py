@@ -31,6 +31,7 @@ from perm_core.explore.exploration import (
     weight_view,
 )
 from perm_core.explore.mlp_view import MlpView
+from perm_core.explore.path import AxisPath, axis_path, default_column, default_token, tensor_paths
 from perm_core.run import trace_names
 
 
@@ -57,6 +58,7 @@ class WeightTriple:
     tensors: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # W, W' as the scrambled model holds it, W' un-scrambled
     changed: float  # max |W' - W|
     restored: float  # max |un-scrambled W' - W|
+    paths: tuple[AxisPath, AxisPath]  # where the element put each row and each column (perm_core.explore.path)
 
 
 @dataclass
@@ -68,9 +70,12 @@ class BlockViews:
     hidden: tuple  # [1, T, D] after the chosen block
     attention: tuple  # [1, T, T] of the chosen head in the chosen block
     class_attention: tuple | None  # image models with a patch grid: the class token's attention, [rows, cols]
-    pictures: tuple | None  # with class_attention: the pictures it is drawn over (ExplorePageData.pictures)
+    pictures: tuple | None  # image models: the input as the three columns see it (ExplorePageData.pictures)
     mlp: MlpView | None
     weight: WeightTriple | None
+    hidden_paths: tuple[AxisPath, AxisPath]  # the hidden state's rows (tokens) and columns (channels)
+    attention_paths: tuple[AxisPath, AxisPath]  # the attention map's rows (query tokens) and columns (key tokens)
+    tokens: AxisPath  # the input's tokens: where each patch or word went (the pictures, the chips, the overlays)
 
 
 @dataclass
@@ -93,16 +98,14 @@ def page_data(explorer: Exploration, result: ExploreResult, choice: PageChoice, 
               control: str | None) -> ExplorePageData:
     geometry = explorer.geometry
     tokens = result.scramble.tokens
-    pictures = token_order = None
-    if geometry.input_kind == "image":
-        pictures = _pictures(geometry, result, inputs["pixel_values"])
-    else:
+    token_order = None
+    block = block_views(explorer, result, choice, mlp, inputs, keys_by_symmetry, control)
+    if geometry.input_kind != "image":
         n = inputs["input_ids"].shape[1]
         token_order = tokens.index.tolist() if tokens is not None else list(range(n))
     heads = head_grid(explorer, result) if geometry.n_heads > 1 else None
-    return ExplorePageData(result, pictures, token_order, heads, _outputs(explorer, result, inputs, labels, tokenizer),
-                           _proof_rows(explorer, result),
-                           block_views(explorer, result, choice, mlp, inputs, keys_by_symmetry, control))
+    return ExplorePageData(result, block.pictures, token_order, heads,
+                           _outputs(explorer, result, inputs, labels, tokenizer), _proof_rows(explorer, result), block)
 
 
 def block_views(explorer: Exploration, result: ExploreResult, choice: PageChoice, mlp: MlpView | None,
@@ -113,16 +116,44 @@ def block_views(explorer: Exploration, result: ExploreResult, choice: PageChoice
     layer = choice.layer
     class_attention = pictures = None
     if geometry.input_kind == "image":
+        pictures = _pictures(geometry, result, inputs["pixel_values"])
         grid = patch_grid(geometry, inputs["pixel_values"].shape, explorer.n_tokens)
         if grid is not None:
             attn = trace_names.attn(layer)
             class_attention = tuple(class_attention_grid(a, grid, geometry.fixed_tokens) for a in
                                     (original[attn].tensor, scrambled[attn].tensor, restored[attn]))
-            pictures = _pictures(geometry, result, inputs["pixel_values"])
-    hidden_name = trace_names.hidden(layer)
+    hidden_name, attn_name = trace_names.hidden(layer), trace_names.attn(layer)
     hidden = (original[hidden_name].tensor, scrambled[hidden_name].tensor, restored[hidden_name])
     return BlockViews(choice, hidden, attention_view(explorer, result, layer, choice.head), class_attention,
-                      pictures, mlp, weight_triple(explorer, result, layer, choice.weight, keys_by_symmetry, control))
+                      pictures, mlp, weight_triple(explorer, result, layer, choice.weight, keys_by_symmetry, control),
+                      _record_paths(original[hidden_name], result), _record_paths(original[attn_name], result),
+                      axis_path("tokens", explorer.n_tokens, result.scramble))
+
+
+def _record_paths(record, result: ExploreResult) -> tuple[AxisPath, AxisPath]:
+    """The paths along the last two axes of a traced tensor (the rows and columns of the map the page draws)."""
+    return tensor_paths(record.axes[-2:], record.tensor.shape[-2:], result.scramble, record.layer)
+
+
+def default_follow(explorer: Exploration, inputs: dict, block: BlockViews | None = None) -> dict[str, int]:
+    """What the page follows until a student picks: the patch the class token attends to most in the last block
+    (else the first token that can move), the channel with the largest mean |value| after the last block, and the
+    shown block's MLP neuron with the largest mean |value|; each the first such that the block's element moves
+    (perm_core.explore.path), so that its highlight travels."""
+    geometry, last = explorer.geometry, explorer.geometry.n_layers - 1
+    grid = None
+    if geometry.input_kind == "image":
+        cells = patch_grid(geometry, inputs["pixel_values"].shape, explorer.n_tokens)
+        if cells is not None:
+            grid = class_attention_grid(explorer.original[trace_names.attn(last)].tensor, cells,
+                                        geometry.fixed_tokens).double().numpy()
+    hidden = explorer.original[trace_names.hidden(last)].tensor[0]
+    tokens, channels = (None, None) if block is None else (block.tokens, block.hidden_paths[1])
+    picks = {"token": default_token(explorer.n_tokens, geometry.fixed_tokens, grid, tokens),
+             "channel": default_column(hidden, channels)}
+    if block is not None and block.mlp is not None:
+        picks["neuron"] = default_column(block.mlp.original, block.mlp.paths[1] if block.mlp.paths else None)
+    return picks
 
 
 def _pictures(geometry, result: ExploreResult, pixels: torch.Tensor) -> tuple:
@@ -147,8 +178,10 @@ def weight_triple(explorer: Exploration, result: ExploreResult, layer: int, weig
     if weight is None or weight not in weight_names(explorer, layer):
         return None
     w, w_scrambled, w_back = weight_view(explorer, result, keys_by_symmetry, control, weight)
+    claim = explorer.subject.claims[weight]
     return WeightTriple(weight, (w, w_scrambled, w_back), (w_scrambled - w).abs().max().item(),
-                        (w_back - w).abs().max().item())
+                        (w_back - w).abs().max().item(),
+                        tensor_paths(claim.rule.axes, w.shape, result.scramble, claim.layer))
 
 
 def _outputs(explorer: Exploration, result: ExploreResult, inputs: dict, labels, tokenizer) -> Outputs:

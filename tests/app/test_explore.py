@@ -251,3 +251,137 @@ def test_the_weight_view_shows_w_beside_w_prime_and_the_inverse_gives_it_back():
     caption = next(c.value for c in at.caption if c.value.startswith("vit.layers.1.mlp.fc1.weight"))
     assert "gives it back to 0.0e+00 (exactly)" in caption
     assert at.query_params["weight"] in ("vit.layers.1.mlp.fc1.weight", ["vit.layers.1.mlp.fc1.weight"])
+
+
+def outlines(at) -> dict[str, list[tuple[str, float, float]]]:
+    """Each chart's followed-item outlines (shapes named "path <item>"): (item, row centre or None, column centre or
+    None), a row outline spanning the whole x domain, a column outline the whole y domain."""
+    found = {}
+    for chart in charts(at):
+        shapes = [s for s in chart["layout"].get("shapes", []) if s.get("name", "").startswith("path ")]
+        if shapes:
+            found[title(chart).replace("<br>", " ")] = [
+                (s["name"].split()[1], None if s["yref"] == "y domain" else (s["y0"] + s["y1"]) / 2,
+                 None if s["xref"] == "x domain" else (s["x0"] + s["x1"]) / 2) for s in shapes]
+    return found
+
+
+def key_permutations(keys: dict[str, int], layer: int) -> dict[str, list[int]]:
+    """Each followable space's permutation as the key itself makes it (perm_core.engine.symmetries.build, not the
+    page): new position i holds original item index[i]."""
+    import torch
+
+    from perm_core.engine import symmetries
+    from perm_core.explore.exploration import Exploration
+    from perm_core.models.input_spec import inputs_from_spec
+    from perm_core.models.registry import load_model
+
+    loaded = load_model("digits-vit", dtype=torch.float32)
+    explorer = Exploration(loaded.model, inputs_from_spec(loaded, "digit:0"))
+    g, n = explorer.geometry, explorer.n_tokens
+    return {"token": symmetries.build("tokens", keys["tokens"], g, n).tokens.index.tolist(),
+            "channel": symmetries.build("channels", keys["channels"], g, n).spaces[("resid", None)][0].index.tolist(),
+            "neuron": symmetries.build("mlp", keys["mlp"], g, n).spaces[("mlp", layer)][0].index.tolist()}
+
+
+def expected_outlines(follow: dict[str, int], perms: dict[str, list[int]]) -> dict[str, tuple[int, int, int]]:
+    """Where each followed item must be drawn: at its own place, where its key sent it, and back."""
+    return {item: (number, perms[item].index(number), number) for item, number in follow.items()}
+
+
+def test_the_followed_path_is_drawn_where_the_keys_permutation_sends_it():
+    """Every map outlines the followed token (rows; rows and columns of an attention map), channel (the hidden
+    state's and a weight's resid axis) and MLP neuron: in the original at its number, in the scrambled column
+    where the key's own permutation put it, in the un-scrambled column back. A different key draws it elsewhere."""
+    follow = {"token": 5, "channel": 9, "neuron": 17}
+    at = explore(layer=1, on_mlp=1, follow_token=5, follow_channel=9, follow_neuron=17,
+                 weight="vit.layers.1.mlp.fc1.weight")
+    for key in (7, 8):
+        keys = {"tokens": key, "channels": 42, "mlp": 11}
+        want = expected_outlines(follow, key_permutations(keys, 1))
+        drawn = outlines(at)
+        checked = 0
+        for name, shapes in drawn.items():
+            column = next(i for i, leads in enumerate((("Original", "W:"), ("Scrambled", "W′: what"),
+                                                       ("Un-scrambled", "W′ with"))) if name.startswith(leads))
+            for item, row, col in shapes:
+                if "class token's attention" in name:  # a patch of the 4x4 grid of 2x2 patches, drawn 28 px a pixel
+                    patch = int(row // 56) * 4 + int(col // 56)
+                    assert patch + 1 == want[item][column], (name, patch)
+                else:
+                    assert (row if row is not None else col) == want[item][column], (name, item, row, col)
+                checked += 1
+        kinds = {name.split(": ", 1)[-1] for name in drawn}
+        assert {"hidden state after block 1", "attention, block 1, head 0", "MLP neurons of block 1",
+                "class token's attention block 1", "as trained"} <= kinds, kinds
+        assert checked >= 3 * 7
+        scrambled = drawn["Scrambled: hidden state after block 1"]
+        assert [r for _, r, _ in scrambled if r is not None] == [want["token"][1]]
+        sentence = next(c.value for c in at.caption if c.value.startswith("The keys moved token 5 to row"))
+        assert sentence == (f"The keys moved token 5 to row {want['token'][1]} and channel 9 to column "
+                            f"{want['channel'][1]}.")
+        if key == 7:
+            before = want
+            at.text_input(key="k_tokens").set_value("8").run()
+            assert not at.exception
+    assert before["token"][1] != want["token"][1]  # the control: another key, another place, the one it says
+
+
+def test_sorted_columns_keep_the_followed_channel_where_its_key_put_it():
+    """Sorted by the original's means (smallest first), the channels become a ramp: the scrambled column drawn in
+    that order outlines the followed channel at the place of the channel its key put there, and each column sorted
+    by its own means draws the same map as the original (a permutation keeps every channel's mean)."""
+    at = explore(dtype="float64", on_tokens=0, follow_channel=9, layer=1)
+
+    def hidden():
+        return {title(c).split(":")[0]: decode(c["data"][0]["z"]) for c in charts(at)
+                if "hidden state after" in title(c)}
+
+    def columns():
+        return {name.split(":")[0]: [c for _, _, c in shapes if c is not None]
+                for name, shapes in outlines(at).items() if "hidden state after" in name}
+
+    stored = hidden()["Original"]
+    order = list(np.argsort(stored.mean(axis=0), kind="stable"))
+    moved = key_permutations({"tokens": 7, "channels": 42, "mlp": 11}, 1)["channel"].index(9)
+    at.radio(key="column_order").set_value("original").run()
+    assert not at.exception
+    assert np.array_equal(hidden()["Original"], stored[:, order])
+    assert columns() == {"Original": [order.index(9)], "Scrambled": [order.index(moved)],
+                         "Un-scrambled": [order.index(9)]}
+    at.radio(key="column_order").set_value("own").run()
+    maps = hidden()
+    assert np.abs(maps["Scrambled"] - maps["Original"]).max() < 1e-9 < np.abs(stored - maps["Original"]).max()
+    assert columns() == {"Original": [order.index(9)], "Scrambled": [order.index(9)], "Un-scrambled": [order.index(9)]}
+    assert any("(column" in c.value and "as stored)" in c.value for c in at.caption)
+
+
+def test_previous_next_and_play_step_the_layer():
+    """Back and Next move the layer slider one block (the maps follow); Play from the last block starts again
+    from block 0 and plays (each later step is the fragment's own rerun: tests/e2e/test_explore_path.py); Pause
+    stops it, and touching the slider stops it too."""
+    at = explore(layer=2)
+
+    def blocks():
+        return sorted({t.split("after block ")[1] for t in map(title, charts(at)) if "hidden state after" in t})
+
+    assert at.button(key="layer_next").disabled and blocks() == ["2"]
+    at.button(key="layer_back").click().run()
+    assert at.slider(key="layer").value == 1 and blocks() == ["1"]
+    at.button(key="layer_back").click().run()
+    assert at.slider(key="layer").value == 0 and at.button(key="layer_back").disabled and blocks() == ["0"]
+    at.button(key="layer_next").click().run()
+    assert at.slider(key="layer").value == 1 and blocks() == ["1"]
+    assert at.query_params["layer"] in ("1", ["1"])
+    at.slider(key="layer").set_value(2).run()
+    assert at.button(key="layer_play").label == "Play"
+    at.button(key="layer_play").click().run()  # from the last block: again from the first
+    assert at.session_state["playing"] and at.slider(key="layer").value == 0 and blocks() == ["0"]
+    assert at.button(key="layer_play").label == "Pause"
+    assert any(c.value.startswith("Playing: block 0 of 2") for c in at.caption)
+    at.button(key="layer_play").click().run()
+    assert not at.session_state["playing"] and at.button(key="layer_play").label == "Play"
+    at.button(key="layer_play").click().run()
+    assert at.session_state["playing"] and at.slider(key="layer").value == 0
+    at.button(key="layer_next").click().run()  # a step by hand stops Play
+    assert not at.session_state["playing"] and at.slider(key="layer").value == 1 and not at.exception

@@ -174,13 +174,15 @@ def _blocks_note(row_step: int, col_step: int, how: str = "mean") -> str:
 def heatmap(matrix, title: str, x_title: str = "", y_title: str = "", colorscale: str = "RdBu",
             symmetric: bool = True, zmax: float | None = None, y_labels=None, wrap: int | None = None,
             x_labels=None, height: int = LAYOUT["height"], y_ticks: bool = True,
-            log_scale: bool | None = None) -> go.Figure:
+            log_scale: bool | None = None, row_paths=(), col_paths=()) -> go.Figure:
     """wrap: the title's line length, for a chart in a narrow column (see wrap_title). y_labels / x_labels:
     a name per row / column (tokens), drawn when every row / column is shown and there are at most
     MAX_LABELS (more do not fit a third of a 1024-pixel window; positions are numbered then). y_ticks: False
     for a single row (an embedding drawn as one strip). log_scale: the colours on log10 of the values, over
     LOG_DECADES decades below zmax (said on the colour bar); None: on for a probability map (not symmetric, every
-    row non-negative and summing to 1: an attention map) of LOG_PROBABILITY_CELLS cells or more."""
+    row non-negative and summing to 1: an attention map) of LOG_PROBABILITY_CELLS cells or more. row_paths /
+    col_paths: (item, position) pairs, each row / column outlined in its item's colour (path_shapes): where a followed
+    token, channel or neuron is in this map."""
     values = to_numpy(matrix)
     shape = values.shape
     if log_scale is None:  # a probability map: every row a distribution (an attention map), not any map in [0, 1]
@@ -215,7 +217,38 @@ def heatmap(matrix, title: str, x_title: str = "", y_title: str = "", colorscale
     if x_labels is not None and col_step == 1 and len(x_labels) <= MAX_LABELS:
         xaxis.update(tickmode="array", tickvals=list(x), ticktext=list(x_labels), tickangle=-60,
                      tickfont=dict(size=LABEL_FONT))
-    return _figure(trace, (wrap_title(title, wrap) if wrap else title) + note, height, xaxis=xaxis, yaxis=yaxis)
+    shapes = path_shapes(row_paths, col_paths, row_step, col_step)
+    return _figure(trace, (wrap_title(title, wrap) if wrap else title) + note, height, xaxis=xaxis, yaxis=yaxis,
+                   **({"shapes": shapes} if shapes else {}))
+
+
+# The followed items' outlines: a token in black, a channel or an MLP neuron in magenta (neither is a colour of the
+# RdBu or Viridis scales), each over a wider white halo so it shows on dark and on light cells alike.
+PATH_COLORS = {"token": "#111111", "channel": "#e6007e", "neuron": "#e6007e"}
+PATH_NAME = "path"  # a shape named "path <item> <position>" outlines where a followed item is (tests read it)
+
+
+def _outline(item: str, position: int, box: dict) -> list[dict]:
+    halo = dict(type="rect", **box, line=dict(color="white", width=5), fillcolor="rgba(0,0,0,0)",
+                name=f"halo {item} {position}", layer="above")
+    core = dict(type="rect", **box, line=dict(color=PATH_COLORS.get(item, "#111111"), width=2.5),
+                fillcolor="rgba(0,0,0,0)", name=f"{PATH_NAME} {item} {position}", layer="above")
+    return [halo, core]
+
+
+def path_shapes(row_paths=(), col_paths=(), row_step: int = 1, col_step: int = 1) -> list[dict]:
+    """Outlines of followed rows and columns of a heatmap: (item, position) pairs, position in the map's own rows or
+    columns. A decimated map (a cell per step x step block) outlines the cell that holds the position."""
+    shapes = []
+    for item, position in row_paths:
+        centre = (position // row_step) * row_step
+        shapes += _outline(item, position, dict(xref="x domain", x0=0, x1=1, yref="y", y0=centre - row_step / 2,
+                                                y1=centre + row_step / 2))
+    for item, position in col_paths:
+        centre = (position // col_step) * col_step
+        shapes += _outline(item, position, dict(yref="y domain", y0=0, y1=1, xref="x", x0=centre - col_step / 2,
+                                                x1=centre + col_step / 2))
+    return shapes
 
 
 def bars(labels, values, title: str, x_title: str = "", color: str = "#4c78a8") -> go.Figure:
@@ -363,10 +396,11 @@ def pixels_to_rgb(pixels) -> np.ndarray:
     return array
 
 
-def mosaic_image(pixels, patch_size: int, display: int = 240, smooth: bool = False):
+def mosaic_image(pixels, patch_size: int, display: int = 240, smooth: bool = False, patch: int | None = None):
     """A normalized pixel batch [1, C, H, W] -> an upscaled PIL image with its patch grid drawn. smooth: a grey
     picture as dark ink on white, upscaled smoothly (an 8x8 digit drawn as white squares on black is not
-    recognisable); the grid lines then thin and light."""
+    recognisable); the grid lines then thin and light. patch: a followed patch (row-major number), outlined as the
+    charts outline a followed token (black over a white halo)."""
     from PIL import Image, ImageDraw
 
     array = pixels_to_rgb(pixels)
@@ -383,19 +417,27 @@ def mosaic_image(pixels, patch_size: int, display: int = 240, smooth: bool = Fal
         draw.line([(offset, 0), (offset, height * scale)], fill=grid, width=1)
     for offset in range(step, height * scale, step):
         draw.line([(0, offset), (width * scale, offset)], fill=grid, width=1)
+    if patch is not None:
+        row, col = divmod(patch, width // patch_size)
+        box = [col * step, row * step, (col + 1) * step - 1, (row + 1) * step - 1]
+        draw.rectangle(box, outline=(255, 255, 255), width=5)
+        draw.rectangle([box[0] + 1, box[1] + 1, box[2] - 1, box[3] - 1], outline=(17, 17, 17), width=3)
     return image
 
 
-def token_chips(tokens: list[str], origins: list[int]) -> str:
-    """HTML: tokens as coloured chips; the colour follows each token's original position."""
+def token_chips(tokens: list[str], origins: list[int], followed: int | None = None) -> str:
+    """HTML: tokens as coloured chips; the colour follows each token's original position. followed: the original
+    position of a followed token, its chip outlined as the charts outline it."""
     import html
 
     n = max(len(tokens), 1)
     chips = []
     for token, origin in zip(tokens, origins, strict=True):
         hue = int(300 * origin / n)
-        chips.append(f'<span style="background:hsl({hue},70%,85%);border-radius:4px;padding:1px 4px;'
-                     f'margin:1px;display:inline-block;font-family:monospace;font-size:0.85em" '
+        outline = (f"outline:2.5px solid {PATH_COLORS['token']};box-shadow:0 0 0 4px white;font-weight:bold;"
+                   if origin == followed else "")
+        chips.append(f'<span style="background:hsl({hue},70%,85%);color:#111;border-radius:4px;padding:1px 4px;'
+                     f'margin:1px;display:inline-block;font-family:monospace;font-size:0.85em;{outline}" '
                      f'title="original position {origin}">{html.escape(token)}</span>')
     return '<div style="line-height:1.9">' + "".join(chips) + "</div>"
 
@@ -460,14 +502,14 @@ PALE = 170  # the darkest grey of a picture under an attention overlay
 
 
 def attention_overlay(rgb, grid, patch_size: int, title: str, zmax: float | None = None,
-                      display: int = 224, name: str = "") -> go.Figure:
+                      display: int = 224, name: str = "", patch: int | None = None) -> go.Figure:
     """A photo with one number per patch drawn over it as a semi-transparent heatmap.
 
     rgb: [H, W, 3] uint8 (the model's input, e.g. pixels_to_rgb); grid: [H / patch, W / patch], cell (i, j)
     covering the patch at row i, column j; the picture is drawn pale (PALE), so the heat shows the colour bar's
     colours. Small images (8x8 digits) are upscaled by nearest neighbour to about
     `display` pixels; each heat cell is stretched over its patch. Hover shows the patch and its value; `name`
-    names the heat trace (what its numbers are)."""
+    names the heat trace (what its numbers are); patch: a followed patch (row-major number) outlined as a token."""
     # The picture drawn pale (its grey levels mapped into PALE..255): over a full-contrast photo the semi-transparent
     # heat blended with dark pixels into colours that were not on the colour bar; over a pale one they are the bar's
     rgb = (PALE + np.asarray(rgb, dtype=np.uint16) * (255 - PALE) // 255).astype(np.uint8)
@@ -489,9 +531,15 @@ def attention_overlay(rgb, grid, patch_size: int, title: str, zmax: float | None
         colorbar=dict(orientation="h", thickness=8, len=1.0, y=-0.02, yanchor="top", tickfont=dict(size=10)),
         hovertemplate="patch %{customdata}: %{z:.4f}<extra></extra>")
     image = dict(type="image", source=image_data_uri(rgb, exact=small), hoverinfo="skip")
+    shapes = []
+    if patch is not None:
+        row, col = divmod(patch, grid.shape[1])
+        shapes = _outline("token", patch, dict(xref="x", yref="y", x0=col * step - 0.5, x1=(col + 1) * step - 0.5,
+                                               y0=row * step - 0.5, y1=(row + 1) * step - 0.5))
     return _figure([image, heat], title, 330,
                    xaxis=dict(visible=False, range=[-0.5, rgb.shape[1] - 0.5], constrain="domain"),
-                   yaxis=dict(visible=False, range=[rgb.shape[0] - 0.5, -0.5], scaleanchor="x", constrain="domain"))
+                   yaxis=dict(visible=False, range=[rgb.shape[0] - 0.5, -0.5], scaleanchor="x", constrain="domain"),
+                   **({"shapes": shapes} if shapes else {}))
 
 
 def head_grid_figure(maps, layers, title: str, holds=None, zmax: float | None = None) -> go.Figure:
