@@ -1,5 +1,6 @@
 """A key reorders each mixture-of-experts layer's experts by that layer's own permutation, so the key space the pages
-count in bits (n_layers x log2 E!, tests/unit/test_moe.py) is the one a key draws from."""
+count in bits (n_layers x log2 E!, tests/unit/test_moe.py) is the one a key draws from; and it translates each
+layer's router by that layer's own vector."""
 
 from perm_core.engine import symmetries
 from perm_core.engine.transforms import composed
@@ -18,3 +19,15 @@ def test_each_layer_reorders_its_experts_by_its_own_permutation():
         differing += any(not order.equal(orders[0]) for order in orders[1:])
     # independent draws of 4! orders agree in every layer for about 1 key in 24; one shared order, for all 20
     assert differing >= 15
+
+
+def test_each_layer_translates_its_router_by_its_own_vector():
+    """router_shift: one (v, c) per MoE layer, drawn from the key for that layer: a shared draw gives every layer the
+    same translation, which checks pass just as well."""
+    geometry = Subject(build_random_model("mixtral")[0]).geometry
+    for key in range(5):
+        element = symmetries.build("router_shift", key, geometry, None)
+        (first,), *others = [element.spaces[("router_shift", layer)] for layer in geometry.moe_layers]
+        assert others and all(not other.vector.equal(first.vector) and other.offset != first.offset
+                              for (other,) in others)
+        assert first.rows.tolist() == [1.0] * geometry.n_experts  # every expert's row: the routing is unchanged
