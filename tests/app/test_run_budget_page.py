@@ -1,6 +1,6 @@
 """An Explore run holds its share of the process-wide run budget (ui.runtime.budget.RUN_BUDGET): its result's bytes from
 before its model runs until its page is drawn, and its weights' twice while it computes; it gives them back when
-the page is drawn (ui.runtime.runs.explore_run)."""
+the page is drawn (ui.runtime.runs.explore)."""
 
 import pytest
 
@@ -47,7 +47,7 @@ def test_an_explore_run_holds_its_share_until_it_ends(budget):
 
 
 def test_control_a_run_that_never_gives_back_keeps_its_result_bytes(budget, monkeypatch):
-    """The check above can fail: with explore_run's last give left out, the result's bytes stay held (those for
+    """The check above can fail: with explore()'s last give left out, the result's bytes stay held (those for
     computing went back once the result was there)."""
     gives = []
     real_give = budget.give

@@ -128,7 +128,7 @@ LOADED = SimpleNamespace(labels=None, tokenizer=None)
 
 
 class FakeExplorer:
-    """What explore_run reads of an Exploration: its result's bytes, what computing adds, and run()."""
+    """What ui.runtime.runs.explore reads of an Exploration: its result's bytes, what computing adds, and run()."""
     trace_bytes, compute_bytes = 30, 50
 
     def __init__(self, fail=False):
