@@ -67,6 +67,10 @@ def main() -> None:
 
     # The block, head and weight shown are chosen before the run, so it computes everything the page draws.
     seed("layer", geometry.n_layers - 1, int, valid=lambda v: 0 <= v < geometry.n_layers)
+    if st.session_state.get("play_timer", False) and "play_layer" in st.session_state:
+        # Play's timer ran until this full run (it starts or stops the timer): Play's own count of the block holds,
+        # not the slider's value, which the browser may still report from before Play's last step (play_step).
+        st.session_state["layer"] = st.session_state["play_layer"]
     seed("head", 0, int, valid=lambda v: 0 <= v < geometry.n_heads)
     if st.session_state.get("layer", 0) >= geometry.n_layers:
         st.session_state["layer"] = geometry.n_layers - 1
