@@ -18,3 +18,16 @@ def save_and_scramble(model, directory: Path, key: int = 5, symmetries=WEIGHT_SY
         argv += ["--symmetry", name]
     assert main(argv) == 0
     return validated("scramble_keys", directory / "scrambled" / "key.json")
+
+
+def reloaded_in_transformers(directory: Path):
+    """directory/original and directory/scrambled as plain transformers loads them (float64, eager attention and
+    experts: the stock grouped_mm refuses float64)."""
+    import torch
+    import transformers
+
+    def stock(path):
+        return transformers.AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch.float64, experts_implementation="eager", attn_implementation="eager").eval()
+
+    return stock(directory / "original"), stock(directory / "scrambled")

@@ -68,3 +68,16 @@ def assert_same_errors(streamed, whole) -> None:
         # on (gpt-oss's experts reordered: its loop over experts adds each token's two in the same order, bit exact)
         assert (0 < mine.max_rel_error and 0 < theirs.max_rel_error) or (
             mine.max_rel_error == theirs.max_rel_error == 0 and mine.moved >= 0.1 and len(by_name(mine)) > 3)
+
+
+def assert_streamed_report_agrees(streamed, whole) -> None:
+    """A streamed report and the whole-model report of the same checkpoint and input: both pass, with the same errors
+    (assert_same_errors), the same controls each broken by more than round-off, the same oracle and restricted
+    forms."""
+    assert whole.passed and streamed.passed
+    assert_same_errors(streamed, whole)
+    assert [(c.symmetry, c.name, c.broken) for c in streamed.controls] == [
+        (c.symmetry, c.name, c.broken) for c in whole.controls]
+    assert all(c.broken and c.max_rel_error > 1e-3 for c in streamed.controls)
+    assert streamed.oracle.passed and streamed.oracle.max_rel_error == pytest.approx(whole.oracle.max_rel_error)
+    assert streamed.restricted == whole.restricted

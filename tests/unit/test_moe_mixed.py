@@ -22,7 +22,7 @@ from perm_core.run.numerics import use_exact_numerics
 from perm_core.stream.check import stream_check
 from perm_core.verify.check import check
 from perm_core.verify.subject import Subject
-from tests.unit.scrambled_checkpoints import save_and_scramble
+from tests.unit.scrambled_checkpoints import reloaded_in_transformers, save_and_scramble
 from tests.unit.symmetry_asserts import assert_every_control_breaks, assert_symmetry_holds
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
@@ -108,12 +108,7 @@ def test_a_scramble_reloads_as_the_same_function_and_compare_recovers_it(family,
     model = mixed_model(family)
     names = ("experts", "mlp", "channels", "heads", "rotation", "router_shift")
     save_and_scramble(model, tmp_path, key=5, symmetries=names)
-
-    def stock(path):
-        return hf.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64, experts_implementation="eager",
-                                                       attn_implementation="eager").eval()
-
-    original, scrambled = stock(tmp_path / "original"), stock(tmp_path / "scrambled")
+    original, scrambled = reloaded_in_transformers(tmp_path)
     ids = random_inputs(family, model, seed=3)["input_ids"]
     with torch.no_grad():
         expected, got = original(ids).logits, scrambled(ids).logits
