@@ -53,6 +53,11 @@ def family_html(name: str) -> str:
     return '<span class="class-name">' + "<wbr>".join(html.escape(word) for word in words) + "</span>"
 
 
+def cell_number(cell) -> str:
+    """The cell's measured error; none where the architecture has nothing for the symmetry to act on (nothing ran)."""
+    return "—" if cell.status == NOT_APPLICABLE else f"{cell.max_rel_error:.1e}"
+
+
 def matrix_html(rows: list[Row], labels: dict[str, str]) -> str:
     head = "".join(f"<th>{html.escape(labels[s])}</th>" for s in SYMMETRIES)
     body = []
@@ -64,7 +69,7 @@ def matrix_html(rows: list[Row], labels: dict[str, str]) -> str:
             cells.append(
                 f'<td style="background:{COLOURS[cell.status]}" title="{tip}">'
                 f'<a href="{html.escape(explore_link(row, symmetry), quote=True)}" target="_self">'
-                f"{LABELS[cell.status]}<br><code>{cell.max_rel_error:.1e}</code></a></td>")
+                f"{LABELS[cell.status]}<br><code>{cell_number(cell)}</code></a></td>")
         body.append(f"<tr><th>{family_html(row.family)}<br><small>{class_name_html(row.model_class)}</small></th>"
                     f"{''.join(cells)}</tr>")
     return ('<table class="symmetry-matrix"><thead><tr><th>family</th>' + head + "</tr></thead><tbody>"
