@@ -100,10 +100,6 @@ def use_exact_numerics(model) -> None:
             module.forward = types.MethodType(_exact_router_forward, module)
 
 
-def _attention_of(model):
-    return model.config._attn_implementation
-
-
 @contextlib.contextmanager
 def exact_numerics(model):
     """The model on exact numerics (use_exact_numerics) for the duration, then as it came: its attention and experts
@@ -111,10 +107,10 @@ def exact_numerics(model):
     stock norms) is traced, scrambled and compared on the same numerics as a model perm_core loaded, and is handed
     back unchanged. A model that is on them already (perm_core loaded it) is left alone: the app's shared models
     run other sessions' forwards meanwhile."""
-    if _attention_of(model) == EXACT_EAGER:
+    attention = model.config._attn_implementation
+    if attention == EXACT_EAGER:
         yield model
         return
-    attention = _attention_of(model)
     experts = getattr(model.config, "_experts_implementation", None)
     own_forwards = {module: module.__dict__.get("forward") for module in model.modules()}
     use_exact_numerics(model)
