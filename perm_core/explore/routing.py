@@ -1,9 +1,7 @@
 """Which experts each token chose in one mixture-of-experts block: original, scrambled and un-scrambled.
 
-Read, not recomputed: in every MoE family transformers 5.23 has (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, gpt-oss) the
-block calls its routed experts as experts(hidden [N, H], top_k_index [N, k], top_k_weights [N, k]), so a pre-hook on
-that module records the router's own choice and weights in the run that computes everything else (MoE blocks run
-eagerly: perm_core.fast.graph_forward refuses them, so the hook sees every call).
+Read, not recomputed: the arguments each block's routed experts were called with, recorded in the run that computes
+everything else (perm_core.verify.expert_blocks.recording_experts): the routers' own choices and weights.
 
 Each view is a [tokens, experts] map: 1 (chosen) or the routing weight where a token chose an expert, 0 elsewhere.
 The scrambled map is what the scrambled model chose, at its own token positions and expert numbers; the element
@@ -22,42 +20,16 @@ from dataclasses import dataclass
 import torch
 
 from perm_core.engine.spec import apply_axes
-from perm_core.engine.transforms import Permutation
-from perm_core.run import capture
-
-
-def experts_modules(subject) -> dict[int, str]:
-    """MoE block -> the module of its routed experts (the one holding gate_up_proj); {} for a dense model."""
-    return {claim.layer: name.rsplit(".", 1)[0] for name, claim in subject.claims.items()
-            if claim.rule.tag == "experts.gate_up" and claim.layer in subject.geometry.moe_layers}
+from perm_core.verify.expert_blocks import choice_maps, expert_order, recording_experts
 
 
 @contextmanager
 def recording_routing(subject):
     """Yields {block: (chosen experts [N, k], their weights [N, k])}, filled once the forward inside has run."""
-    modules = experts_modules(subject)
     routing: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-    if not modules:
+    with recording_experts(subject) as calls:
         yield routing
-        return
-    with capture.recording_calls(subject.model, modules.values()) as boxes:
-        yield routing
-    for layer, name in modules.items():
-        args = boxes[name].get("args")
-        if args is None:
-            continue
-        if len(args) < 3 or args[1].is_floating_point():
-            raise RuntimeError(f"{name} was not called as experts(hidden, top_k_index, top_k_weights)")
-        routing[layer] = (args[1], args[2])
-
-
-def _maps(index: torch.Tensor, weights: torch.Tensor, n_tokens: int, n_experts: int):
-    """([B, T, E] 1 where chosen, [B, T, E] the weight where chosen), 0 elsewhere, in float64."""
-    shape = (index.shape[0] // n_tokens, n_tokens, n_experts)
-    flat = torch.zeros(index.shape[0], n_experts, dtype=torch.float64)
-    chosen = flat.scatter(1, index, 1.0)
-    weighted = flat.scatter(1, index, weights.double())
-    return chosen.reshape(shape), weighted.reshape(shape)
+    routing.update({layer: args[1:] for layer, args in calls.items()})
 
 
 @dataclass(frozen=True)
@@ -105,20 +77,14 @@ class RoutingView:
         return (self.weights[2] - self.weights[0]).abs().max().item()
 
 
-def _order(chain, size: int) -> list[int]:
-    """The permutation a chain of one Permutation makes (identity where the chain is empty)."""
-    perms = [t for t in chain if isinstance(t, Permutation)]
-    return perms[-1].index.tolist() if len(perms) == len(chain) == 1 else list(range(size))
-
-
 def routing_view(explorer, result, layer: int) -> RoutingView | None:
     """The chosen block's routing, original | scrambled | un-scrambled (batch row 0); None for a block without
     experts or a run that recorded none."""
     if layer not in explorer.original_routing or layer not in result.routing:
         return None
     n_tokens, n_experts = explorer.n_tokens, explorer.geometry.n_experts
-    original = _maps(*explorer.original_routing[layer], n_tokens, n_experts)
-    scrambled = _maps(*result.routing[layer], n_tokens, n_experts)
+    original = choice_maps(*explorer.original_routing[layer], n_tokens, n_experts)
+    scrambled = choice_maps(*result.routing[layer], n_tokens, n_experts)
     axes = (None, "tokens", ("experts", layer))
     element = result.scramble
 
@@ -130,7 +96,7 @@ def routing_view(explorer, result, layer: int) -> RoutingView | None:
     tokens = element.tokens.index.tolist() if element.tokens is not None else list(range(n_tokens))
     return RoutingView(layer, result.routing[layer][0].shape[-1], tuple(t[0] for t in chosen),
                        tuple(t[0] for t in weights), moved(original[0], element)[0], tokens,
-                       _order(element.chain("experts", layer), n_experts))
+                       expert_order(element, layer, n_experts))
 
 
 def choice_sentences(view: RoutingView) -> tuple[str, str, str]:
