@@ -12,8 +12,10 @@ def _expert_labels(n_experts: int) -> list[str]:
 
 def choice_map(chosen, title: str, token_labels=None):
     """[tokens, experts]: 1 (lit) where the token chose the expert, 0 where not."""
-    return figures.heatmap(chosen, title, "expert", "token", colorscale="Greys", symmetric=False, zmax=1.0,
-                           y_labels=token_labels, x_labels=_expert_labels(chosen.shape[-1]), log_scale=False)
+    fig = figures.heatmap(chosen, title, "expert", "token", colorscale="Greys", symmetric=False, zmax=1.0,
+                          y_labels=token_labels, x_labels=_expert_labels(chosen.shape[-1]), log_scale=False)
+    fig.data[0].showscale = False  # two values, black where chosen: a colour bar would only say 0 and 1
+    return fig
 
 
 def weight_map(weights, title: str, zmax: float, token_labels=None):
