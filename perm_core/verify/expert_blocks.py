@@ -52,10 +52,12 @@ def recording_experts(subject):
 
 
 def choice_maps(index: torch.Tensor, weights: torch.Tensor, n_tokens: int, n_experts: int):
-    """([B, T, E] 1 where the token chose the expert, [B, T, E] its weight there), 0 elsewhere, in float64."""
+    """([B, T, E] 1 where the token chose the expert, [B, T, E] its weight there), 0 elsewhere, in float64 on the CPU
+    (a few numbers a token, wherever the model ran: MPS has no float64)."""
     shape = (index.shape[0] // n_tokens, n_tokens, n_experts)
+    index = index.cpu()
     flat = torch.zeros(index.shape[0], n_experts, dtype=torch.float64)
-    return flat.scatter(1, index, 1.0).reshape(shape), flat.scatter(1, index, weights.double()).reshape(shape)
+    return flat.scatter(1, index, 1.0).reshape(shape), flat.scatter(1, index, weights.cpu().double()).reshape(shape)
 
 
 def expert_order(scramble: Scramble, layer: int, n_experts: int) -> list[int]:
