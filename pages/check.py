@@ -121,7 +121,9 @@ def main() -> None:
     st.table(pd.DataFrame([{"control": f"{c.symmetry}: {c.description}", "max rel error": f"{c.max_rel_error:.1e}",
                             "measured on": c.measured_on,
                             "result": "broken, as it must" if c.broken else
-                            "cannot bite here" if not c.informative else "NOT BROKEN"} for c in report.controls]),
+                            "cannot bite here" if not c.informative else "NOT BROKEN",
+                            **({"where in the experts": " ".join(block_notes(c.experts, most=1))}
+                               if any(other.experts for other in report.controls) else {})} for c in report.controls]),
              hide_index=True)
     for c in uninformative:
         st.caption(f"**{c.symmetry}: {c.description}** — {c.note}.")

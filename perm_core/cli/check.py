@@ -164,6 +164,7 @@ def format_report(report) -> str:
                      + ("" if c.measured_on == "every traced tensor" else f", on {c.measured_on}"))
         if c.note:
             lines.append(f"    {c.note}")
+        lines += [f"    {note}" for note in block_notes(c.experts, most=1)]  # where it began in the experts
     if report.oracle is not None:
         o = report.oracle
         lines += ["", f"oracle: the original run's {o.output} against transformers' own forward ({o.attention} "

@@ -205,7 +205,11 @@ def _checked(model, inputs: dict, names: list[str], key_of: dict[str, int], mode
         for control in controls.get(name, []):
             advance(f"{name}: negative control, {control.description}")  # words, not its identifier
             with clock("controls"):
-                report.controls.append(explain_unbroken(subject, control, run_control(subject, control, original)))
+                result = explain_unbroken(subject, control, run_control(subject, control, original))
+                if result.broken and control.name in expert_blocks.MOE_CONTROLS:  # where in the experts it broke
+                    result = replace(result, experts=expert_blocks.diagnose(
+                        subject, control.scramble, subject.transformed_params(control.scramble), subject.tolerance))
+                report.controls.append(result)
     for name, reason in missing.items():
         advance(f"{name}: measuring why it does not hold")
         scramble = subject.build({name: key_of[name]})

@@ -24,6 +24,11 @@ from perm_core.engine.transforms import Permutation
 from perm_core.run import capture
 from perm_core.run.stateless import functional_call
 
+# The negative controls of the experts, of mlp inside them and of the router's translation (perm_core.engine.moe.
+# controls): a report says where in the experts each of them broke
+MOE_CONTROLS = frozenset({"router_not_permuted", "router_alone", "expert_down_not_permuted", "interleaving_ignored",
+                          "one_row_shifted"})
+
 
 def experts_modules(subject) -> dict[int, str]:
     """MoE block -> the module of its routed experts (the one holding gate_up_proj); {} for a dense model."""

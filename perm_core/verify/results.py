@@ -62,6 +62,7 @@ class ControlResult:
     # are uniform here (a norm at init), so its element is itself a symmetry of this checkpoint (see explain_unbroken)
     informative: bool = True
     note: str = ""
+    experts: list[ExpertBlock] = field(default_factory=list)  # a mixture of experts' own control: where it broke
 
     @property
     def holds(self) -> bool:
@@ -113,7 +114,7 @@ class Report:
             entry["floored"] = c.floored
             entry["tensors"] = [tensor_entry(t) for t in c.tensors]
             checks.append(entry)
-        controls = [{k: v for k, v in asdict(c).items() if k != "description" and (k != "note" or v)}
+        controls = [{k: v for k, v in asdict(c).items() if k != "description" and (k not in ("note", "experts") or v)}
                     for c in self.controls]
         not_symmetries = [{**asdict(n), "broken": n.broken} for n in self.not_symmetries]
         return json_safe({"schema_version": SCHEMA_VERSION, "model": self.model, "family": self.family,

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from perm_core.cli.check import format_report
-from perm_core.engine import symmetries
+from perm_core.engine import moe, symmetries
 from perm_core.engine.spec import Scramble
 from perm_core.engine.transforms import Permutation
+from perm_core.families import geometry_of
 from perm_core.models.random_models import build_random_model, random_inputs
 from perm_core.verify.check import check, check_scramble
 from perm_core.verify.results import Report
@@ -95,3 +96,23 @@ def test_a_dense_model_has_no_expert_errors():
     document = validated("check", report.to_json())
     assert not any("expert_errors" in t for c in document["checks"] for t in c["tensors"])
     assert not any("experts" in c for c in document["checks"])
+
+
+def test_each_broken_control_of_the_experts_says_where_in_the_experts_it_broke():
+    """The report's controls of the experts and of the router's translation, on gpt-oss: the router's own breaks
+    (experts reordered without their router rows, one router row shifted alone) leave every expert of block 0 exact
+    and reroute tokens; router rows reordered alone change exactly the experts the key moves."""
+    model = build_random_model("gpt_oss", dtype=torch.float64, seed=3)[0]
+    report = check(model, random_inputs("gpt_oss", model, seed=3), ["experts", "router_shift"], key=12345,
+                   backward=False, include_combined=False)
+    assert report.passed
+    first = {c.name: c.experts[0] for c in report.controls}
+    assert set(first) == {"router_not_permuted", "router_alone", "one_row_shifted"}
+    for name in ("router_not_permuted", "one_row_shifted"):
+        assert first[name].layer == 0 and first[name].experts_over_tolerance == [] and first[name].tokens_rerouted
+    order = moe.expert_order(12345, geometry_of(model), 0).tolist()
+    assert first["router_alone"].experts_over_tolerance == [e for e in range(4) if order[e] != e] != []
+    assert first["router_alone"].tokens_rerouted == 0
+    text = format_report(report)
+    assert "block 0's experts, each on every token: all 4 exact; " in text
+    assert validated("check", report.to_json())["controls"][0]["experts"][0]["layer"] == 0
