@@ -7,6 +7,7 @@ import torch
 from perm_core.models.input_spec import inputs_from_spec
 from perm_core.models.registry import load_model
 from perm_core.verify.check import check
+from perm_core.verify.expert_blocks import block_notes
 from tests.app.test_check import check_page, run_button
 
 
@@ -33,6 +34,12 @@ def test_mixtral_names_each_expert_tensors_worst_expert():
     report = check(loaded.model, inputs_from_spec(loaded, spec), ["experts"], key={"experts": 7})
     expected = {t.name: t.worst_expert for t in report.checks[1].tensors if t.expert_errors}
     assert dict(zip(fused["tensor"], fused["worst expert"].astype(int), strict=True)) == expected
+    # each negative control of the experts says where in the experts it broke, as the library's report does
+    controls = at.table[0].value
+    shown = dict(zip(controls["control"], controls["where in the experts"], strict=True))
+    said = {f"{c.symmetry}: {c.description}": " ".join(block_notes(c.experts, most=1)) for c in report.controls}
+    assert shown == said
+    assert "all 4 exact" in shown["experts: experts reordered, their router rows and biases not"]
 
 
 def test_a_dense_models_table_has_no_expert_columns():
