@@ -9,6 +9,8 @@ import torch
 
 from perm_core.models.input_spec import check_command
 from perm_core.verify.check import check
+from perm_core.verify.expert_blocks import block_notes
+from perm_core.verify.experts import expert_columns
 from ui.charts import figures
 from ui.export import chart
 from ui.long_run import long_run, stop_if_stopped
@@ -109,12 +111,19 @@ def main() -> None:
         st.markdown("\n".join(f"- **{c.symmetry} / {c.direction}**: first tensor over its tolerance, in the order the "
                               f"run computed them: `{c.first_break}`" for c in failing))
         st.caption("The first failing check is picked under Per-tensor errors below, with its error place by place.")
+    expert_notes = [f"- **{c.symmetry} / {c.direction}**: {note}" for c in report.checks
+                    for note in block_notes(c.experts)]
+    if expert_notes:  # a mixture of experts: the first block listed is where its experts or its routing broke
+        st.markdown("Which experts broke, block by block (each expert run on every token of its block's input):\n"
+                    + "\n".join(expert_notes))
     st.subheader("Negative controls")
     # A static table wraps long control names and results instead of clipping them in a narrow window.
     st.table(pd.DataFrame([{"control": f"{c.symmetry}: {c.description}", "max rel error": f"{c.max_rel_error:.1e}",
                             "measured on": c.measured_on,
                             "result": "broken, as it must" if c.broken else
-                            "cannot bite here" if not c.informative else "NOT BROKEN"} for c in report.controls]),
+                            "cannot bite here" if not c.informative else "NOT BROKEN",
+                            **({"where in the experts": " ".join(block_notes(c.experts, most=1))}
+                               if any(other.experts for other in report.controls) else {})} for c in report.controls]),
              hide_index=True)
     for c in uninformative:
         st.caption(f"**{c.symmetry}: {c.description}** — {c.note}.")
@@ -143,7 +152,8 @@ def main() -> None:
     # Headers in words (not the report's field names); where no floor applies the reason is empty, not "None".
     st.dataframe(pd.DataFrame([{"tensor": t.name, "max abs error": t.max_abs_error, "max rel error": t.max_rel_error,
                                 "tolerance": t.tolerance, "finite": t.finite,
-                                FLOOR_COLUMN: t.floor_reason or ""} for t in tensors]), hide_index=True,
+                                FLOOR_COLUMN: t.floor_reason or "", **expert_columns(t, tensors)}
+                               for t in tensors]), hide_index=True,
                  width="stretch", height=240,
                  column_config=SCIENTIFIC)
     st.caption(f"\"{FLOOR_COLUMN}\": a tensor that is zero in exact arithmetic has no relative error to speak of; it "

@@ -351,6 +351,9 @@ def _block(view, explorer, request, block, token_axes, names) -> None:
     if block.mlp is not None:
         st.subheader(f"MLP neurons of block {layer}")
         panels.mlp_neurons(block.mlp, follow, order)
+    if block.routing is not None:  # a mixture of experts: its block has no dense MLP to show
+        st.subheader(f"Experts chosen in block {layer}")
+        panels.routing(block.routing, token_axes)
     if block.weight is not None:
         st.subheader(f"Weights of block {layer}")
         weight_panel(view, request, names, {"explorer": explorer, "weight": block.weight})

@@ -7,7 +7,8 @@ import streamlit as st
 
 from perm_core.explore.exploration import ExploreResult, bits_summary, format_bits, permutation_of
 from perm_core.explore.path import column_order
-from ui.charts import figures
+from perm_core.explore.routing import choice_sentences, weight_sentences
+from ui.charts import figures, figures_routing
 from ui.export import chart
 from ui.sidebar import SYMMETRY_LABELS
 
@@ -330,3 +331,20 @@ def mlp_neurons(view, follow=None, order: str = "stored") -> None:
             ", and so on." if len(moved) > 3 else ".")
     st.caption(f"{what} Measured at the input of {view.module}; un-scrambled, the activations match the "
                f"original to {view.max_rel_error:.1e} (relative).")
+
+
+def routing(view, token_labels=None) -> None:
+    """A mixture-of-experts block's routing (perm_core.explore.routing.RoutingView): which experts each token chose,
+    then the weight the router gave each choice, every column with the sentence its numbers give. token_labels: the
+    words of each column's rows, as three_heatmaps'."""
+    zmax = float(view.weights[0].max()) or 1.0
+    rows = (("choice", view.chosen, choice_sentences(view), "experts chosen",
+             lambda m, title, words: figures_routing.choice_map(m, title, words)),
+            ("weight", view.weights, weight_sentences(view), "routing weights",
+             lambda m, title, words: figures_routing.weight_map(m, title, zmax, words)))
+    for kind, maps, sentences, what, draw in rows:
+        cols = st.columns(3)
+        for i, (col, label, tensor, sentence) in enumerate(zip(cols, TITLES, maps, sentences, strict=True)):
+            words = token_labels[i] if token_labels else None
+            chart(draw(tensor, f"{label}:<br>{what}, block {view.layer}", words), width="stretch",
+                  key=f"routing-{view.layer}-{kind}-{label}", where=col, caption=sentence)

@@ -30,7 +30,7 @@ from perm_core.run import trace_names
 from perm_core.run.stateless import functional_call, own_dtype
 from perm_core.run.threads import one_thread
 from perm_core.verify.subject import Subject
-from perm_core.verify.tolerances import BROKEN_AT, TOLERANCE, worst_rel
+from perm_core.verify.tolerances import BROKEN_AT, TOLERANCE, tensor_entry, worst_rel
 
 Progress = Callable[[float, str], None] | None
 GROUPS = {"attention": ("attn.",), "mlp": ("mlp.",), "other": ("embedding", "position", "norm", "head")}
@@ -164,7 +164,7 @@ def prove_alignment(model_b, scramble: Scramble, n_images: int = 64) -> Proof:
     control_errors = subject.errors(original, subject.unscramble(subject.trace(control), control))
     control_worst = worst_rel(control_errors)
     passed = bool(errors) and all(e.passed for e in errors)
-    return Proof(passed, worst, tolerance, n_images, [asdict(e) for e in errors],
+    return Proof(passed, worst, tolerance, n_images, [tensor_entry(e, empty_floor=True) for e in errors],
                  "alignment with the key-side transforms left out", control_worst, control_worst > BROKEN_AT)
 
 

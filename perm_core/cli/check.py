@@ -16,6 +16,7 @@ from perm_core.cli import (
 )
 from perm_core.cli._streamed import loaded_stand_in, streamed_model, streams_by_itself
 from perm_core.engine.symmetries import SYMMETRIES
+from perm_core.verify.expert_blocks import block_notes
 from perm_core.verify.tolerances import worst
 
 
@@ -134,6 +135,7 @@ def format_report(report) -> str:
             lines.append(f"    first breaks at {c.first_break}; worst error over tolerance, in the order the run "
                          "computed them:")
             lines += [f"      {s.where:<20} {s.error_over_tolerance:>10.3g}  {s.worst_tensor}" for s in c.stages]
+        lines += [f"    {note}" for note in block_notes(c.experts)]
         raised = [t for t in c.tensors if t.finite and t.tolerance > c.tolerance]
         if raised:
             top = max(raised, key=lambda t: t.tolerance)
@@ -162,6 +164,7 @@ def format_report(report) -> str:
                      + ("" if c.measured_on == "every traced tensor" else f", on {c.measured_on}"))
         if c.note:
             lines.append(f"    {c.note}")
+        lines += [f"    {note}" for note in block_notes(c.experts, most=1)]  # where it began in the experts
     if report.oracle is not None:
         o = report.oracle
         lines += ["", f"oracle: the original run's {o.output} against transformers' own forward ({o.attention} "

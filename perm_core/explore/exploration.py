@@ -17,6 +17,7 @@ import torch
 
 from perm_core.engine import symmetries
 from perm_core.engine.spec import Scramble
+from perm_core.explore.routing import recording_routing
 from perm_core.fast import param_cache
 from perm_core.run import trace_names
 from perm_core.run.capture import capturing, output_projection
@@ -38,6 +39,8 @@ class ExploreResult:
     moved_what: str = ""
     mlp_inputs: dict[int, torch.Tensor] = field(default_factory=dict)  # block -> MLP activation, recorded in the run
     not_holding: dict[str, str] = field(default_factory=dict)  # switched-on symmetries this model lacks -> why
+    # MoE block -> (experts each token chose [N, k], their weights [N, k]) as the scrambled run's routers gave them
+    routing: dict[int, tuple] = field(default_factory=dict)
 
     @property
     def expected_failure(self) -> bool:
@@ -160,7 +163,9 @@ class Exploration:
     def __init__(self, model, inputs: dict, model_id: str = ""):
         self.subject = Subject(model, inputs)
         self.model_id = model_id or weights_id(model)
-        self.original: dict[str, Record] = self.subject.trace()
+        with recording_routing(self.subject) as routing:  # {} for a dense model
+            self.original: dict[str, Record] = self.subject.trace()
+        self.original_routing: dict[int, tuple] = routing  # perm_core.explore.routing, as ExploreResult.routing
         # The original model's MLP activations of the blocks viewed so far (perm_core.explore.mlp_view), by module.
         self.mlp_originals: dict[str, torch.Tensor] = {}
 
@@ -228,12 +233,13 @@ class Exploration:
         mlp_inputs = {}
         module = self._mlp_module(mlp_layer)
         # A key change repeats this forward on one input: as one graph it waits for the GIL once, not per op
-        if module is None:
-            scrambled = self.subject.trace(scramble, params=params, graph=True)
-        else:
-            with capturing(self.subject.model, module) as box:
+        with recording_routing(self.subject) as routing:
+            if module is None:
                 scrambled = self.subject.trace(scramble, params=params, graph=True)
-            mlp_inputs[mlp_layer] = box["input"]
+            else:
+                with capturing(self.subject.model, module) as box:
+                    scrambled = self.subject.trace(scramble, params=params, graph=True)
+                mlp_inputs[mlp_layer] = box["input"]
         traced = time.perf_counter()
         restored = self.subject.unscramble_lazily(scrambled, scramble)  # kept: each tensor redrawn when shown
         errors = self.subject.errors(self.original, restored, scramble)  # each built, compared and dropped
@@ -242,7 +248,7 @@ class Exploration:
         lacking = {name: why for name, why in self.geometry.not_holding().items() if name in keys_by_symmetry}
         return ExploreResult(scramble, scrambled, restored, errors, self.subject.dtype, chosen,
                              {"params": built - started, "trace": traced - built, "compare": done - traced},
-                             moved, what, mlp_inputs, lacking)
+                             moved, what, mlp_inputs, lacking, routing)
 
 
 def bits_summary(keys_by_symmetry: dict[str, int], geometry, n_tokens: int) -> dict[str, float]:

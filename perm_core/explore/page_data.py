@@ -1,8 +1,9 @@
 """One Explore result's views of a chosen block, head and weight matrix, all computed together before any is used:
 the input (pixels, or the token order), the hidden state and attention map of that block, the class token's
-attention over the patch grid, the MLP's neurons, the weight, every head of up to a dozen blocks, the outputs, and
-one row per compared tensor. block_views (and attention_view, weight_triple) give the chosen block's alone: what a
-display change (another block, head or weight matrix) redraws, each a slice of the same result.
+attention over the patch grid, the MLP's neurons (or a mixture of experts' routing), the weight, every head of up
+to a dozen blocks, the outputs, and one row per compared tensor. block_views (and attention_view, weight_triple)
+give the chosen block's alone: what a display change (another block, head or weight matrix) redraws, each a slice
+of the same result.
 
 Each view is a triple (original, scrambled, un-scrambled), the un-scrambled one the inverse applied to what the
 scrambled model produced. Only the chosen block, head and weight matrix are un-scrambled; the rest of the result's
@@ -32,6 +33,7 @@ from perm_core.explore.exploration import (
 )
 from perm_core.explore.mlp_view import MlpView
 from perm_core.explore.path import AxisPath, axis_path, default_column, default_token, tensor_paths
+from perm_core.explore.routing import RoutingView, routing_view
 from perm_core.run import trace_names
 
 
@@ -76,6 +78,7 @@ class BlockViews:
     hidden_paths: tuple[AxisPath, AxisPath]  # the hidden state's rows (tokens) and columns (channels)
     attention_paths: tuple[AxisPath, AxisPath]  # the attention map's rows (query tokens) and columns (key tokens)
     tokens: AxisPath  # the input's tokens: where each patch or word went (the pictures, the chips, the overlays)
+    routing: RoutingView | None = None  # a mixture-of-experts block: which experts each token chose
 
 
 @dataclass
@@ -127,7 +130,7 @@ def block_views(explorer: Exploration, result: ExploreResult, choice: PageChoice
     return BlockViews(choice, hidden, attention_view(explorer, result, layer, choice.head), class_attention,
                       pictures, mlp, weight_triple(explorer, result, layer, choice.weight, keys_by_symmetry, control),
                       _record_paths(original[hidden_name], result), _record_paths(original[attn_name], result),
-                      axis_path("tokens", explorer.n_tokens, result.scramble))
+                      axis_path("tokens", explorer.n_tokens, result.scramble), routing_view(explorer, result, layer))
 
 
 def _record_paths(record, result: ExploreResult) -> tuple[AxisPath, AxisPath]:

@@ -93,3 +93,32 @@ def stopped_input(subject, params: dict, scramble, module_name: str, inputs: dic
     if "input" not in box:
         raise RuntimeError(f"{module_name} was not called in the forward pass")
     return box["input"]
+
+
+_CALLS = threading.local()  # .boxes: {module: box} of the call recordings in progress in this thread
+
+
+def _record_call(module, args):
+    box = (getattr(_CALLS, "boxes", None) or {}).get(module)
+    if box is not None:
+        box["args"] = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
+
+
+@contextmanager
+def recording_calls(model: torch.nn.Module, module_names):
+    """{name: box} for several modules at once, beside any capture: each box's "args" are the positional arguments
+    of that module's last call in this thread meanwhile (a forward that never calls it leaves its box empty). The
+    hooks are permanent and pass other threads' calls through untouched, as capturing's do."""
+    modules = {name: model.get_submodule(name) for name in module_names}
+    with _HOOKING:
+        for module in modules.values():
+            if not getattr(module, "_tse_call_hook", False):
+                module.register_forward_pre_hook(_record_call)
+                module._tse_call_hook = True
+    boxes = {name: {} for name in modules}
+    previous = getattr(_CALLS, "boxes", None)
+    _CALLS.boxes = {**(previous or {}), **{modules[name]: boxes[name] for name in modules}}
+    try:
+        yield boxes
+    finally:
+        _CALLS.boxes = previous

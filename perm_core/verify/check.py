@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -22,7 +22,7 @@ from perm_core.run import trace_names
 from perm_core.run.devices import placed
 from perm_core.run.numerics import exact_numerics
 from perm_core.run.trace import Record
-from perm_core.verify import oracle
+from perm_core.verify import expert_blocks, experts, oracle
 from perm_core.verify.controls import explain_unbroken, measure_break, run_control
 from perm_core.verify.first_break import first_break, stages
 from perm_core.verify.results import CheckResult, NotSymmetry, Report, VacuousCheckError
@@ -59,6 +59,8 @@ class StreamedGradients:
         self.inverse = inverse_of_spaces(scramble, original)
         self.scale = subject._scales(original, list(original), subject.dtype)
         self.differences: dict[str, tuple[float, float, bool]] = {}
+        self.expert_names = experts.expert_tensors(subject)
+        self.expert_errors: dict[str, tuple[float, ...]] = {}  # verify.experts, of the gradients that have them
 
     def __call__(self, parameter: str, record: Record) -> None:
         name = trace_names.param_grad(parameter)
@@ -67,6 +69,8 @@ class StreamedGradients:
         reference = {name: self.original[name].tensor}
         restored = Unscrambled({name: record}, self.inverse, self.subject.geometry.patch_size)
         self.differences.update(relative_differences(reference, restored, self.scale))
+        if name in self.expert_names:
+            self.expert_errors.update(experts.measured((name,), reference, restored, self.scale))
 
 
 def check_scramble(subject: Subject, scramble: Scramble, label: str, original: dict[str, Record],
@@ -78,17 +82,26 @@ def check_scramble(subject: Subject, scramble: Scramble, label: str, original: d
                               on_param_grad=streamed)
     # The transformed set is not kept through the comparison (a model's worth of memory): the weights'
     # movement builds the few tensors it looks at again.
-    errors = subject.errors(original, subject.unscramble_lazily(scrambled, scramble), scramble,
-                            streamed.differences if streamed else None)
+    restored = subject.unscramble_lazily(scrambled, scramble)
+    errors = subject.errors(original, restored, scramble, streamed.differences if streamed else None)
     if streamed is not None and not (errors and all(e.passed for e in errors)):
-        del scrambled, errors
+        del scrambled, restored, errors
         return check_scramble(subject, scramble, label, original, backward, stream=False)
-    del scrambled
+    # Which expert an expert tensor's error is in (verify.experts): measured as backward handed the gradient over,
+    # or here, each such tensor un-scrambled once more
+    names = experts.expert_tensors(subject)
+    per_expert = streamed.expert_errors if streamed is not None else experts.measured(
+        names, original, restored, subject._scales(original, list(original), subject.dtype)) if names else {}
+    errors = experts.with_expert_errors(errors, per_expert)
+    del scrambled, restored
     moved, what = subject.element_movement(scramble)
     results = []
     for direction in ("forward", "backward") if backward else ("forward",):
         mine = [e for e in errors if trace_names.is_grad(e.name) == (direction == "backward")]
         results.append(summarize(subject, label, direction, mine, moved, what))
+    if subject.geometry.n_experts and not all(r.passed for r in results):  # where its experts broke (expert_blocks)
+        blocks = expert_blocks.diagnose(subject, scramble, subject.transformed_params(scramble), subject.tolerance)
+        results = [replace(r, experts=blocks) if not r.passed else r for r in results]
     return results
 
 
@@ -192,7 +205,11 @@ def _checked(model, inputs: dict, names: list[str], key_of: dict[str, int], mode
         for control in controls.get(name, []):
             advance(f"{name}: negative control, {control.description}")  # words, not its identifier
             with clock("controls"):
-                report.controls.append(explain_unbroken(subject, control, run_control(subject, control, original)))
+                result = explain_unbroken(subject, control, run_control(subject, control, original))
+                if result.broken and control.name in expert_blocks.MOE_CONTROLS:  # where in the experts it broke
+                    result = replace(result, experts=expert_blocks.diagnose(
+                        subject, control.scramble, subject.transformed_params(control.scramble), subject.tolerance))
+                report.controls.append(result)
     for name, reason in missing.items():
         advance(f"{name}: measuring why it does not hold")
         scramble = subject.build({name: key_of[name]})

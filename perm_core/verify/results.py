@@ -9,9 +9,10 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from perm_core.schemas import SCHEMA_VERSION
+from perm_core.verify.expert_blocks import ExpertBlock
 from perm_core.verify.first_break import Stage
 from perm_core.verify.oracle import OracleResult
-from perm_core.verify.tolerances import BROKEN_AT, TensorError, json_safe
+from perm_core.verify.tolerances import BROKEN_AT, TensorError, json_safe, tensor_entry
 
 
 class VacuousCheckError(ValueError):
@@ -37,6 +38,8 @@ class CheckResult:
     max_rel_error_eps: float = 0.0  # max_rel_error in units of the dtype's machine epsilon
     first_break: str = ""  # the first traced tensor, in the order the run computed them, over its tolerance
     stages: list[Stage] = field(default_factory=list)  # the worst error over tolerance of each place, in that order
+    # A failing check of a mixture of experts: each MoE block's experts and routing, original against un-scrambled
+    experts: list[ExpertBlock] = field(default_factory=list)  # (verify.expert_blocks.diagnose)
 
     @property
     def non_finite(self) -> list[str]:
@@ -59,6 +62,7 @@ class ControlResult:
     # are uniform here (a norm at init), so its element is itself a symmetry of this checkpoint (see explain_unbroken)
     informative: bool = True
     note: str = ""
+    experts: list[ExpertBlock] = field(default_factory=list)  # a mixture of experts' own control: where it broke
 
     @property
     def holds(self) -> bool:
@@ -105,12 +109,12 @@ class Report:
         """Strict JSON: non-finite numbers are written as the strings "nan", "inf", "-inf"."""
         checks = []
         for c in self.checks:
-            entry = {k: v for k, v in asdict(c).items() if k != "tensors"}
+            entry = {k: v for k, v in asdict(c).items() if k not in ("tensors", "experts") or (k == "experts" and v)}
             entry["non_finite"] = c.non_finite
             entry["floored"] = c.floored
-            entry["tensors"] = [{k: v for k, v in asdict(t).items() if k != "floor_reason" or v} for t in c.tensors]
+            entry["tensors"] = [tensor_entry(t) for t in c.tensors]
             checks.append(entry)
-        controls = [{k: v for k, v in asdict(c).items() if k != "description" and (k != "note" or v)}
+        controls = [{k: v for k, v in asdict(c).items() if k != "description" and (k not in ("note", "experts") or v)}
                     for c in self.controls]
         not_symmetries = [{**asdict(n), "broken": n.broken} for n in self.not_symmetries]
         return json_safe({"schema_version": SCHEMA_VERSION, "model": self.model, "family": self.family,

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 
@@ -36,7 +36,7 @@ from perm_core.run.numerics import exact_numerics
 from perm_core.schemas import SCHEMA_VERSION
 from perm_core.verify.recover import NOT_RECOVERED, Recovered, recover
 from perm_core.verify.subject import Subject
-from perm_core.verify.tolerances import TOLERANCE, TensorError, json_safe, tensor_errors, worst_rel
+from perm_core.verify.tolerances import TOLERANCE, TensorError, json_safe, tensor_entry, tensor_errors, worst_rel
 
 FLOAT32_ROUNDING = 1e-5  # a residual below this but above round-off looks like weights stored in float32
 # The weight bound, relative to each tensor's largest |entry| (the scale the residual is measured on), is
@@ -226,7 +226,7 @@ class Comparison:
 
 
 def _entry(error: TensorError) -> dict:
-    return {k: v for k, v in asdict(error).items() if k != "floor_reason" or v}
+    return tensor_entry(error)
 
 
 def worst_of(errors: list[TensorError], over_bound: bool = False) -> TensorError:

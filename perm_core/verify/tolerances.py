@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -51,10 +51,37 @@ class TensorError:
     tolerance: float = math.nan  # this tensor's own tolerance (see the module docstring)
     floor_reason: str | None = None  # why this tensor is judged against the floor, if it is
     finite: bool = True
+    # A tensor whose axis 0 is a layer's experts (verify.experts): each expert's relative error, on this tensor's
+    # scale; None for every other tensor
+    expert_errors: tuple[float, ...] | None = None
 
     @property
     def passed(self) -> bool:
         return self.finite and self.max_rel_error <= self.tolerance
+
+    @property
+    def worst_expert(self) -> int | None:
+        """The expert that holds this tensor's largest error (a non-finite error counts as the largest)."""
+        if not self.expert_errors:
+            return None
+        return max(range(len(self.expert_errors)),
+                   key=lambda e: math.inf if math.isnan(self.expert_errors[e]) else self.expert_errors[e])
+
+    @property
+    def experts_over_tolerance(self) -> int | None:
+        if self.expert_errors is None:
+            return None
+        return sum(not error <= self.tolerance for error in self.expert_errors)  # a NaN is over
+
+
+def tensor_entry(error: TensorError, empty_floor: bool = False) -> dict:
+    """A TensorError as a report writes it: floor_reason where one applies (always with empty_floor, as null
+    elsewhere), the errors per expert and the worst expert only for a tensor that has them."""
+    entry = {k: v for k, v in asdict(error).items()
+             if (k != "floor_reason" or v or empty_floor) and (k != "expert_errors" or v)}
+    if error.expert_errors:
+        entry["worst_expert"] = error.worst_expert
+    return entry
 
 
 def worst(values) -> float:
