@@ -26,6 +26,11 @@ frames the server sent during the wait, summed from Playwright's frame events. `
 handles the frames, so it also holds the time the page's main thread was busy drawing the run's deltas as they came;
 `server alone` is the same three actions from a websocket client with no browser (benchmarks/streamlit_ws.py), the
 server's own time for each.
+
+Waits swing by 2-3x on a busy machine; CPU-seconds do not. So each action also reports the CPU its two sides spent,
+read from /proc before and after it: `browser CPU` is every Chromium process this script started (the renderer
+drawing the charts, the GPU and network processes), `server CPU` the app server's process. Compare two versions of
+the page by these when the machine is not quiet.
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ VIEWPORT = {"width": 1440, "height": 900}
 QUIET_MS = 300
 ACTION_TIMEOUT_MS = 300_000
 WARM_TIMEOUT_MS = 1_800_000  # a first load that converts gemma3-270m on a busy 2-core machine
+TICKS = os.sysconf("SC_CLK_TCK")
 TOOK = re.compile(r"Scrambled side took ([0-9.]+) s")
 CHART = '[data-testid="stMain"] [data-testid="stPlotlyChart"]'
 
@@ -115,6 +121,42 @@ def frame_kind(payload, received: bool) -> str:
         return "?"
 
 
+def process_cpu_s() -> dict[str, float]:
+    """CPU seconds so far of this script's descendants, by side: Chromium's processes ("browser") and the app
+    server's ("server", a python running streamlit). A process that ended meanwhile drops out of the sum, so only
+    differences across one action (no browser or server started or stopped inside it) are meaningful."""
+    table = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            table[int(pid)] = (int(fields[1]), command, (int(fields[11]) + int(fields[12])) / TICKS)
+    me, sides = os.getpid(), {"browser": 0.0, "server": 0.0}
+
+    def descends(pid: int) -> bool:
+        for _ in range(64):
+            if pid == me:
+                return True
+            if pid not in table or pid <= 1:
+                return False
+            pid = table[pid][0]
+        return False
+
+    for pid, (_, command, seconds) in table.items():
+        if pid == me or not descends(pid):
+            continue
+        if b"chrom" in command:
+            sides["browser"] += seconds
+        elif b"streamlit" in command:
+            sides["server"] += seconds
+    return sides
+
+
+def cpu_spent(before: dict[str, float]) -> dict[str, float]:
+    after = process_cpu_s()
+    return {f"{side}_cpu_s": after[side] - before[side] for side in before}
+
+
 class Tab:
     """One browser session (its own context) with the recorder installed and the websocket frames as Playwright
     reports them: (kind, bytes), in the order the page's own log has them."""
@@ -140,21 +182,24 @@ class Tab:
         """Navigate, then wait for idle; the wait starts at the navigation's start (performance.now() == 0)."""
         self.frames_in.clear()
         self.frames_out.clear()
+        cpu = process_cpu_s()
         self.page.goto(url, timeout=timeout_ms)
         self.idle(timeout_ms)
-        return self.measure(0.0, 0, 0)
+        return {**self.measure(0.0, 0, 0), **cpu_spent(cpu)}
 
     def act(self, do, key: str, timeout_ms: int = ACTION_TIMEOUT_MS) -> dict:
         """do() ends by pressing `key`; the wait starts at that keydown."""
         before = self.page.evaluate("() => [window.__tse.wsIn.length, window.__tse.wsOut.length, "
                                     "window.__tse.keys.length]")
+        cpu = process_cpu_s()
         do()
         self.idle(timeout_ms)
+        spent = cpu_spent(cpu)
         log = self.page.evaluate(LOG)
         pressed = [t for t, k in log["keys"][before[2]:] if k == key]
         if not pressed:
             raise RuntimeError(f"no {key} keydown seen")
-        return self.measure(pressed[0], before[0], before[1], log)
+        return {**self.measure(pressed[0], before[0], before[1], log), **spent}
 
     def idle(self, timeout_ms: int) -> None:
         """wait_for_app's logic (a run is given RUN_BEGINS_WITHIN_MS to begin, then must be over and drawn) and no
@@ -295,8 +340,8 @@ def median(records: list[dict], field: str):
 
 
 def summary(records: list[dict]) -> dict:
-    fields = ("wait_s", "request_s", "script_s", "after_s", "busy_s", "after_busy_s", "took_s", "bytes_received",
-              "bytes_sent", "runs", "charts")
+    fields = ("wait_s", "request_s", "script_s", "after_s", "busy_s", "after_busy_s", "browser_cpu_s", "server_cpu_s",
+              "took_s", "bytes_received", "bytes_sent", "runs", "charts")
     return {field: median(records, field) for field in fields}
 
 
@@ -402,9 +447,11 @@ def table(results: dict) -> str:
               "request until the server's script_finished arrives; after = until the page stops changing; busy = "
               "the browser's long tasks inside the wait (after: those after script_finished); KiB = websocket bytes "
               "the server sent; server alone = the same action from a websocket client with no browser "
-              "(benchmarks/streamlit_ws.py: rerun request until the run ended)", "",
-              "| model | action | wait | server alone | request | script | after | busy | after busy | KiB | runs |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "(benchmarks/streamlit_ws.py: rerun request until the run ended); browser / server CPU = CPU-seconds "
+              "Chromium's processes and the app server spent on the action (robust to a busy machine)", "",
+              "| model | action | wait | server alone | request | script | after | busy | after busy | browser CPU "
+              "| server CPU | KiB | runs |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for model in results["models"]:
         if "error" in model:
             continue
@@ -413,7 +460,8 @@ def table(results: dict) -> str:
             alone = model.get("server_only", {}).get("median", {}).get(f"{action}_s")
             lines.append(f"| {model['model']} | {action.replace('_', ' ')} | {fmt(m['wait_s'])} | {fmt(alone)} | "
                          f"{fmt(m['request_s'])} | {fmt(m['script_s'])} | {fmt(m['after_s'])} | {fmt(m['busy_s'])} | "
-                         f"{fmt(m['after_busy_s'])} | {kib(m['bytes_received'])} | {fmt(m['runs'], '', 0)} |")
+                         f"{fmt(m['after_busy_s'])} | {fmt(m['browser_cpu_s'])} | {fmt(m['server_cpu_s'])} | "
+                         f"{kib(m['bytes_received'])} | {fmt(m['runs'], '', 0)} |")
     took = [f"{model['model']} {fmt(model['server_only']['median']['took_s'])}" for model in results["models"]
             if model.get("server_only")]
     lines += ["", "the scrambled side as the page states it, key change from the websocket client: " + ", ".join(took)]
