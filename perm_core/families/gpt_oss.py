@@ -16,7 +16,7 @@ import perm_core.families.llama as llama
 from perm_core.engine.spec import Merged, Rule
 from perm_core.families.base import Family, Geometry
 from perm_core.families.experts import gate_up, with_experts
-from perm_core.families.stages import CAUSAL_LM
+from perm_core.families.stages import CAUSAL_LM, SEQUENCE_CLASSIFIER
 
 L = llama.L
 
@@ -44,4 +44,4 @@ def rules(g: Geometry) -> tuple[Rule, ...]:
 
 FAMILY = Family("gpt_oss", ("gpt_oss",), ("GptOssModel", "GptOssForCausalLM", "GptOssForSequenceClassification",
                                           "GptOssForTokenClassification"), geometry, rules, pools_last_token=True,
-                stages=(CAUSAL_LM,))
+                stages=(CAUSAL_LM, SEQUENCE_CLASSIFIER))

@@ -7,7 +7,7 @@ import perm_core.families.mistral as mistral
 from perm_core.engine.spec import Rule
 from perm_core.families.base import Family, Geometry
 from perm_core.families.experts import router_and_experts, with_experts
-from perm_core.families.stages import CAUSAL_LM
+from perm_core.families.stages import CAUSAL_LM, SEQUENCE_CLASSIFIER
 
 
 def geometry(config) -> Geometry:
@@ -19,4 +19,4 @@ def rules(g: Geometry) -> tuple[Rule, ...]:
 
 
 FAMILY = Family("mixtral", ("mixtral",), llama.head_classes("Mixtral"), geometry, rules, pools_last_token=True,
-                stages=(CAUSAL_LM,))
+                stages=(CAUSAL_LM, SEQUENCE_CLASSIFIER))

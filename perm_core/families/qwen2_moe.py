@@ -11,7 +11,7 @@ import perm_core.families.qwen2 as qwen2
 from perm_core.engine.spec import Rule
 from perm_core.families.base import Family, Geometry
 from perm_core.families.experts import router_and_experts, with_experts
-from perm_core.families.stages import CAUSAL_LM
+from perm_core.families.stages import CAUSAL_LM, SEQUENCE_CLASSIFIER
 
 L = llama.L
 
@@ -32,4 +32,4 @@ def rules(g: Geometry) -> tuple[Rule, ...]:
 
 
 FAMILY = Family("qwen2_moe", ("qwen2_moe",), llama.head_classes("Qwen2Moe"), geometry, rules, pools_last_token=True,
-                stages=(CAUSAL_LM,))
+                stages=(CAUSAL_LM, SEQUENCE_CLASSIFIER))

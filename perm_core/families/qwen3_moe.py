@@ -10,7 +10,7 @@ import perm_core.families.qwen3 as qwen3
 from perm_core.engine.spec import Rule
 from perm_core.families.base import Family, Geometry
 from perm_core.families.experts import router_and_experts, with_experts
-from perm_core.families.stages import CAUSAL_LM
+from perm_core.families.stages import CAUSAL_LM, SEQUENCE_CLASSIFIER
 
 
 def geometry(config) -> Geometry:
@@ -23,4 +23,4 @@ def rules(g: Geometry) -> tuple[Rule, ...]:
 
 
 FAMILY = Family("qwen3_moe", ("qwen3_moe",), llama.head_classes("Qwen3Moe"), geometry, rules, pools_last_token=True,
-                stages=(CAUSAL_LM,))
+                stages=(CAUSAL_LM, SEQUENCE_CLASSIFIER))

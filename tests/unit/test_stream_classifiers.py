@@ -22,6 +22,7 @@ from tests.unit import test_stream
 from tests.unit.json_schema import validated
 from tests.unit.symmetry_asserts import assert_streamed_report_agrees
 from tests.unit.test_cli import cli_here
+from tests.unit.test_stream_moe import FAMILIES as MOE_FAMILIES
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -30,7 +31,10 @@ ENCODERS = ["bert:BertForSequenceClassification", "roberta:RobertaForSequenceCla
 DECODERS = ["llama:LlamaForSequenceClassification", "qwen2:Qwen2ForSequenceClassification",
             "mistral:MistralForSequenceClassification", "qwen3:Qwen3ForSequenceClassification",
             "phi3:Phi3ForSequenceClassification", "gemma3:Gemma3TextForSequenceClassification",
-            "gpt_neox:GPTNeoXForSequenceClassification", "gpt2:GPT2ForSequenceClassification"]
+            "gpt_neox:GPTNeoXForSequenceClassification", "gpt2:GPT2ForSequenceClassification",
+            # mixtures of experts: their fused experts streamed block by block, then the same pooled score
+            "mixtral:MixtralForSequenceClassification", "qwen2_moe:Qwen2MoeForSequenceClassification",
+            "qwen3_moe:Qwen3MoeForSequenceClassification", "gpt_oss:GptOssForSequenceClassification"]
 PAD = 3  # the decoders' pad id: with one, transformers finds the pooled token from the ids, not by position
 
 
@@ -158,6 +162,7 @@ def test_a_classifier_bias_left_unpermuted_is_caught_by_both(family, tmp_path, m
 
 @pytest.mark.parametrize("case, dtype", [("llama:LlamaForSequenceClassification", torch.float32),
                                          ("qwen2:Qwen2ForSequenceClassification", torch.bfloat16),
+                                         ("gpt_oss:GptOssForSequenceClassification", torch.bfloat16),
                                          ("bert:BertForSequenceClassification", torch.bfloat16)])
 def test_a_saved_classifier_passes_the_streamed_check_on_the_cli(case, dtype, tmp_path, capsys):
     """save_pretrained's directory (sharded by max_shard_size, or in bfloat16) through `check DIR --stream`, on the
@@ -180,7 +185,8 @@ def test_a_saved_classifier_passes_the_streamed_check_on_the_cli(case, dtype, tm
 
 @pytest.mark.parametrize("case", ["bert:BertForSequenceClassification", "roberta:RobertaForSequenceClassification",
                                   "distilbert:DistilBertForSequenceClassification",
-                                  "llama:LlamaForSequenceClassification", "gpt2:GPT2ForSequenceClassification"])
+                                  "llama:LlamaForSequenceClassification", "gpt2:GPT2ForSequenceClassification",
+                                  "mixtral:MixtralForSequenceClassification"])
 def test_a_streamed_scramble_of_a_classifier_writes_the_whole_model_scramble(case, tmp_path, capsys):
     """The same shards, tensor for tensor, as the whole-model scramble; the scrambled classifier, loaded by
     transformers, gives the original's logits (the written float32 weights rounded once: float32 round-off)."""
@@ -196,8 +202,11 @@ def test_a_streamed_scramble_of_a_classifier_writes_the_whole_model_scramble(cas
         assert torch.equal(streamed.read(name), whole.read(name)), name
     moved = [n for n in source.names() if not torch.equal(source.read(n), streamed.read(n))]
     assert len(moved) > len(source.names()) // 2  # the control: the weights did change
-    cls = getattr(hf, case.partition(":")[2])
-    original, scrambled = (cls.from_pretrained(d).double().eval() for d in (directory, tmp_path / "streamed"))
+    family, _, name = case.partition(":")
+    # a mixture of experts runs its experts' loop in float64 (the default grouped kernel refuses float64)
+    moe = {"experts_implementation": "eager"} if family in MOE_FAMILIES else {}
+    original, scrambled = (getattr(hf, name).from_pretrained(d, **moe).double().eval()
+                           for d in (directory, tmp_path / "streamed"))
     with torch.no_grad():
         a, b = original(**inputs).logits, scrambled(**inputs).logits
     assert (a - b).abs().max() <= 1e-5 * a.abs().max()
@@ -221,3 +230,19 @@ def test_distilberts_inline_relu_is_run(tmp_path, monkeypatch):
         dataclasses.replace(head, modules=(head.modules[0], head.modules[2])),)))
     records = forward_pass(streamed, inputs, stock=False)[0].records
     assert (records["output.logits"] - logits).abs().max() > 1e-3 * logits.abs().max()
+
+
+def test_a_mixture_of_experts_classifier_with_a_router_bias_left_behind_is_caught_by_both(tmp_path, monkeypatch):
+    """gpt-oss's classifier, its block 0's router bias not permuted with the router's rows when the experts are
+    reordered: the tokens of that block choose other experts, so both checks break there and name that bias."""
+    case = "gpt_oss:GptOssForSequenceClassification"
+    model, inputs, directory = saved(case, tmp_path)
+    assert stream_check(directory, inputs, ["experts"], key=4).passed  # the control: the clean spec passes
+    test_stream.plant(monkeypatch, "gpt_oss", Rule(r"model\.layers\.(?P<layer>0)\.mlp\.router\.bias", (None,),
+                                                   "router"))
+    whole, streamed = check(model, inputs, ["experts"], key=4), stream_check(directory, inputs, ["experts"], key=4)
+    for report in (whole, streamed):
+        forward, backward = report.checks
+        assert not report.passed and not forward.passed and not backward.passed
+        assert forward.first_break == "blocks.0.hidden"
+        assert "grad.param.model.layers.0.mlp.router.bias" in {t.name for t in backward.tensors if not t.passed}
