@@ -22,6 +22,7 @@ from perm_core.stream.forward import ControlRun, forward_pass
 from perm_core.stream.layout import StreamedModel
 from perm_core.stream.memory import StagePeaks, reset_peak, resident_bytes
 from perm_core.stream.report import StreamedReport, control_result, movement, oracle
+from perm_core.verify import experts
 from perm_core.verify.check import SymmetryPlan, plan_symmetries, summarize
 from perm_core.verify.results import NotSymmetry
 from perm_core.verify.tolerances import TOLERANCE, judged, worst_rel
@@ -83,7 +84,9 @@ class Plan(SymmetryPlan):
         by_symmetry = {name: [r for r in control_runs if r.control.symmetry == name and not r.own]
                        for name in self.names}
         for name in self.steps:
-            errors = allowance.judged(name, elements[name].tally.differences(scales))
+            tally = elements[name].tally
+            errors = experts.with_expert_errors(allowance.judged(name, tally.differences(scales)),
+                                                tally.expert_errors(scales))
             moved, what = movement(model, elements[name].scramble, self.judge.movable_tokens)
             for direction in ("forward", "backward") if backward else ("forward",):
                 mine = [e for e in errors if trace_names.is_grad(e.name) == (direction == "backward")]

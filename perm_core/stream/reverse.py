@@ -33,6 +33,7 @@ from perm_core.stream.forward import OriginalRun
 from perm_core.stream.head import as_leaf, cast, frames
 from perm_core.stream.layout import StreamedModel
 from perm_core.stream.tally import Tally
+from perm_core.verify import experts
 
 
 class Element:
@@ -42,7 +43,7 @@ class Element:
         kwargs = model_inputs(inputs, model.geometry, scramble, model.dtype)
         self.scramble, self.inverse = scramble, scramble.inverse()
         self.layer_kwargs, self.kwargs = model.layer_kwargs(kwargs), kwargs
-        self.tally = Tally()
+        self.tally = Tally(experts.expert_tensors(model))  # a mixture of experts' errors per expert too
         self.patch_size = model.geometry.patch_size  # an image's pixels move patch by patch
 
     def moved(self, tensor: torch.Tensor, axes, layer: int | None = None) -> torch.Tensor:

@@ -30,10 +30,14 @@ def expert_tensors(subject) -> frozenset[str]:
                      if claim.rule.tag in EXPERT_AXIS_TAGS)
 
 
+def largest_per_expert(reference: torch.Tensor, restored: torch.Tensor) -> torch.Tensor:
+    """Each expert's max |restored - reference| over its slice (axis 0); NaN where its slice is not finite."""
+    return (restored - reference).abs().reshape(reference.shape[0], -1).amax(dim=1)
+
+
 def per_expert(reference: torch.Tensor, restored: torch.Tensor, scale: float) -> tuple[float, ...]:
     """Each expert's relative error: its slice's max |restored - reference| over the whole tensor's scale."""
-    largest = (restored - reference).abs().reshape(reference.shape[0], -1).amax(dim=1)
-    return tuple(relative(diff, scale)[1] for diff in largest.tolist())
+    return tuple(relative(diff, scale)[1] for diff in largest_per_expert(reference, restored).tolist())
 
 
 def measured(names, original: dict, restored, scale: dict[str, float]) -> dict[str, tuple[float, ...]]:

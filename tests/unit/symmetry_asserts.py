@@ -63,6 +63,13 @@ def assert_same_errors(streamed, whole) -> None:
             # an exact zero (BERT's, ViT's key-bias gradient) is judged on a floor, absolute: compare what is left
             measure = "max_abs_error" if error.floor_reason else "max_rel_error"
             assert max(getattr(error, measure), getattr(theirs_error, measure)) < ROUNDOFF_NOISE, name
+            # a mixture of experts' tensor with experts on axis 0: an error per expert in both, the same count, each
+            # at round-off, their largest the tensor's own (verify.experts)
+            assert (error.expert_errors is None) == (theirs_error.expert_errors is None), name
+            if error.expert_errors is not None:
+                assert len(error.expert_errors) == len(theirs_error.expert_errors) > 1, name
+                assert max(error.expert_errors) == pytest.approx(error.max_rel_error, rel=1e-12, abs=0), name
+                assert max(*error.expert_errors, *theirs_error.expert_errors) < ROUNDOFF_NOISE, name
         assert mine.max_rel_error < ROUNDOFF_NOISE and theirs.max_rel_error < ROUNDOFF_NOISE
         # something compared: each worst above zero, or exactly zero in both where the element moved what it acts
         # on (gpt-oss's experts reordered: its loop over experts adds each token's two in the same order, bit exact)

@@ -94,6 +94,14 @@ def test_a_bug_in_a_middle_block_is_named_at_the_same_first_break_by_both(family
         stage = {s.where: s.error_over_tolerance for s in forward.stages}
         assert stage["embeddings"] <= 1 and stage["block 0"] <= 1 and stage["block 1"] > 1e6
         assert f"grad.param.{parameter}" in {t.name for t in backward.tensors if not t.passed}
+    # every gradient of an expert tensor has its error per expert in both checks, the largest the tensor's own (the
+    # figures differ where a bug is: the whole model's backward carries it on, streamed each block runs on the
+    # original's own gradients)
+    whole_split = {t.name for t in whole.checks[1].tensors if t.expert_errors is not None}
+    split = [t for t in streamed.checks[1].tensors if t.expert_errors is not None]
+    assert {t.name for t in split} == whole_split and len(split) >= 3
+    for tensor in split:
+        assert len(tensor.expert_errors) == 4 and max(tensor.expert_errors) == tensor.max_rel_error, tensor.name
     # streamed, each block runs on the original's own input: the block after the bug is still exact; and backward
     # only block 1's own tensors break (the whole model's backward carries the error on to the head's gradients)
     assert all(s.error_over_tolerance <= 1 for s in streamed.checks[0].stages if s.where == "block 2")
