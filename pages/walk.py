@@ -9,6 +9,9 @@ from perm_core.explore.walk import STEPS, TITLES, run_step
 from perm_core.models.zoo import WALK, serving
 from ui import projector
 from ui.charts import figures
+from ui.charts.figures_attention import head_grid_figure
+from ui.charts.figures_heatmap import heatmap
+from ui.charts.figures_input import mosaic_image
 from ui.export import chart
 from ui.runtime import shared_model
 from ui.sidebar import ensure_view
@@ -72,9 +75,9 @@ def main() -> None:
                     f"probability vectors differ by at most **{x['probability_gap']:.1e}**.")
         pictures = st.columns([1, 1, 2])
         pixels = explorer.subject.inputs["pixel_values"]
-        pictures[0].image(figures.mosaic_image(pixels, g.patch_size, 220), caption="the digit")
-        pictures[1].image(figures.mosaic_image(shuffle_patches(pixels, done.result.scramble.tokens, g.patch_size),
-                                               g.patch_size, 220), caption=f"its patches shuffled, key {key}")
+        pictures[0].image(mosaic_image(pixels, g.patch_size, 220), caption="the digit")
+        pictures[1].image(mosaic_image(shuffle_patches(pixels, done.result.scramble.tokens, g.patch_size),
+                                       g.patch_size, 220), caption=f"its patches shuffled, key {key}")
         digits = [str(d) for d in range(len(x["original"]))]
         show(figures.paired_bars(digits, x["original"].tolist(), x["scrambled"].tolist(),
                                   ("original", "shuffled"), "class probabilities"), width="stretch", where=pictures[2])
@@ -87,8 +90,8 @@ def main() -> None:
         zmax, _ = figures.robust_zmax(x["hidden"][0])
         for column, matrix, title in zip(columns, x["hidden"], ("original", f"scrambled, key {key}", "un-scrambled"),
                                          strict=True):
-            show(figures.heatmap(matrix, f"block 0 hidden state: {title}", "channel", "token",
-                                  zmax=zmax, wrap=30), width="stretch", where=column)
+            show(heatmap(matrix, f"block 0 hidden state: {title}", "channel", "token",
+                          zmax=zmax, wrap=30), width="stretch", where=column)
     elif step == "heads":
         grid = x["grid"]
         n_stayed = sum(held == h for row in grid.holds for h, held in enumerate(row))
@@ -101,10 +104,10 @@ def main() -> None:
                     f"**{done.restored_error:.1e}**.")
         zmax = float(max(grid.original.max(), grid.scrambled.max()))
         columns = st.columns(2)
-        show(figures.head_grid_figure(grid.original, grid.layers, "original heads", zmax=zmax),
+        show(head_grid_figure(grid.original, grid.layers, "original heads", zmax=zmax),
               width="stretch", where=columns[0])
-        show(figures.head_grid_figure(grid.scrambled, grid.layers, f"heads swapped, key {key}",
-                                       grid.holds, zmax=zmax), width="stretch", where=columns[1])
+        show(head_grid_figure(grid.scrambled, grid.layers, f"heads swapped, key {key}",
+                               grid.holds, zmax=zmax), width="stretch", where=columns[1])
     elif step == "rotation":
         before, after = x["weight"]
         st.markdown(f"Key {key} rotates the queries and keys of each head by one rotation R, the values by another S "
@@ -114,10 +117,10 @@ def main() -> None:
                     f"**{x['attention_error']:.1e}**.")
         zmax, _ = figures.robust_zmax(before)
         columns = st.columns(2)
-        show(figures.heatmap(before, "W_Q as trained", "input channel", "output channel", zmax=zmax),
+        show(heatmap(before, "W_Q as trained", "input channel", "output channel", zmax=zmax),
               width="stretch", where=columns[0])
-        show(figures.heatmap(after, f"W_Q rotated, key {key}", "input channel", "output channel",
-                              zmax=zmax), width="stretch", where=columns[1])
+        show(heatmap(after, f"W_Q rotated, key {key}", "input channel", "output channel",
+                      zmax=zmax), width="stretch", where=columns[1])
     else:
         single = x["float32"]
         st.markdown("The scrambled model adds the same products in another order, and floating point rounds each sum "
