@@ -59,9 +59,11 @@ def attention_overlay(rgb, grid, patch_size: int, title: str, zmax: float | None
                         **({"shapes": shapes} if shapes else {}))
 
 
-def head_grid_figure(maps, layers, title: str, holds=None, zmax: float | None = None) -> go.Figure:
+def head_grid_figure(maps, layers, title: str, holds=None, zmax: float | None = None,
+                     followed=()) -> go.Figure:
     """A layer x head grid of small attention maps tiled into one heatmap (one trace keeps it light).
-    holds: per layer, which original head each position holds; a moved head is labelled with it."""
+    holds: per layer, which original head each position holds; a moved head is labelled with it. followed: (row of
+    the grid, head position) pairs, each tile outlined as a followed head (figures_path.outline)."""
     maps = to_numpy(maps)
     n_layers, n_heads, cells, _ = maps.shape
     step = cells + 1  # one blank (NaN) row and column between tiles
@@ -75,6 +77,9 @@ def head_grid_figure(maps, layers, title: str, holds=None, zmax: float | None = 
         dict(x=h * step + cells / 2 - 0.5, y=i * step + cells / 2 - 0.5, showarrow=False, text=f"<b>{holds[i][h]}</b>",
              font=dict(color="white", size=11))
         for i in range(n_layers) for h in range(n_heads) if holds[i][h] != h]
+    shapes = [shape for row, head in followed for shape in outline(
+        "head", head, dict(xref="x", yref="y", x0=head * step - 0.5, x1=head * step + cells - 0.5,
+                           y0=row * step - 0.5, y1=row * step + cells - 0.5))]
     return plain_figure(dict(type="heatmap", z=tiled, colorscale=rgb_colorscale("Viridis"), zmin=0.0, zmax=zmax,
                              colorbar=dict(thickness=10), hoverongaps=False), title, height,
                         xaxis=axis_titled("head", tickmode="array",
@@ -84,4 +89,4 @@ def head_grid_figure(maps, layers, title: str, holds=None, zmax: float | None = 
                                           tickvals=[i * step + cells / 2 - 0.5 for i in range(n_layers)],
                                           ticktext=[str(layer) for layer in layers], autorange="reversed",
                                           showgrid=False),
-                        **({"annotations": moved} if moved else {}))
+                        **({"annotations": moved} if moved else {}), **({"shapes": shapes} if shapes else {}))

@@ -10,9 +10,9 @@ import plotly.graph_objects as go
 
 from ui.charts.figures import axis_titled, plain_figure, to_numpy
 
-# The followed items' outlines: a token in black, a channel or an MLP neuron in magenta (neither is a colour of the
-# RdBu or Viridis scales), each over a wider white halo so it shows on dark and on light cells alike.
-PATH_COLORS = {"token": "#111111", "channel": "#e6007e", "neuron": "#e6007e"}
+# The followed items' outlines: a token in black, a channel, an MLP neuron or an attention head in magenta (neither is
+# a colour of the RdBu or Viridis scales), each over a wider white halo so it shows on dark and on light cells alike.
+PATH_COLORS = {"token": "#111111", "channel": "#e6007e", "neuron": "#e6007e", "head": "#e6007e"}
 PATH_NAME = "path"  # a shape named "path <item> <position>" outlines where a followed item is (tests read it)
 
 
