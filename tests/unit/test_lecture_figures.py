@@ -86,6 +86,19 @@ def test_projector_titles_take_one_or_two_lines_padded_to_two():
         assert words == title.replace("<br>", " ").split()  # nothing cut
 
 
+def test_projector_plots_side_by_side_start_at_one_height_when_one_title_is_set_smaller():
+    """Explore's three MLP maps at 1024 px: the un-scrambled title, longer, is set in smaller letters to stay on two
+    lines; its plot must still start where its neighbours' do (it sat 4 px higher)."""
+    titles = [f"{label}:<br>MLP neurons of block 5<br>(mean of 2 columns per cell)"
+              for label in ("Original", "Scrambled", "Un-scrambled")]
+    figs = [for_projector(heatmap(np.ones((3, 3)), title)) for title in titles]
+    sizes = [fig.layout.title.font.size for fig in figs]
+    assert sizes[2] < sizes[0] == sizes[1]  # the case: one title smaller
+    tops = {fig.layout.margin.t for fig in figs}
+    plot_heights = {fig.layout.height - fig.layout.margin.t - fig.layout.margin.b for fig in figs}
+    assert len(tops) == 1 and len(plot_heights) == 1, (tops, plot_heights)
+
+
 def test_only_a_probability_map_goes_log():
     """An |error| map of 64x64 cells in [0, 1] (Backward's) is not a distribution per row: it stays linear."""
     errors = np.random.default_rng(1).random((64, 64)) * 1e-15

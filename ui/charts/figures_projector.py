@@ -22,8 +22,10 @@ def for_projector(fig: go.Figure, size: int = 18) -> go.Figure:
         height = (fig.layout.height or LAYOUT["height"]) - 18 * title.count("<br>")
         fig.update_layout(title=dict(text=lines, font=dict(size=title_size), y=1.0, yref="container",
                                      yanchor="top", pad=dict(t=16)),
-                          margin_t=30 + (title_size + 8) * n_lines,
-                          height=height + (title_size + 8) * n_lines - 13)
+                          # room for `size` letters even where the title's are smaller: a plot beside charts
+                          # whose titles kept `size` starts at the same height
+                          margin_t=30 + (size + 8) * n_lines,
+                          height=height + (size + 8) * n_lines - 13)
     fig.update_layout(font=dict(size=size), legend_font_size=size)
     # an axis of one label per row or column (tokens, drawn small to fit) keeps its size, and labels of several lines
     # (Split learning's rows of digits) plotly's 12 px: enlarged, they collided with their neighbours
