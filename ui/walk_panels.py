@@ -6,7 +6,7 @@ from __future__ import annotations
 from ui import explore_panels as panels
 from ui.charts.figures_input import mosaic_image
 
-PICTURE_TITLES = ("the digit", "its patches shuffled, key {key}", "shuffled back")
+PICTURE_TITLES = ("the digit", "shuffled, key {key}", "shuffled back")  # one line each: the sentences below line up
 
 
 def followed_pictures(columns, x: dict, patch_size: int, fixed_tokens: int, key: int) -> None:
