@@ -87,8 +87,10 @@ def main() -> None:
         for i, (column, matrix, title) in enumerate(zip(columns, x["hidden"], ("original", f"scrambled, key {key}",
                                                                                 "un-scrambled"), strict=True)):
             rows_at, cols_at, sentence = followed.channel_heatmap_paths(x, i)
-            show(heatmap(matrix, f"block 0 hidden state: {title}", "channel", "token", zmax=zmax, wrap=30,
-                         row_paths=rows_at, col_paths=cols_at), width="stretch", where=column, caption=sentence)
+            # the column's name on a line of its own: three titles of as many lines, three plots at one height
+            show(heatmap(matrix, f"block 0 hidden state:<br>{figures.wrap_title(title, 30)}", "channel", "token",
+                         zmax=zmax, row_paths=rows_at, col_paths=cols_at), width="stretch", where=column,
+                 caption=sentence)
     elif step == "heads":
         grid = x["grid"]
         n_stayed = sum(held == h for row in grid.holds for h, held in enumerate(row))

@@ -158,3 +158,15 @@ def test_the_walk_outlines_the_followed_item_where_the_keys_permutation_sends_it
     wrong = [symmetries.build("heads", key + 1, g, n).spaces[("heads", layer)][0].index.tolist().index(head)
              for layer in layers]  # the control: another key's heads land elsewhere
     assert wrong != moved
+
+
+def test_the_three_hidden_states_start_at_one_height():
+    """Step 2's titles take as many lines each, so the three plots start at one height (outside projector mode too,
+    where nothing pads them): wrapped whole at 30 characters, "original" took one line and the others two."""
+    from ui.charts.figures import wrap_title
+
+    at = walk(walk_step=2, walk_key=7)
+    lines = [json.loads(c.proto.spec)["layout"]["title"]["text"].count("<br>") for c in at.get("plotly_chart")]
+    assert len(lines) == 3 and len(set(lines)) == 1, lines
+    old = [wrap_title(f"block 0 hidden state: {t}", 30).count("<br>") for t in ("original", "scrambled, key 7")]
+    assert old[0] != old[1]  # the control: the old titles differed
