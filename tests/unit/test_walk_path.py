@@ -114,3 +114,23 @@ def test_the_followed_head_is_outlined_where_each_layers_heads_key_sends_it(expl
     moved = [(layer, drawn[row][1]) for row, layer in enumerate(grid.layers) if drawn[row][1] != head]
     assert all(f"{place} in layer {layer}" in sentence for layer, place in moved) and moved
     assert sentence.endswith(f"the inverse puts it back in place {head}.")
+
+
+def test_the_followed_patch_ring_is_white_black_white_and_touches_no_other_patch(explorer):
+    """The mosaic's ring (ui.charts.figures_input.mosaic_image): across its width white, black, white, about a fifth
+    of a patch in all, inside the followed patch only; another patch's ring is elsewhere."""
+    from ui.charts.figures_input import mosaic_image, outline_width
+
+    pixels, size = explorer.subject.inputs["pixel_values"], explorer.geometry.patch_size
+    plain = np.asarray(mosaic_image(pixels, size, 220))
+    ringed = np.asarray(mosaic_image(pixels, size, 220, patch=9))
+    step = plain.shape[0] // 4  # 4x4 patches
+    width, third = outline_width(step), outline_width(step) // 3
+    assert step / 6 <= width <= step / 4 and width % 3 == 0
+    top, left = 2 * step, 1 * step  # patch 9: row 2, column 1
+    middle = ringed[top + step // 2, left:left + width]
+    assert (middle[:third] == 255).all() and (middle[third:2 * third] == 17).all() and (middle[2 * third:] == 255).all()
+    changed = np.argwhere((ringed != plain).any(axis=-1))
+    assert changed.min(axis=0).tolist() >= [top, left] and changed.max(axis=0).tolist() < [top + step, left + step]
+    other = np.argwhere((np.asarray(mosaic_image(pixels, size, 220, patch=10)) != plain).any(axis=-1))
+    assert other.min(axis=0)[1] >= left + step  # the control: patch 10's ring is in the next column

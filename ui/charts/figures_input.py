@@ -27,7 +27,7 @@ def mosaic_image(pixels, patch_size: int, display: int = 240, smooth: bool = Fal
     """A normalized pixel batch [1, C, H, W] -> an upscaled PIL image with its patch grid drawn. smooth: a grey
     picture as dark ink on white, upscaled smoothly (an 8x8 digit drawn as white squares on black is not
     recognisable); the grid lines then thin and light. patch: a followed patch (row-major number), outlined as the
-    charts outline a followed token (black over a white halo)."""
+    charts outline a followed token (black between white rings, see outline_width)."""
     from PIL import Image, ImageDraw
 
     array = pixels_to_rgb(pixels)
@@ -47,9 +47,17 @@ def mosaic_image(pixels, patch_size: int, display: int = 240, smooth: bool = Fal
     if patch is not None:
         row, col = divmod(patch, width // patch_size)
         box = [col * step, row * step, (col + 1) * step - 1, (row + 1) * step - 1]
-        draw.rectangle(box, outline=(255, 255, 255), width=5)
-        draw.rectangle([box[0] + 1, box[1] + 1, box[2] - 1, box[3] - 1], outline=(17, 17, 17), width=3)
+        third = outline_width(step) // 3  # white, black, white: the ring shows on black and on white pixels alike
+        draw.rectangle(box, outline=(255, 255, 255), width=3 * third)
+        draw.rectangle([box[0] + third, box[1] + third, box[2] - third, box[3] - third], outline=(17, 17, 17),
+                       width=third)
     return image
+
+
+def outline_width(step: int) -> int:
+    """The followed patch's ring in a mosaic of `step`-pixel patches: about a fifth of a patch (6 pixels at least),
+    so it still reads on a projector when the picture is drawn at two thirds of its size; a multiple of 3."""
+    return 3 * max(2, round(step / 15))
 
 
 def token_chips(tokens: list[str], origins: list[int], followed: int | None = None) -> str:
