@@ -75,8 +75,12 @@ def main() -> None:
         pictures = st.columns([1, 1, 1, 2])
         followed.followed_pictures(pictures[:3], x, g.patch_size, g.fixed_tokens, key)
         digits = [str(d) for d in range(len(x["original"]))]
-        show(figures.paired_bars(digits, x["original"].tolist(), x["scrambled"].tolist(),
-                                  ("original", "shuffled"), "class probabilities"), width="stretch", where=pictures[3])
+        fig = figures.paired_bars(digits, x["original"].tolist(), x["scrambled"].tolist(), ("original", "shuffled"),
+                                  "class probabilities")
+        # the legend under the digits: in this column (two fifths of the page's 564 px at 1024 px beside the
+        # sidebar) above the plot it ran into the title
+        fig.update_layout(legend=figures.LEGEND_BELOW, margin_b=70)
+        show(fig, width="stretch", where=pictures[3])
     elif step == "channels":
         st.markdown(f"Key {key} permutes the {g.d_model} channels of every token, and every weight, norm and bias is "
                     f"permuted to match. After block 0 the scrambled hidden state differs from the original by "
