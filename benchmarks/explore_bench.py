@@ -27,6 +27,9 @@ from perm_core.models.registry import load_model  # noqa: E402
 from perm_core.models.zoo import DEFAULT_IMAGE_MODEL, DEFAULT_TEXT_MODEL, SMOLLM2  # noqa: E402
 from perm_core.run import trace_names  # noqa: E402
 from ui.charts import figures  # noqa: E402
+from ui.charts.figures_heatmap import heatmap  # noqa: E402
+from ui.charts.figures_path import permutation_figure  # noqa: E402
+from ui.charts.figures_proof import error_chart  # noqa: E402
 
 MODELS = (DEFAULT_IMAGE_MODEL, DEFAULT_TEXT_MODEL, SMOLLM2.name)
 TEXT = "Shuffling the tokens of a sentence shuffles the hidden states of a Transformer in exactly the same way."
@@ -50,13 +53,13 @@ def page_figures(explorer: Exploration, result) -> list:
         attn = source[trace_names.attn(layer)]
         hidden = getattr(hidden, "tensor", hidden)
         attn = getattr(attn, "tensor", attn)
-        figs.append(figures.heatmap(hidden[0], "hidden"))
-        figs.append(figures.heatmap(attn[0, 0], "attention", symmetric=False))
+        figs.append(heatmap(hidden[0], "hidden"))
+        figs.append(heatmap(attn[0, 0], "attention", symmetric=False))
     rows = [{"layer": i, "kind": "hidden state", "abs": e.max_abs_error, "rel": e.max_rel_error}
             for i, e in enumerate(result.errors)]
-    figs.append(figures.error_chart(rows, "errors"))
+    figs.append(error_chart(rows, "errors"))
     for index in (result.scramble.tokens.index, result.scramble.spaces[("resid", None)][0].index):
-        figs.append(figures.permutation_figure(index, "key"))
+        figs.append(permutation_figure(index, "key"))
     return figs
 
 

@@ -11,7 +11,7 @@ from perm_core.models.input_spec import check_command
 from perm_core.verify.check import check
 from perm_core.verify.expert_blocks import block_notes
 from perm_core.verify.experts import expert_columns
-from ui.charts import figures
+from ui.charts.figures_proof import stage_chart, tensor_error_chart
 from ui.export import chart
 from ui.long_run import long_run, stop_if_stopped
 from ui.runtime import CHECK_WEIGHT_COPIES, model_on, page_run_bytes, page_slot
@@ -143,11 +143,11 @@ def main() -> None:
     first_failing = next((i for i, c in enumerate(report.checks) if not c.passed), 0)
     picked = st.selectbox("Check", range(len(labels)), index=first_failing, format_func=labels.__getitem__)
     tensors = report.checks[picked].tensors
-    chart(figures.stage_chart(report.checks[picked].stages, f"{labels[picked]}: worst error over tolerance, place by "
-                                                            "place"), width="stretch")
-    fig = figures.tensor_error_chart([t.name for t in tensors], [t.max_abs_error for t in tensors],
-                                     [t.max_rel_error for t in tensors], f"{labels[picked]}: every tensor",
-                                     report.checks[picked].tolerance, tolerances=[t.tolerance for t in tensors])
+    chart(stage_chart(report.checks[picked].stages, f"{labels[picked]}: worst error over tolerance, place by "
+                                                    "place"), width="stretch")
+    fig = tensor_error_chart([t.name for t in tensors], [t.max_abs_error for t in tensors],
+                             [t.max_rel_error for t in tensors], f"{labels[picked]}: every tensor",
+                             report.checks[picked].tolerance, tolerances=[t.tolerance for t in tensors])
     chart(fig, width="stretch")
     # Headers in words (not the report's field names); where no floor applies the reason is empty, not "None".
     st.dataframe(pd.DataFrame([{"tensor": t.name, "max abs error": t.max_abs_error, "max rel error": t.max_rel_error,

@@ -24,7 +24,8 @@ from perm_core.models.input_spec import check_command
 from perm_core.models.inputs import token_labels
 from perm_core.run import trace_names
 from ui import explore_panels as panels
-from ui.charts import figures
+from ui.charts.figures_input import mosaic_image, token_chips
+from ui.charts.figures_proof import difference_map, error_chart
 from ui.errors import show_unexpected
 from ui.export import chart
 from ui.runtime import ExploreRequest, exploration, explore, explore_block
@@ -126,8 +127,8 @@ def draw(view, explorer, data, verdict_place, request) -> None:
     st.subheader("Proof: every layer, every tensor")
     chart_title = ("un-scrambled vs original" + (f" — control: {control.description}" if control else ""))
     proof_columns = st.columns([2, 1])
-    chart(figures.error_chart(data.proof_rows, chart_title, tolerance=result.tolerance,
-                              broken_at=BROKEN_AT if control else None), width="stretch", where=proof_columns[0])
+    chart(error_chart(data.proof_rows, chart_title, tolerance=result.tolerance,
+                      broken_at=BROKEN_AT if control else None), width="stretch", where=proof_columns[0])
     proof_columns[1].caption(f"{len(result.errors)} tensors compared. Scrambled side took "
                              f"{sum(result.seconds.values()):.2f} s (parameters {result.seconds['params']:.2f} s, "
                              f"trace {result.seconds['trace']:.2f} s). The chosen block's output, cell by cell, is "
@@ -192,7 +193,7 @@ def _path(view, explorer, request, block, words, token_axes, page_run: bool) -> 
     if block.pictures is not None:
         for i, (col, title, image) in enumerate(zip(cols, COLUMN_TITLES, block.pictures, strict=True)):
             patch = panels.followed_patch(tokens, follow, i, geometry.fixed_tokens)
-            col.image(figures.mosaic_image(image, geometry.patch_size, patch=patch),
+            col.image(mosaic_image(image, geometry.patch_size, patch=patch),
                       caption=f"{title}: {view.input_label}")
             if patch is not None:
                 stayed = patch == panels.followed_patch(tokens, follow, 0, geometry.fixed_tokens)
@@ -205,7 +206,7 @@ def _path(view, explorer, request, block, words, token_axes, page_run: bool) -> 
         order = list(tokens.held) if tokens.held is not None else identity
         for i, (col, title, origins) in enumerate(zip(cols, COLUMN_TITLES, (identity, order, identity), strict=True)):
             col.markdown(f"**{title}**")
-            col.markdown(figures.token_chips([words[j] for j in origins], origins, follow.get("token")),
+            col.markdown(token_chips([words[j] for j in origins], origins, follow.get("token")),
                          unsafe_allow_html=True)
             sentence = panels.token_sentence(tokens, follow, i)
             if sentence:
@@ -341,8 +342,8 @@ def _block(view, explorer, request, block, token_axes, names) -> None:
     panels.three_heatmaps(trace_names.hidden(layer), block.hidden, f"hidden state after block {layer}", "channel",
                           "token", paths=block.hidden_paths, follow=follow, order=order)
     difference = st.columns([1, 2])
-    chart(figures.difference_map(block.hidden[0][0], block.hidden[2][0],
-                                 f"|un-scrambled − original|<br>relative, block {layer} output"), where=difference[0])
+    chart(difference_map(block.hidden[0][0], block.hidden[2][0],
+                         f"|un-scrambled − original|<br>relative, block {layer} output"), where=difference[0])
     difference[1].caption(f"The proof for block {layer}'s output, cell by cell: the un-scrambled hidden state against "
                           "the original, relative to the original's largest |value|. Every block's every tensor is "
                           "in the proof chart below.")

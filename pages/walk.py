@@ -3,12 +3,14 @@
 import streamlit as st
 
 from perm_core.engine.keys import InvalidKeyError, validate_key
-from perm_core.engine.patches import shuffle_patches
 from perm_core.explore.exploration import Exploration
 from perm_core.explore.walk import STEPS, TITLES, run_step
 from perm_core.models.zoo import WALK, serving
 from ui import projector
+from ui import walk_panels as followed
 from ui.charts import figures
+from ui.charts.figures_attention import head_grid_figure
+from ui.charts.figures_heatmap import heatmap
 from ui.export import chart
 from ui.runtime import shared_model
 from ui.sidebar import ensure_view
@@ -70,14 +72,15 @@ def main() -> None:
                     "order. "
                     f"It still answers **{x['predicted_scrambled']}** (first answer: {x['predicted']}), and the two "
                     f"probability vectors differ by at most **{x['probability_gap']:.1e}**.")
-        pictures = st.columns([1, 1, 2])
-        pixels = explorer.subject.inputs["pixel_values"]
-        pictures[0].image(figures.mosaic_image(pixels, g.patch_size, 220), caption="the digit")
-        pictures[1].image(figures.mosaic_image(shuffle_patches(pixels, done.result.scramble.tokens, g.patch_size),
-                                               g.patch_size, 220), caption=f"its patches shuffled, key {key}")
+        pictures = st.columns([1, 1, 1, 2])
+        followed.followed_pictures(pictures[:3], x, g.patch_size, g.fixed_tokens, key)
         digits = [str(d) for d in range(len(x["original"]))]
-        show(figures.paired_bars(digits, x["original"].tolist(), x["scrambled"].tolist(),
-                                  ("original", "shuffled"), "class probabilities"), width="stretch", where=pictures[2])
+        fig = figures.paired_bars(digits, x["original"].tolist(), x["scrambled"].tolist(), ("original", "shuffled"),
+                                  "class probabilities")
+        # the legend under the digits: in this column (two fifths of the page's 564 px at 1024 px beside the
+        # sidebar) above the plot it ran into the title
+        fig.update_layout(legend=figures.LEGEND_BELOW, margin_b=70)
+        show(fig, width="stretch", where=pictures[3])
     elif step == "channels":
         st.markdown(f"Key {key} permutes the {g.d_model} channels of every token, and every weight, norm and bias is "
                     f"permuted to match. After block 0 the scrambled hidden state differs from the original by "
@@ -85,10 +88,13 @@ def main() -> None:
                     f"**{x['block0_restored']:.1e}**.")
         columns = st.columns(3)
         zmax, _ = figures.robust_zmax(x["hidden"][0])
-        for column, matrix, title in zip(columns, x["hidden"], ("original", f"scrambled, key {key}", "un-scrambled"),
-                                         strict=True):
-            show(figures.heatmap(matrix, f"block 0 hidden state: {title}", "channel", "token",
-                                  zmax=zmax, wrap=30), width="stretch", where=column)
+        for i, (column, matrix, title) in enumerate(zip(columns, x["hidden"], ("original", f"scrambled, key {key}",
+                                                                                "un-scrambled"), strict=True)):
+            rows_at, cols_at, sentence = followed.channel_heatmap_paths(x, i)
+            # the column's name on a line of its own: three titles of as many lines, three plots at one height
+            show(heatmap(matrix, f"block 0 hidden state:<br>{figures.wrap_title(title, 30)}", "channel", "token",
+                         zmax=zmax, row_paths=rows_at, col_paths=cols_at), width="stretch", where=column,
+                 caption=sentence)
     elif step == "heads":
         grid = x["grid"]
         n_stayed = sum(held == h for row in grid.holds for h, held in enumerate(row))
@@ -101,10 +107,12 @@ def main() -> None:
                     f"**{done.restored_error:.1e}**.")
         zmax = float(max(grid.original.max(), grid.scrambled.max()))
         columns = st.columns(2)
-        show(figures.head_grid_figure(grid.original, grid.layers, "original heads", zmax=zmax),
-              width="stretch", where=columns[0])
-        show(figures.head_grid_figure(grid.scrambled, grid.layers, f"heads swapped, key {key}",
-                                       grid.holds, zmax=zmax), width="stretch", where=columns[1])
+        head = x["follow"]["head"]
+        for i, (column, maps, title, holds) in enumerate(zip(columns, (grid.original, grid.scrambled), (
+                "original heads", f"heads swapped, key {key}"), (None, grid.holds), strict=True)):
+            show(head_grid_figure(maps, grid.layers, title, holds, zmax=zmax,
+                                  followed=followed.head_places(x["paths"], head, i)),
+                 width="stretch", where=column, caption=followed.head_sentence(x["paths"], grid.layers, head, i))
     elif step == "rotation":
         before, after = x["weight"]
         st.markdown(f"Key {key} rotates the queries and keys of each head by one rotation R, the values by another S "
@@ -114,10 +122,10 @@ def main() -> None:
                     f"**{x['attention_error']:.1e}**.")
         zmax, _ = figures.robust_zmax(before)
         columns = st.columns(2)
-        show(figures.heatmap(before, "W_Q as trained", "input channel", "output channel", zmax=zmax),
+        show(heatmap(before, "W_Q as trained", "input channel", "output channel", zmax=zmax),
               width="stretch", where=columns[0])
-        show(figures.heatmap(after, f"W_Q rotated, key {key}", "input channel", "output channel",
-                              zmax=zmax), width="stretch", where=columns[1])
+        show(heatmap(after, f"W_Q rotated, key {key}", "input channel", "output channel",
+                      zmax=zmax), width="stretch", where=columns[1])
     else:
         single = x["float32"]
         st.markdown("The scrambled model adds the same products in another order, and floating point rounds each sum "

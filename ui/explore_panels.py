@@ -9,6 +9,10 @@ from perm_core.explore.exploration import ExploreResult, bits_summary, format_bi
 from perm_core.explore.path import column_order
 from perm_core.explore.routing import choice_sentences, weight_sentences
 from ui.charts import figures, figures_routing
+from ui.charts.figures_attention import attention_overlay, head_grid_figure
+from ui.charts.figures_heatmap import heatmap
+from ui.charts.figures_input import pixels_to_rgb
+from ui.charts.figures_path import permutation_figure
 from ui.export import chart
 from ui.sidebar import SYMMETRY_LABELS
 
@@ -133,9 +137,9 @@ def three_heatmaps(name: str, tensors, title: str, x_title: str, y_title: str, a
         labels = token_labels[i] if token_labels else None
         shown = array[:, list(sorts[i])] if sorts is not None else array
         rows_at, cols_at = placed(paths, follow, i, sorts)
-        fig = figures.heatmap(shown, f"{label}:<br>{title}", x_title + (" (sorted)" if sorts else ""), y_title,
-                              colorscale="Viridis" if attention else "RdBu", symmetric=not attention,
-                              zmax=zmax, y_labels=labels, x_labels=labels, row_paths=rows_at, col_paths=cols_at)
+        fig = heatmap(shown, f"{label}:<br>{title}", x_title + (" (sorted)" if sorts else ""), y_title,
+                      colorscale="Viridis" if attention else "RdBu", symmetric=not attention,
+                      zmax=zmax, y_labels=labels, x_labels=labels, row_paths=rows_at, col_paths=cols_at)
         chart(fig, width="stretch", key=f"{name}-{label}", where=col, caption=path_sentence(paths, follow, i, sorts))
     if zmax < largest:
         st.caption(f"Colours clip at ±{zmax:.3g}, the {figures.CLIP_PERCENTILE:g}th percentile of the original's "
@@ -172,9 +176,9 @@ def class_attention_overlays(pictures, grids, geometry, layer: int, tokens=None,
     cols = st.columns(3)
     for i, (col, label, pixels, values) in enumerate(zip(cols, TITLES, pictures, grids, strict=True)):
         patch = followed_patch(tokens, follow or {}, i, geometry.fixed_tokens)
-        fig = figures.attention_overlay(figures.pixels_to_rgb(pixels), values, geometry.patch_size,
-                                        f"{label}:<br>class token's attention<br>block {layer}", zmax=zmax,
-                                        name=f"class token's attention to each patch ({heads})", patch=patch)
+        fig = attention_overlay(pixels_to_rgb(pixels), values, geometry.patch_size,
+                                f"{label}:<br>class token's attention<br>block {layer}", zmax=zmax,
+                                name=f"class token's attention to each patch ({heads})", patch=patch)
         chart(fig, width="stretch", key=f"cls-attention-{label}", where=col,
               caption=None if patch is None else patch_sentence(
                   follow["token"], patch, values.shape[1], i,
@@ -221,8 +225,8 @@ def outputs(shown) -> None:
                                "probability")
         else:
             what = "class-token embedding" if kind == "image-embedding" else "sentence embedding"
-            fig = figures.heatmap(values[None], f"{label}:<br>{what}<br>cos to original {shown.cosines[index]:.6f}",
-                                  f"channel (of {len(values)})", "", height=170, y_ticks=False)
+            fig = heatmap(values[None], f"{label}:<br>{what}<br>cos to original {shown.cosines[index]:.6f}",
+                          f"channel (of {len(values)})", "", height=170, y_ticks=False)
         chart(fig, width="stretch", key=f"output-{label}", where=col)
     if kind == "classes":
         st.latex(r"\text{the class token stays first and the head reads it: } y' = y")
@@ -259,14 +263,14 @@ def keys(view, explorer, symmetries) -> None:
         if index is None:
             continue
         where = " (block 0)" if name in ("heads", "mlp", "head_channels") else ""
-        fig = figures.permutation_figure(index, f"{SYMMETRY_LABELS[name]}{where}, key {view.keys[name]}")
+        fig = permutation_figure(index, f"{SYMMETRY_LABELS[name]}{where}, key {view.keys[name]}")
         chart(fig, width="stretch", key=f"perm-{name}", where=col)
         col.caption(f"{format_bits(bits[name])} of transforms; its key: 64 bits")
     if "rotation" in view.keys:
         element = symmetries.build("rotation", view.keys["rotation"], explorer.geometry, explorer.n_tokens)
         block = element.spaces[("v", 0)][0].blocks[0]
-        chart(figures.heatmap(block, "rotation S of head 0, block 0 (orthogonal: S S^T = I)",
-                              zmax=1.0), width="content", key="perm-rotation")
+        chart(heatmap(block, "rotation S of head 0, block 0 (orthogonal: S S^T = I)",
+                      zmax=1.0), width="content", key="perm-rotation")
         st.caption("Rotations are continuous (infinitely many); the 64-bit key picks one of at most 2^64.")
     st.latex(r"P_\pi = \big[e_{\pi(1)} \cdots e_{\pi(n)}\big]^\top,\qquad P_\pi^{-1} = P_\pi^\top,"
              r"\qquad |S_n| = n! \;\Rightarrow\; \log_2 n! \text{ bits}")
@@ -280,10 +284,10 @@ def head_grids(grid, n_layers: int) -> None:
     moved = sum(h != g for row in grid.holds for h, g in enumerate(row))
     shown = f"layers {', '.join(map(str, grid.layers))}" if len(grid.layers) < n_layers else "every layer"
     left, right = st.columns(2)
-    chart(figures.head_grid_figure(grid.original, grid.layers, "Original: every head"),
+    chart(head_grid_figure(grid.original, grid.layers, "Original: every head"),
           width="stretch", key="head-grid-original", where=left)
-    chart(figures.head_grid_figure(grid.scrambled, grid.layers, "Scrambled (token order undone):<br>"
-                                   "heads change places", grid.holds, zmax=zmax),
+    chart(head_grid_figure(grid.scrambled, grid.layers, "Scrambled (token order undone):<br>"
+                           "heads change places", grid.holds, zmax=zmax),
           width="stretch", key="head-grid-scrambled", where=right)
     st.caption(f"Each tile is one head's attention map ({shown}; pooled to {grid.original.shape[-1]}x"
                f"{grid.original.shape[-1]}). On the right the token permutation is undone and nothing else, so a "
@@ -305,8 +309,8 @@ def weights(weight, names, follow=None) -> None:
     follow = {k: v for k, v in (follow or {}).items() if k != "token"}  # a weight has no token axis
     for i, (col, title, matrix) in enumerate(zip(cols, titles, (original, scrambled, back), strict=True)):
         rows_at, cols_at = placed(weight.paths, follow, i)
-        chart(figures.heatmap(matrix, title, "input axis", "output axis", zmax=zmax, wrap=30, row_paths=rows_at,
-                              col_paths=cols_at), width="stretch", key=f"weight-{title}", where=col,
+        chart(heatmap(matrix, title, "input axis", "output axis", zmax=zmax, wrap=30, row_paths=rows_at,
+                      col_paths=cols_at), width="stretch", key=f"weight-{title}", where=col,
               caption=path_sentence(weight.paths, follow, i))
     st.caption(f"{weight.name} {tuple(original.shape)}: the scrambled model's copy differs from the trained one by "
                f"up to {weight.changed:.3g}, and the inverse gives it back to {weight.restored:.1e}"

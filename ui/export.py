@@ -10,6 +10,7 @@ import streamlit as st
 from ui import projector
 from ui.charts import figures
 from ui.charts.export import ExportError, figure_csv, figure_image, file_stem
+from ui.charts.figures_projector import for_projector
 
 
 def _image_or_message(fig, fmt: str):
@@ -29,7 +30,7 @@ def chart(fig, where=None, caption: str | None = None, **options) -> None:
     options.setdefault("width", "stretch")
     if projector.on():  # large texts, and neither the export menu nor plotly's toolbar in a lecture hall
         # on a copy: a figure may be shared (cached for every session), and only this session is in projector mode
-        where.plotly_chart(figures.for_projector(figures.powers_of_ten(copy.deepcopy(fig))),
+        where.plotly_chart(for_projector(figures.powers_of_ten(copy.deepcopy(fig))),
                            config={"displayModeBar": False}, **options)
         if caption:
             where.caption(caption)

@@ -26,14 +26,14 @@ def pictures():
     from perm_core.engine.patches import shuffle_patches
     from perm_core.engine.transforms import Permutation
     from perm_core.models.digits import digits_split
-    from ui.charts import figures
+    from ui.charts.figures_input import mosaic_image
 
     _, _, test_x, test_y = digits_split(raw=True)
     digit = test_x[:1].double()  # the first held-out scikit-learn digit
     # the class token (position 0) stays; the 16 patches move
     order = Permutation(torch.cat([torch.zeros(1, dtype=torch.long), permutation(7, 16, "home") + 1]))
-    drawn = (figures.mosaic_image(digit, 2, 160, smooth=True),
-             figures.mosaic_image(shuffle_patches(digit, order, 2), 2, 160, smooth=True))
+    drawn = (mosaic_image(digit, 2, 160, smooth=True),
+             mosaic_image(shuffle_patches(digit, order, 2), 2, 160, smooth=True))
     return drawn, int(test_y[0])
 
 

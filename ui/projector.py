@@ -3,8 +3,8 @@
 One switch for the whole app (the session's "projector", mirrored into the URL as projector=1; an older link's
 walk_projector=1 still turns it on): the sidebar carries it on every page, the Guided walk in its own row of
 controls. When it is on, every page gets the CSS below (large text, nothing under Streamlit's 60-pixel header) and
-every chart drawn through ui.export.chart is enlarged (ui.charts.figures.for_projector) and drawn without its export
-menu and plotly's toolbar.
+every chart drawn through ui.export.chart is enlarged (ui.charts.figures_projector.for_projector) and drawn without
+its export menu and plotly's toolbar.
 """
 
 from __future__ import annotations

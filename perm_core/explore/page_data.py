@@ -119,7 +119,7 @@ def block_views(explorer: Exploration, result: ExploreResult, choice: PageChoice
     layer = choice.layer
     class_attention = pictures = None
     if geometry.input_kind == "image":
-        pictures = _pictures(geometry, result, inputs["pixel_values"])
+        pictures = scrambled_pictures(geometry, result, inputs["pixel_values"])
         grid = patch_grid(geometry, inputs["pixel_values"].shape, explorer.n_tokens)
         if grid is not None:
             attn = trace_names.attn(layer)
@@ -159,7 +159,7 @@ def default_follow(explorer: Exploration, inputs: dict, block: BlockViews | None
     return picks
 
 
-def _pictures(geometry, result: ExploreResult, pixels: torch.Tensor) -> tuple:
+def scrambled_pictures(geometry, result: ExploreResult, pixels: torch.Tensor) -> tuple:
     """The input as the three columns see it: original, patches shuffled by the token key, shuffled back."""
     tokens = result.scramble.tokens
     shuffled = shuffle_patches(pixels, tokens, geometry.patch_size) if tokens is not None else pixels

@@ -17,7 +17,7 @@ import torch
 from perm_core.engine.spec import Concat, Gain, Merged, Scramble, apply_axes
 
 # The spaces a student can follow, by the role that names them in an axis spec
-ITEMS = {"tokens": "token", "resid": "channel", "mlp": "neuron"}
+ITEMS = {"tokens": "token", "resid": "channel", "mlp": "neuron", "heads": "head"}
 
 
 @dataclass(frozen=True)
@@ -96,6 +96,12 @@ def default_token(n_tokens: int, fixed_tokens: int, class_attention=None, moves:
         grid = np.asarray(class_attention, dtype=np.float64).ravel()
         return _first_moved(fixed_tokens + np.argsort(-grid, kind="stable"), moves)
     return _first_moved(range(min(fixed_tokens, max(n_tokens - 1, 0)), n_tokens), moves)
+
+
+def default_head(n_heads: int, moves: AxisPath | None = None) -> int:
+    """The attention head a page follows unless a student picks one: the first that the element moves (moves: one
+    layer's head path)."""
+    return _first_moved(range(n_heads), moves)
 
 
 def default_column(values, moves: AxisPath | None = None) -> int:

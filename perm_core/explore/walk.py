@@ -2,7 +2,9 @@
 
 Every step is a symmetry applied with the lecturer's key, measured: what moved (how far the scrambled world is
 from the original) and what came back (the worst relative error after the inverse). The page turns these
-numbers into its two sentences and its figure; nothing a student reads is typed in.
+numbers into its two sentences and its figure; nothing a student reads is typed in. The steps that move tokens,
+channels or heads also say where one of them went (perm_core.explore.path, as Explore does): `follow` names it,
+`paths` holds the element's own transform of its space, from which the page outlines it in every chart.
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from perm_core.explore.exploration import Exploration, ExploreResult, head_grid
+from perm_core.explore.exploration import Exploration, ExploreResult, class_attention_grid, head_grid, patch_grid
+from perm_core.explore.page_data import scrambled_pictures
+from perm_core.explore.path import axis_path, default_column, default_head, default_token, tensor_paths
 from perm_core.run import trace_names
 from perm_core.verify.tolerances import TOLERANCE, relative_error
 
@@ -47,6 +51,7 @@ def run_step(explorer: Exploration, step: str, key: int, float32: Exploration | 
         extra.update(original=original, scrambled=scrambled, predicted=int(original.argmax()),
                      predicted_scrambled=int(scrambled.argmax()),
                      probability_gap=float((original - scrambled).abs().max()))
+        extra.update(_followed_patch(explorer, result))
     elif step == "channels":
         block0 = trace_names.hidden(0)
         original, scrambled, restored = (explorer.original[block0].tensor[0], result.scrambled[block0].tensor[0],
@@ -55,8 +60,14 @@ def run_step(explorer: Exploration, step: str, key: int, float32: Exploration | 
         # The sentence under the block-0 charts speaks of block 0: its numbers come from these very tensors
         extra["block0_moved"] = relative_error(original, scrambled)
         extra["block0_restored"] = relative_error(original, restored)
+        record = explorer.original[block0]  # the map's rows are tokens, its columns channels
+        paths = tensor_paths(record.axes[-2:], record.tensor.shape[-2:], result.scramble, record.layer)
+        extra.update(paths=paths, follow={"channel": default_column(original, paths[1])})
     elif step == "heads":
-        extra["grid"] = head_grid(explorer, result, max_layers=explorer.geometry.n_layers, cells=8)
+        grid = head_grid(explorer, result, max_layers=explorer.geometry.n_layers, cells=8)
+        n_heads = explorer.geometry.n_heads
+        paths = tuple(axis_path(("heads", layer), n_heads, result.scramble) for layer in grid.layers)
+        extra.update(grid=grid, paths=paths, follow={"head": default_head(n_heads, paths[0])})
     elif step == "rotation":
         name = next(n for n, c in explorer.subject.claims.items() if c.layer == 0 and c.rule.tag in ("attn.q",
                                                                                                     "attn.qkv"))
@@ -73,3 +84,16 @@ def run_step(explorer: Exploration, step: str, key: int, float32: Exploration | 
                      identical_bits=sum(bool(torch.equal(explorer.original[e.name].tensor, result.restored[e.name]))
                                         for e in result.errors), n_tensors=len(result.errors))
     return StepResult(step, key, result, result.moved, result.worst_rel, extra)
+
+
+def _followed_patch(explorer: Exploration, result: ExploreResult) -> dict:
+    """The tokens step's pictures (original, patches shuffled, shuffled back), the token path, the patch grid's
+    (rows, columns), and the token to follow: of the patches the key moves, the one the class token attends to most
+    in the last block."""
+    g, pixels = explorer.geometry, explorer.subject.inputs["pixel_values"]
+    cells = patch_grid(g, pixels.shape, explorer.n_tokens)
+    tokens = axis_path("tokens", explorer.n_tokens, result.scramble)
+    attention = explorer.original[trace_names.attn(g.n_layers - 1)].tensor
+    grid = None if cells is None else class_attention_grid(attention, cells, g.fixed_tokens).double().numpy()
+    return dict(pictures=scrambled_pictures(g, result, pixels), tokens=tokens, patch_grid=cells,
+                follow={"token": default_token(explorer.n_tokens, g.fixed_tokens, grid, tokens)})

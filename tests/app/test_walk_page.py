@@ -115,3 +115,58 @@ def test_projector_mode_enlarges_the_charts_too(index):
                 assert font >= smallest and all(t >= smallest for t in ticks), (index, font, ticks)
             else:
                 assert font is None or font < 16
+
+
+def outline_places(at) -> list[list[tuple[str, float]]]:
+    """Each chart's followed-item outlines as drawn: (shape name, the outlined column's or tile's left edge)."""
+    return [[(s["name"], s["x0"]) for s in json.loads(c.proto.spec)["layout"].get("shapes", [])
+             if s.get("name", "").startswith("path ")] for c in at.get("plotly_chart")]
+
+
+@pytest.mark.parametrize("key", [5, 31])
+def test_the_walk_outlines_the_followed_item_where_the_keys_permutation_sends_it(explorers, key):
+    """Steps 1-3 draw Explore's outline: the followed patch, channel and head in each column where the key's own
+    permutation (symmetries.build) sends its original position, and back; each sentence says the drawn place."""
+    from perm_core.engine import symmetries
+
+    explorer = explorers[torch.float64]
+    g, n = explorer.geometry, explorer.n_tokens
+
+    def permutation(symmetry: str, space=None) -> list[int]:
+        element = symmetries.build(symmetry, key, g, n)
+        return element.tokens.index.tolist() if space is None else element.spaces[space][0].index.tolist()
+
+    at = walk(walk_step=1, walk_key=key)
+    token = run_step(explorer, "tokens", key).extra["follow"]["token"]
+    patches = [token - g.fixed_tokens, permutation("tokens").index(token) - g.fixed_tokens, token - g.fixed_tokens]
+    said = [c.value for c in at.caption if c.value.startswith(("Token", "The keys", "The inverse"))]
+    assert [int(re.search(r"patch (\d+)", s).group(1)) for s in said] == patches and patches[1] != patches[0]
+
+    at = walk(walk_step=2, walk_key=key)
+    channel = run_step(explorer, "channels", key).extra["follow"]["channel"]
+    want = [channel, permutation("channels", ("resid", None)).index(channel), channel]
+    assert outline_places(at) == [[(f"path channel {c}", c - 0.5)] for c in want]
+    said = [c.value for c in at.caption if "channel" in c.value]
+    assert [int(re.findall(r"column (\d+)", s)[-1]) for s in said] == want
+
+    at = walk(walk_step=3, walk_key=key)
+    done = run_step(explorer, "heads", key)
+    head, layers, step = done.extra["follow"]["head"], done.extra["grid"].layers, 8 + 1  # 8x8 tiles, 1 apart
+    moved = [permutation("heads", ("heads", layer)).index(head) for layer in layers]
+    assert outline_places(at) == [[(f"path head {head}", head * step - 0.5)] * len(layers),
+                                  [(f"path head {p}", p * step - 0.5) for p in moved]]
+    wrong = [symmetries.build("heads", key + 1, g, n).spaces[("heads", layer)][0].index.tolist().index(head)
+             for layer in layers]  # the control: another key's heads land elsewhere
+    assert wrong != moved
+
+
+def test_the_three_hidden_states_start_at_one_height():
+    """Step 2's titles take as many lines each, so the three plots start at one height (outside projector mode too,
+    where nothing pads them): wrapped whole at 30 characters, "original" took one line and the others two."""
+    from ui.charts.figures import wrap_title
+
+    at = walk(walk_step=2, walk_key=7)
+    lines = [json.loads(c.proto.spec)["layout"]["title"]["text"].count("<br>") for c in at.get("plotly_chart")]
+    assert len(lines) == 3 and len(set(lines)) == 1, lines
+    old = [wrap_title(f"block 0 hidden state: {t}", 30).count("<br>") for t in ("original", "scrambled, key 7")]
+    assert old[0] != old[1]  # the control: the old titles differed

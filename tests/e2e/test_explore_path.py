@@ -1,7 +1,8 @@
 """Real Chromium: Explore draws the followed token, channel and MLP neuron where the key's own permutation sends
 them, read back from the shapes plotly drew (each chart's gd.layout.shapes), in every map of every column; another
-key draws them elsewhere; choosing another item reruns only the panels that show the path; and Play steps through
-the blocks in the block panel's own reruns, then stops its timer."""
+key draws them elsewhere; choosing another item reruns only the panels that show the path; Play steps through
+the blocks in the block panel's own reruns, then stops its timer; and the Guided walk draws its followed channel and
+head the same way, on a 1024x768 projector."""
 
 import re
 
@@ -42,6 +43,16 @@ def drawn_places(page) -> dict[str, list[tuple[str, int, int]]]:
     return found
 
 
+# Each picture's drawn width: three pictures of one size side by side must be drawn at one size
+PICTURES = """Array.from(document.querySelectorAll('[data-testid="stImage"] img'))"""
+
+
+def picture_widths(page) -> list[int]:
+    """The drawn width of every picture on the page, once each has loaded (a loading one is a few pixels wide)."""
+    page.wait_for_function(f"() => {PICTURES}.every(img => img.complete && img.naturalWidth > 0)")
+    return page.evaluate(f"{PICTURES}.map(img => Math.round(img.getBoundingClientRect().width))")
+
+
 def assert_drawn_where_the_keys_send(page, keys: dict[str, int]) -> dict:
     want = expected_outlines(FOLLOW, key_permutations(keys, 1))
     drawn = drawn_places(page)
@@ -67,6 +78,54 @@ def test_the_followed_path_is_drawn_where_the_keys_permutation_sends_it(app_url,
     wait_verdict(page)
     after = assert_drawn_where_the_keys_send(page, {"tokens": 1234, "channels": 42, "mlp": 11})
     assert after["token"][1] != before["token"][1] and after["channel"] == before["channel"]
+    assert page.locator('[data-testid="stException"]').count() == 0
+
+
+def test_pictures_side_by_side_are_drawn_at_one_size_on_a_projector(app_url, page):
+    """Explore's three input pictures at 1024x768 in projector mode: each had been as wide as its caption (240, 250
+    and 275 px, "Un-scrambled: ..." the widest); assets/app.css keeps a caption out of its picture's width."""
+    page.set_viewport_size({"width": 1024, "height": 768})
+    page.goto(f"{app_url}/explore?model=digits-vit&projector=1")
+    wait_verdict(page)
+    widths = picture_widths(page)
+    assert len(widths) == 3 and len(set(widths)) == 1, widths
+
+
+def test_the_guided_walk_outlines_its_channel_and_head_where_the_key_sends_them(app_url, page):
+    """The walk's steps 2 and 3 on a 1024x768 projector: the followed channel in the three block-0 hidden states and
+    the followed head in every layer of both head grids, each where the key's own permutation (symmetries.build)
+    sends it."""
+    import torch
+
+    from perm_core.engine import symmetries
+    from perm_core.explore.exploration import Exploration
+    from perm_core.explore.walk import run_step
+    from perm_core.models.defaults import default_inputs
+    from perm_core.models.registry import load_model
+
+    loaded = load_model("digits-vit", dtype=torch.float64)
+    explorer = Exploration(loaded.model, default_inputs(loaded))
+    g, n, key = explorer.geometry, explorer.n_tokens, 31
+    page.set_viewport_size({"width": 1024, "height": 768})
+
+    page.goto(f"{app_url}/walk?walk_step=2&walk_key={key}&projector=1")
+    wait_for_app(page)
+    channel = run_step(explorer, "channels", key).extra["follow"]["channel"]
+    moved = symmetries.build("channels", key, g, n).spaces[("resid", None)][0].index.tolist().index(channel)
+    assert [c["shapes"] for c in page.evaluate(OUTLINES)] == [[["channel", None, place]]
+                                                             for place in (channel, moved, channel)]
+
+    page.goto(f"{app_url}/walk?walk_step=3&walk_key={key}&projector=1")
+    wait_for_app(page)
+    done = run_step(explorer, "heads", key)
+    head, layers, step = done.extra["follow"]["head"], done.extra["grid"].layers, 9  # 8x8 tiles, one cell apart
+    places = [symmetries.build("heads", key, g, n).spaces[("heads", layer)][0].index.tolist().index(head)
+              for layer in layers]
+    centre = 3.5  # of an 8-cell tile
+    assert [c["shapes"] for c in page.evaluate(OUTLINES)] == [
+        [["head", row * step + centre, head * step + centre] for row in range(len(layers))],
+        [["head", row * step + centre, place * step + centre] for row, place in enumerate(places)]]
+    assert places != [head] * len(layers)  # the key moved the followed head somewhere
     assert page.locator('[data-testid="stException"]').count() == 0
 
 

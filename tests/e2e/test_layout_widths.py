@@ -436,7 +436,8 @@ def test_layout_checks_catch_planted_defects(page):
     import torch
     from plotly.subplots import make_subplots
 
-    from ui.charts import figures, figures_fusion
+    from ui.charts import figures_fusion
+    from ui.charts.figures_proof import tensor_error_chart
     from ui.matrix_table import class_name_html
 
     # tick labels that collide: two panels' x ticks close together, as Rotation's side by side had them
@@ -458,7 +459,7 @@ def test_layout_checks_catch_planted_defects(page):
     old = go.Figure([go.Bar(x=names, y=[1, 2, 3, 4, 5, 6], name="relative"),
                      go.Bar(x=names, y=[2, 3, 4, 5, 6, 7], name="absolute")])
     old.update_layout(width=700, height=300, legend=dict(orientation="h", y=-0.12), xaxis=dict(tickangle=-45))
-    new = figures.tensor_error_chart(names, [1e-7] * 6, [1e-8] * 6, "tensors", 1e-6)
+    new = tensor_error_chart(names, [1e-7] * 6, [1e-8] * 6, "tensors", 1e-6)
     new.update_layout(width=700)
     planted(page, '<div id="old"></div><div id="new"></div>', {"old": old, "new": new})
     assert any("legend over the axis label" in f for f in page.evaluate(LEGEND_OVER_LABELS))

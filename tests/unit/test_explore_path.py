@@ -1,6 +1,7 @@
 """The path a followed token, channel or MLP neuron takes across Explore's three columns: computed by the element
 itself (perm_core.explore.path), equal to the key's own permutation, mixed (no single place) under a rotation;
-where the page draws it (ui.explore_panels, ui.charts.figures); and the take-home summary's numbers."""
+where the page draws it (ui.explore_panels, ui.charts.figures_heatmap and figures_path); and the take-home summary's
+numbers."""
 
 import re
 
@@ -16,7 +17,7 @@ from perm_core.explore.path import AxisPath, axis_path, column_order, default_to
 from perm_core.models.input_spec import check_command, inputs_from_spec
 from perm_core.models.registry import load_model
 from ui import explore_panels as panels
-from ui.charts import figures
+from ui.charts.figures_heatmap import heatmap
 from ui.summary import explore_summary
 
 
@@ -125,13 +126,13 @@ def test_outlines_and_sentences_use_the_same_places(digits):
         "The inverse puts token 4 back in row and column 4.")
     orders = panels.column_orders([np.arange(64.0)[None] % 7] * 3, "original")
     assert panels.placed(block.hidden_paths, follow, 1, orders)[1] == [("channel", orders[1].index(scrambled[1]))]
-    fig = figures.heatmap(np.zeros((17, 64)), "t", row_paths=[("token", scrambled[0])],
-                          col_paths=[("channel", scrambled[1])])
+    fig = heatmap(np.zeros((17, 64)), "t", row_paths=[("token", scrambled[0])],
+                  col_paths=[("channel", scrambled[1])])
     cores = [s for s in fig.to_plotly_json()["layout"]["shapes"] if s["name"].startswith("path ")]
     assert [((s["y0"] + s["y1"]) / 2 if s["xref"] == "x domain" else (s["x0"] + s["x1"]) / 2) for s in cores] == [
         scrambled[0], scrambled[1]]
     # a decimated map (a cell per block of rows / columns) outlines the cell that holds the place
-    big = figures.heatmap(np.zeros((300, 384)), "t", row_paths=[("token", 201)], col_paths=[("channel", 383)])
+    big = heatmap(np.zeros((300, 384)), "t", row_paths=[("token", 201)], col_paths=[("channel", 383)])
     row_step = big.data[0].y[1] - big.data[0].y[0]
     col_step = big.data[0].x[1] - big.data[0].x[0]
     row_shape, col_shape = [s for s in big.layout.shapes if s.name.startswith("path ")]

@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 
 from ui.charts import export, figures
+from ui.charts.figures_heatmap import heatmap
 
 
 def test_csv_of_a_heatmap_is_its_matrix_with_labels():
     matrix = np.arange(12, dtype=float).reshape(3, 4) - 5.5
-    rows = list(csv.reader(io.StringIO(export.figure_csv(figures.heatmap(matrix, "a title")))))
+    rows = list(csv.reader(io.StringIO(export.figure_csv(heatmap(matrix, "a title")))))
     assert rows[0][1:] == ["0", "1", "2", "3"]
     assert [r[0] for r in rows[1:]] == ["0", "1", "2"]
     assert np.array_equal(np.array([[float(v) for v in r[1:]] for r in rows[1:]]), matrix.astype(np.float32))
@@ -35,7 +36,7 @@ def test_file_names_follow_every_cell_of_a_heatmap():
     matrix = np.random.default_rng(0).random((40, 30))
     nudged = matrix.copy()
     nudged[39, 29] += 1e-3  # one cell, after float32
-    stems = [export.file_stem(figures.heatmap(m, "hidden state")) for m in (matrix, matrix.copy(), nudged)]
+    stems = [export.file_stem(heatmap(m, "hidden state")) for m in (matrix, matrix.copy(), nudged)]
     assert stems[0] == stems[1] != stems[2]
 
 

@@ -9,17 +9,21 @@ import plotly.io as pio
 import pytest
 
 from ui.charts import figures
+from ui.charts.figures_attention import attention_overlay, head_grid_figure
+from ui.charts.figures_heatmap import heatmap
+from ui.charts.figures_path import permutation_figure
+from ui.charts.figures_proof import difference_map, error_chart, tensor_error_chart
 
 
 def sample_figures():
     rng = np.random.default_rng(0)
-    return [figures.heatmap(rng.random((6, 7)), "a<br>b", "x", "y"),
+    return [heatmap(rng.random((6, 7)), "a<br>b", "x", "y"),
             figures.bars(["a", "b"], [0.25, 0.75], "bars", "p"),
-            figures.permutation_figure(rng.permutation(9), "perm"),
-            figures.attention_overlay(rng.integers(0, 255, (16, 16, 3)), rng.random((2, 2)), 8, "overlay"),
-            figures.head_grid_figure(rng.random((2, 2, 3, 3)), [0, 1], "grid", holds=[[1, 0], [0, 1]]),
-            figures.difference_map(rng.random((4, 5)), rng.random((4, 5)), "diff"),
-            figures.error_chart([{"layer": 0, "kind": "hidden state", "abs": 1e-7, "rel": 1e-8}], "errors", 1e-6),
+            permutation_figure(rng.permutation(9), "perm"),
+            attention_overlay(rng.integers(0, 255, (16, 16, 3)), rng.random((2, 2)), 8, "overlay"),
+            head_grid_figure(rng.random((2, 2, 3, 3)), [0, 1], "grid", holds=[[1, 0], [0, 1]]),
+            difference_map(rng.random((4, 5)), rng.random((4, 5)), "diff"),
+            error_chart([{"layer": 0, "kind": "hidden state", "abs": 1e-7, "rel": 1e-8}], "errors", 1e-6),
             figures.paired_bars(["a"], [1.0], [2.0], ("p", "q"), "pairs")]
 
 
@@ -54,20 +58,20 @@ def as_sent(fig) -> dict:
 def more_figures():
     rng = np.random.default_rng(1)
     tokens = ["<s>", "the", "cat"]
-    return [figures.heatmap(rng.random((3, 3)), "labelled", "channel", "token", y_labels=tokens, x_labels=tokens),
-            figures.heatmap(rng.random((1, 40)), "strip", "channel", "", height=170, y_ticks=False),
-            figures.heatmap(rng.random((400, 300)), "decimated", colorscale="Viridis", symmetric=False),
-            figures.head_grid_figure(rng.random((1, 3, 2, 2)), [5], "no head moved", holds=[[0, 1, 2]]),
-            figures.permutation_figure(rng.permutation(10_000), "long"),
-            figures.error_chart([{"layer": -1, "kind": "output logits", "abs": 0.0, "rel": 0.0},
-                                 {"layer": 0, "kind": "attention map", "abs": 1e-9, "rel": 2e-7, "tolerance": 1e-5}],
-                                "raised<br>broken", tolerance=1e-6, broken_at=1e-2),
-            figures.tensor_error_chart(["a", "b", "c"], [1e-7, 0.0, 1e-3], [1e-8, 0.0, 1e-4], "tensors", 1e-6,
-                                       tolerances=[1e-6, 1e-5, 1e-6], max_bars=2)]
+    return [heatmap(rng.random((3, 3)), "labelled", "channel", "token", y_labels=tokens, x_labels=tokens),
+            heatmap(rng.random((1, 40)), "strip", "channel", "", height=170, y_ticks=False),
+            heatmap(rng.random((400, 300)), "decimated", colorscale="Viridis", symmetric=False),
+            head_grid_figure(rng.random((1, 3, 2, 2)), [5], "no head moved", holds=[[0, 1, 2]]),
+            permutation_figure(rng.permutation(10_000), "long"),
+            error_chart([{"layer": -1, "kind": "output logits", "abs": 0.0, "rel": 0.0},
+                         {"layer": 0, "kind": "attention map", "abs": 1e-9, "rel": 2e-7, "tolerance": 1e-5}],
+                        "raised<br>broken", tolerance=1e-6, broken_at=1e-2),
+            tensor_error_chart(["a", "b", "c"], [1e-7, 0.0, 1e-3], [1e-8, 0.0, 1e-4], "tensors", 1e-6,
+                               tolerances=[1e-6, 1e-5, 1e-6], max_bars=2)]
 
 
 def test_validating_a_chart_changes_nothing_the_browser_gets():
-    """Charts are built unvalidated for speed (figures._figure): every property must already be as plotly's
+    """Charts are built unvalidated for speed (figures.plain_figure): every property must already be as plotly's
     validation writes it. A shorthand it would expand (an axis title as a plain string, a colour scale's name,
     which plotly.js reads as other colours) or a misspelt property it would refuse makes this fail."""
     for fig in sample_figures() + more_figures():
@@ -89,7 +93,7 @@ def test_orjson_sends_every_chart_as_the_standard_library_would():
     import orjson  # noqa: F401 - a requirement: without it plotly falls back to the slower json module
 
     assert pio.json.config.default_engine in ("auto", "orjson")
-    with_nan = figures.heatmap(np.where(np.eye(4, dtype=bool), np.nan, 1.0), "nan on the diagonal")
+    with_nan = heatmap(np.where(np.eye(4, dtype=bool), np.nan, 1.0), "nan on the diagonal")
     for fig in sample_figures() + more_figures() + [with_nan]:
         fast = json.loads(pio.to_json(fig, validate=False, engine="orjson"))
         assert fast == json.loads(pio.to_json(fig, validate=False, engine="json")), fig.layout.title.text

@@ -9,12 +9,15 @@ import plotly.graph_objects as go
 import torch
 
 from ui.charts import figures, figures_backward, figures_fusion
+from ui.charts.figures_heatmap import LOG_DECADES, heatmap
+from ui.charts.figures_projector import MIN_PROJECTOR_TITLE_SIZE, PROJECTOR_TITLE_LINES, for_projector
+from ui.charts.figures_proof import error_chart, layer_ticks, tensor_error_chart
 
 
 def test_every_colour_bar_writes_powers_of_ten():
     """Backward's |error| map has values near 1e-15: plotly's default writes them 1.5f (femto)."""
     error = np.full((8, 8), 1.5e-15)
-    fig = figures.heatmap(error, "|error|", colorscale="Greys", symmetric=False)
+    fig = heatmap(error, "|error|", colorscale="Greys", symmetric=False)
     assert fig.data[0].colorbar.exponentformat == "e"
     own = go.Figure(go.Heatmap(z=error))  # an application's own figure gets it where it is drawn (ui.export.chart)
     assert figures.powers_of_ten(own).data[0].colorbar.exponentformat == "e"
@@ -26,17 +29,17 @@ def test_every_colour_bar_writes_powers_of_ten():
 def test_a_257_token_attention_map_is_drawn_on_a_log_scale_said_on_its_bar():
     rng = np.random.default_rng(0)
     attention = rng.dirichlet(np.full(257, 0.3), size=257)  # rows sum to 1: most mass far below the largest cell
-    fig = figures.heatmap(attention, "attention", colorscale="Viridis", symmetric=False, zmax=float(attention.max()))
+    fig = heatmap(attention, "attention", colorscale="Viridis", symmetric=False, zmax=float(attention.max()))
     trace = fig.data[0]
     assert trace.colorbar.title.text == "log scale"
     assert math.isclose(trace.zmax, math.log10(attention.max()), rel_tol=1e-6)
-    assert math.isclose(trace.zmin, trace.zmax - figures.LOG_DECADES)
+    assert math.isclose(trace.zmin, trace.zmax - LOG_DECADES)
     assert [f"1e{t}" for t in trace.colorbar.tickvals] == list(trace.colorbar.ticktext)
     # the colours are log10 of the (decimated) values, floored at the scale's bottom
     assert np.nanmin(np.asarray(trace.z)) >= trace.zmin - 1e-6
-    small = figures.heatmap(attention[:17, :17], "digits", colorscale="Viridis", symmetric=False)
+    small = heatmap(attention[:17, :17], "digits", colorscale="Viridis", symmetric=False)
     assert small.data[0].colorbar.title.text is None  # a 17-token map stays linear
-    hidden = figures.heatmap(rng.normal(size=(257, 384)), "hidden")  # signed values: never log
+    hidden = heatmap(rng.normal(size=(257, 384)), "hidden")  # signed values: never log
     assert hidden.data[0].colorbar.title.text is None
 
 
@@ -49,26 +52,26 @@ def test_probabilities_are_never_on_a_diverging_scale_and_one_row_has_no_y_axis(
     assert signed.data[0].zmin == -signed.data[0].zmax
     logits = figures_fusion.side_by_side(torch.randn(10), torch.randn(10), "logits", "output index", "")
     assert logits.layout.yaxis.showticklabels is False
-    assert figures.heatmap(np.ones((1, 10)), "strip").layout.yaxis.showticklabels is False
+    assert heatmap(np.ones((1, 10)), "strip").layout.yaxis.showticklabels is False
 
 
 def test_a_deep_models_layer_axis_is_ticked_sparsely():
     rows = [{"layer": layer, "kind": "hidden state", "abs": 1e-9, "rel": 1e-10} for layer in range(-1, 33)]
-    fig = figures.error_chart(rows, "smollm2", tolerance=1e-6)
+    fig = error_chart(rows, "smollm2", tolerance=1e-6)
     assert fig.layout.xaxis.dtick == 4 and fig.layout.xaxis2.dtick == 4  # 34 layers: every 4th
-    assert figures.layer_ticks(range(-1, 12))["dtick"] == 2 and figures.layer_ticks(range(12))["dtick"] == 1
+    assert layer_ticks(range(-1, 12))["dtick"] == 2 and layer_ticks(range(12))["dtick"] == 1
     assert {t.name for t in fig.data} == {"hidden state (relative)", "hidden state (absolute)"}
 
 
 def test_legends_stay_off_the_x_labels():
-    fig = figures.tensor_error_chart(["a", "b"], [1e-7, 1e-7], [1e-8, 1e-8], "t", 1e-6)
+    fig = tensor_error_chart(["a", "b"], [1e-7, 1e-7], [1e-8, 1e-8], "t", 1e-6)
     assert fig.layout.legend.x > 1  # beside the plot
     bars = figures.paired_bars(["a"], [1.0], [2.0], ("p", "q"), "pairs")
     assert bars.layout.legend.y >= 1 and bars.layout.legend.yanchor == "bottom"  # above the plot
 
 
 def test_a_decimated_map_says_what_a_cell_is_in_words():
-    fig = figures.heatmap(np.ones((400, 300)), "big")
+    fig = heatmap(np.ones((400, 300)), "big")
     assert "(mean of 3x2 per cell)" in fig.layout.title.text and "blocks" not in fig.layout.title.text
 
 
@@ -76,14 +79,27 @@ def test_projector_titles_take_one_or_two_lines_padded_to_two():
     """A chart in a third of the page (titles wrapped at 30 characters) and one across it (wrapped at 60)."""
     for title, wrap in (("original", 30), ("block 0 hidden state: scrambled, key 18446744073709551615", 30),
                         ("relative error of every tensor after un-scrambling (tokens and channels, key 7)", 60)):
-        fig = figures.for_projector(figures.heatmap(np.ones((3, 3)), title, wrap=wrap))
-        assert fig.layout.title.text.count("<br>") == figures.PROJECTOR_TITLE_LINES - 1, title
-        assert fig.layout.title.font.size >= figures.MIN_PROJECTOR_TITLE_SIZE
+        fig = for_projector(heatmap(np.ones((3, 3)), title, wrap=wrap))
+        assert fig.layout.title.text.count("<br>") == PROJECTOR_TITLE_LINES - 1, title
+        assert fig.layout.title.font.size >= MIN_PROJECTOR_TITLE_SIZE
         words = fig.layout.title.text.replace("<br>", " ").split()
         assert words == title.replace("<br>", " ").split()  # nothing cut
+
+
+def test_projector_plots_side_by_side_start_at_one_height_when_one_title_is_set_smaller():
+    """Explore's three MLP maps at 1024 px: the un-scrambled title, longer, is set in smaller letters to stay on two
+    lines; its plot must still start where its neighbours' do (it sat 4 px higher)."""
+    titles = [f"{label}:<br>MLP neurons of block 5<br>(mean of 2 columns per cell)"
+              for label in ("Original", "Scrambled", "Un-scrambled")]
+    figs = [for_projector(heatmap(np.ones((3, 3)), title)) for title in titles]
+    sizes = [fig.layout.title.font.size for fig in figs]
+    assert sizes[2] < sizes[0] == sizes[1]  # the case: one title smaller
+    tops = {fig.layout.margin.t for fig in figs}
+    plot_heights = {fig.layout.height - fig.layout.margin.t - fig.layout.margin.b for fig in figs}
+    assert len(tops) == 1 and len(plot_heights) == 1, (tops, plot_heights)
 
 
 def test_only_a_probability_map_goes_log():
     """An |error| map of 64x64 cells in [0, 1] (Backward's) is not a distribution per row: it stays linear."""
     errors = np.random.default_rng(1).random((64, 64)) * 1e-15
-    assert figures.heatmap(errors, "|error|", colorscale="Greys", symmetric=False).data[0].colorbar.title.text is None
+    assert heatmap(errors, "|error|", colorscale="Greys", symmetric=False).data[0].colorbar.title.text is None

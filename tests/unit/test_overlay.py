@@ -10,6 +10,7 @@ from perm_core.explore.exploration import Exploration, class_attention_grid, out
 from perm_core.models.inputs import photo_credits, sample_images
 from perm_core.models.random_models import build_random_model, random_inputs
 from ui.charts import figures
+from ui.charts.figures_attention import attention_overlay
 
 torch.set_num_threads(1)
 
@@ -67,7 +68,7 @@ def test_image_backbone_output_is_the_class_token_embedding(dinov2_run):
 def test_overlay_figure_draws_the_given_numbers_over_the_picture():
     rgb = (np.arange(16 * 16 * 3) % 256).astype(np.uint8).reshape(16, 16, 3)
     grid = np.arange(16, dtype=float).reshape(4, 4) / 100
-    fig = figures.attention_overlay(rgb, grid, 4, "Original:<br>class token's attention<br>block 1", name="heat")
+    fig = attention_overlay(rgb, grid, 4, "Original:<br>class token's attention<br>block 1", name="heat")
     image, heat = fig.data
     assert image.type == "image" and image.source.startswith("data:image/png;base64,")  # small: exact pixels
     np.testing.assert_array_equal(np.asarray(heat.z, dtype=float), grid.astype(np.float32))
@@ -76,8 +77,8 @@ def test_overlay_figure_draws_the_given_numbers_over_the_picture():
     assert heat.dx == heat.dy == step and heat.x0 == heat.y0 == (step - 1) / 2
     assert fig.layout.margin.t > figures.LAYOUT["margin"]["t"]  # three title lines get room above the plot
     with pytest.raises(ValueError, match="does not tile"):
-        figures.attention_overlay(rgb, grid[:3], 4, "bad")
-    photo = figures.attention_overlay(np.zeros((224, 224, 3), np.uint8), np.zeros((16, 16)), 14, "photo")
+        attention_overlay(rgb, grid[:3], 4, "bad")
+    photo = attention_overlay(np.zeros((224, 224, 3), np.uint8), np.zeros((16, 16)), 14, "photo")
     assert photo.data[0].source.startswith("data:image/jpeg;base64,") and photo.data[1].zmax == 1.0
 
 

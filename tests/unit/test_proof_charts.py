@@ -5,6 +5,7 @@ tolerances are drawn per tensor."""
 import math
 
 from ui.charts import figures
+from ui.charts.figures_proof import EXACT_COLOR, difference_map, error_chart, tensor_error_chart
 
 ROWS = [{"layer": i, "kind": "hidden state", "abs": 10.0 ** (i - 2), "rel": 10.0 ** (-9 + i),
          "tolerance": 1e-4 if i != 2 else 3e-4} for i in range(4)]
@@ -15,7 +16,7 @@ def axis_of(trace) -> str:
 
 
 def test_relative_errors_face_the_tolerance_and_absolute_errors_have_their_own_axis():
-    fig = figures.error_chart(ROWS, "un-scrambled vs original", tolerance=1e-4, broken_at=1e-3)
+    fig = error_chart(ROWS, "un-scrambled vs original", tolerance=1e-4, broken_at=1e-3)
     rel = next(t for t in fig.data if t.name == "hidden state (relative)")
     absolute = next(t for t in fig.data if t.name == "hidden state (absolute)")
     assert axis_of(rel) == "y" and axis_of(absolute) == "y2"
@@ -26,21 +27,21 @@ def test_relative_errors_face_the_tolerance_and_absolute_errors_have_their_own_a
 
 
 def test_threshold_labels_sit_on_their_lines():
-    fig = figures.error_chart(ROWS, "t", tolerance=1e-4, broken_at=1e-3)
+    fig = error_chart(ROWS, "t", tolerance=1e-4, broken_at=1e-3)
     labels = {a.text: a for a in fig.layout.annotations if a.yref == "y"}
     assert math.isclose(labels["tolerance 1e-04"].y, -4) and math.isclose(labels["broken above 1e-03"].y, -3)
 
 
 def test_a_raised_float32_tolerance_is_drawn_for_its_tensor():
-    fig = figures.error_chart(ROWS, "t", tolerance=1e-4)
+    fig = error_chart(ROWS, "t", tolerance=1e-4)
     raised = next(t for t in fig.data if t.name == "raised own tolerance")
     assert list(raised.x) == [2] and list(raised.y) == [3e-4]
 
 
 def test_the_per_tensor_chart_has_the_same_split_and_every_tensors_own_tolerance():
     names = ["a", "b", "c"]
-    fig = figures.tensor_error_chart(names, [1.0, 2.0, 0.0], [1e-6, 2e-5, 0.0], "check", 1e-4,
-                                     tolerances=[1e-4, 4e-4, 1e-4])
+    fig = tensor_error_chart(names, [1.0, 2.0, 0.0], [1e-6, 2e-5, 0.0], "check", 1e-4,
+                             tolerances=[1e-4, 4e-4, 1e-4])
     bars = next(t for t in fig.data if t.name == "max rel error")
     absolute = next(t for t in fig.data if t.name == "max abs error")
     own = next(t for t in fig.data if t.name == "own tolerance")
@@ -80,7 +81,7 @@ def test_difference_map_is_log10_of_the_relative_difference_with_zeros_at_the_fl
     original = np.array([[2.0, -4.0], [1.0, 0.5]])
     restored = original.copy()
     restored[0, 1] += 4e-3  # 1e-3 of the largest |value|
-    fig = figures.difference_map(original, restored, "t")
+    fig = difference_map(original, restored, "t")
     z = np.asarray(fig.data[0].z, dtype=float)
     assert z.shape == (2, 2)
     assert abs(z[0, 1] - (-3.0)) < 1e-5
@@ -90,12 +91,10 @@ def test_difference_map_is_log10_of_the_relative_difference_with_zeros_at_the_fl
 def test_difference_map_of_a_large_tensor_keeps_the_largest_cell_of_each_block():
     import numpy as np
 
-    from ui.charts import figures
-
     original = np.ones((300, 900))
     restored = original.copy()
     restored[123, 457] += 0.5
-    z = np.asarray(figures.difference_map(original, restored, "t").data[0].z, dtype=float)
+    z = np.asarray(difference_map(original, restored, "t").data[0].z, dtype=float)
     assert z.size < original.size and np.isclose(z.max(), np.log10(0.5), atol=1e-5)
     assert (z == z.max()).sum() == 1
 
@@ -108,11 +107,11 @@ def test_colour_scales_reach_the_browser_as_rgb_so_exact_zeros_are_black():
     import plotly.graph_objects as go
 
     for name in ("Magma", "Viridis", "RdBu"):
-        scale = figures._colorscale(name)
+        scale = figures.rgb_colorscale(name)
         assert all(colour.startswith("rgb(") for _, colour in scale), name
-    assert figures._colorscale("Magma")[0] == (0.0, "rgb(0, 0, 4)")
+    assert figures.rgb_colorscale("Magma")[0] == (0.0, "rgb(0, 0, 4)")
     assert go.Heatmap(colorscale="Magma").to_plotly_json()["colorscale"][0][1] == "#000004"  # plotly.py's own
-    fig = figures.difference_map(np.ones((2, 2)), np.ones((2, 2)), "t")
+    fig = difference_map(np.ones((2, 2)), np.ones((2, 2)), "t")
     assert fig.data[0].colorscale[0][1] == "rgb(0, 0, 4)" and set(np.ravel(fig.data[0].z)) == {-18.0}
 
 
@@ -124,11 +123,11 @@ def test_exact_zeros_have_their_own_colour_and_legend_entry():
     original = np.array([[2.0, -4.0], [1.0, 0.5]])
     restored = original.copy()
     restored[0, 1] += 4e-15
-    fig = figures.difference_map(original, restored, "t")
+    fig = difference_map(original, restored, "t")
     scale, exact = fig.data
     assert exact.name == "exactly equal (0)" and exact.showlegend and not scale.showlegend
-    assert exact.colorscale[0][1] == exact.colorscale[-1][1] == figures.EXACT_COLOR
-    assert figures.EXACT_COLOR not in {colour for _, colour in scale.colorscale}
+    assert exact.colorscale[0][1] == exact.colorscale[-1][1] == EXACT_COLOR
+    assert EXACT_COLOR not in {colour for _, colour in scale.colorscale}
     painted = np.asarray(exact.z, dtype=float)
     assert np.isnan(painted[0, 1]) and (np.delete(painted.flatten(), 1) == 1.0).all()
 

@@ -8,7 +8,8 @@ import numpy as np
 import plotly.graph_objects as go
 
 from perm_core.run import trace_names
-from ui.charts.figures import FLOOR, LAYOUT, LEGEND_BELOW, LEGEND_BESIDE, heatmap, threshold, to_numpy
+from ui.charts.figures import FLOOR, LAYOUT, LEGEND_BELOW, LEGEND_BESIDE, threshold, to_numpy
+from ui.charts.figures_heatmap import heatmap
 
 NON_FINITE = 1e6  # where a non-finite SGD error is drawn on the log axis
 

@@ -3,7 +3,7 @@ chose, and the weight the router gave each choice (perm_core.explore.routing.Rou
 
 from __future__ import annotations
 
-from ui.charts import figures
+from ui.charts.figures_heatmap import heatmap
 
 
 def _expert_labels(n_experts: int) -> list[str]:
@@ -12,7 +12,7 @@ def _expert_labels(n_experts: int) -> list[str]:
 
 def choice_map(chosen, title: str, token_labels=None):
     """[tokens, experts]: 1 (lit) where the token chose the expert, 0 where not."""
-    fig = figures.heatmap(chosen, title, "expert", "token", colorscale="Greys", symmetric=False, zmax=1.0,
+    fig = heatmap(chosen, title, "expert", "token", colorscale="Greys", symmetric=False, zmax=1.0,
                           y_labels=token_labels, x_labels=_expert_labels(chosen.shape[-1]), log_scale=False)
     fig.data[0].showscale = False  # two values, black where chosen: a colour bar would only say 0 and 1
     return fig
@@ -21,5 +21,5 @@ def choice_map(chosen, title: str, token_labels=None):
 def weight_map(weights, title: str, zmax: float, token_labels=None):
     """[tokens, experts]: the routing weight of each chosen expert, 0 where not chosen; zmax: the same scale in
     every column, so equal colours are equal weights."""
-    return figures.heatmap(weights, title, "expert", "token", colorscale="Viridis", symmetric=False, zmax=zmax,
+    return heatmap(weights, title, "expert", "token", colorscale="Viridis", symmetric=False, zmax=zmax,
                            y_labels=token_labels, x_labels=_expert_labels(weights.shape[-1]), log_scale=False)
