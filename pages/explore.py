@@ -39,7 +39,7 @@ PLAY_SECONDS = 1.5  # one block per step of Play
 
 def main() -> None:
     """The page's data lives in this function's frame: nothing heavy outlives the run in the page's globals."""
-    st.title("Explore: scramble a Transformer, then un-scramble it")
+    st.title("Explore: scramble a Transformer, then un\u2011scramble it")  # a hyphen no line breaks at
     st.caption("Left: the original model on the original input. Middle: the scrambled model (weights permuted by "
                "the keys in the sidebar) on the scrambled input. Right: the middle column with the inverse applied.")
     view = ensure_view()
