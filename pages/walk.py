@@ -126,6 +126,8 @@ def main() -> None:
               width="stretch", where=columns[0])
         show(heatmap(after, f"W_Q rotated, key {key}", "input channel", "output channel",
                       zmax=zmax), width="stretch", where=columns[1])
+        st.caption("Nothing is outlined here, as it is on the other steps: a rotation mixes every channel of a head "
+                   "into every other, so no single channel goes to one place that could be followed.")
     else:
         single = x["float32"]
         st.markdown("The scrambled model adds the same products in another order, and floating point rounds each sum "
