@@ -513,8 +513,9 @@ def test_bad_checkpoints_get_one_clear_line(tmp_path, capsys):
     _, _, unsupported = saved("distilbert:DistilBertForTokenClassification", tmp_path / "classifier")
     decoders = "llama, gemma3, gpt_neox, phi3, mistral, qwen2, qwen3"
     moe = "mixtral, qwen2_moe, qwen3_moe, olmoe, gpt_oss"
+    moe_cls = "mixtral, qwen2_moe, qwen3_moe, gpt_oss"  # OLMoE has no sequence classifier
     with pytest.raises(StreamingUnsupportedError, match=rf"^streaming supports \*ForCausalLM of {decoders}, {moe}; "
-                                                        rf"\*ForSequenceClassification of {decoders}; "
+                                                        rf"\*ForSequenceClassification of {decoders}, {moe_cls}; "
                                                         r"ViTForImageClassification \(vit\); "
                                                         r"BertForMaskedLM \(bert\); BertModel \(bert\); "
                                                         r"BertForSequenceClassification \(bert\); "
