@@ -14,6 +14,7 @@ from perm_core.engine.spec import Scramble
 from perm_core.engine.transforms import Permutation
 from perm_core.families import geometry_of
 from perm_core.models.random_models import build_random_model, random_inputs
+from perm_core.verify import expert_blocks
 from perm_core.verify.check import check, check_scramble
 from perm_core.verify.results import Report
 from perm_core.verify.subject import Subject
@@ -116,3 +117,78 @@ def test_each_broken_control_of_the_experts_says_where_in_the_experts_it_broke()
     text = format_report(report)
     assert "block 0's experts, each on every token: all 4 exact; " in text
     assert validated("check", report.to_json())["controls"][0]["experts"][0]["layer"] == 0
+
+
+def test_errors_per_expert_are_each_experts_own_slice():
+    """verify.experts.per_expert on a tensor whose expert 2 alone differs, by a known amount: only expert 2's error
+    is above zero, and it is that amount over the tensor's scale (a max over another axis would spread it)."""
+    from perm_core.verify.experts import per_expert
+
+    reference = torch.arange(4 * 3 * 5, dtype=torch.float64).reshape(4, 3, 5) / 10
+    restored = reference.clone()
+    restored[2, 1, 3] += 0.25
+    errors = per_expert(reference, restored, scale=5.0)
+    assert errors == pytest.approx((0.0, 0.0, 0.05, 0.0), abs=1e-15)
+
+
+def test_the_streamed_tally_keeps_each_experts_largest_difference_over_its_pieces():
+    """stream.tally.Tally with one expert tensor compared in two pieces: each expert keeps the larger of its two
+    differences, the first piece's where the second is exact (a tally that kept only the last piece would lose it);
+    a NaN in one expert is that expert's infinite error alone."""
+    import math
+
+    from perm_core.stream.tally import Tally
+
+    tally = Tally(frozenset({"grad.param.x"}))
+    reference = torch.zeros(3, 2, dtype=torch.float64)
+    first, second = reference.clone(), reference.clone()
+    first[0, 1], first[2, 0], second[2, 1] = 0.5, 0.1, 0.3
+    tally.add("grad.param.x", reference, first)
+    tally.add("grad.param.x", reference, second)
+    assert tally.expert_errors({"grad.param.x": 2.0})["grad.param.x"] == pytest.approx((0.25, 0.0, 0.15))
+    broken = reference.clone()
+    broken[1, 0] = math.nan
+    tally.add("grad.param.x", reference, broken)
+    errors = tally.expert_errors({"grad.param.x": 2.0})["grad.param.x"]
+    assert errors[1] == math.inf and errors[0] == pytest.approx(0.25) and errors[2] == pytest.approx(0.15)
+    plain = Tally()  # a tally told of no expert tensor splits nothing
+    plain.add("grad.param.x", reference, first)
+    assert plain.expert_errors({"grad.param.x": 2.0}) == {}
+
+
+def test_a_broken_expert_is_named_by_its_original_number_when_the_experts_are_also_reordered():
+    """Block 0's experts reordered by the experts key (scrambled expert e is original expert order[e]), then the
+    expert at a scrambled place the key filled from elsewhere broken in the weights (its gate rows reversed, its up
+    rows not): the diagnosis names it by its original number, not by the place the key moved it to."""
+    subject = subject_of("mixtral")
+    g = subject.geometry
+    scramble = symmetries.build("experts", 7, g, subject.n_tokens)
+    order = moe.expert_order(7, g, 0).tolist()
+    place = next(p for p, e in enumerate(order) if p != e)
+    params = dict(subject.transformed_params(scramble))
+    name = "model.layers.0.mlp.experts.gate_up_proj"  # [experts, gate | up, d_model]
+    fused = params[name].clone()
+    fused[place, :g.d_expert] = fused[place, :g.d_expert].flip(0)
+    params[name] = fused
+    first = expert_blocks.diagnose(subject, scramble, params, subject.tolerance)[0]
+    broken = order[place]
+    assert first.layer == 0 and first.experts_over_tolerance == [broken] != [place] and first.tokens_rerouted == 0
+    assert first.expert_errors[broken] > 0.1
+    assert max(e for i, e in enumerate(first.expert_errors) if i != broken) <= 1e-12
+    clean = expert_blocks.diagnose(subject, scramble, subject.transformed_params(scramble), subject.tolerance)[0]
+    assert clean.experts_over_tolerance == [] and clean.tokens_rerouted == 0  # the control: unbroken, none named
+
+
+def test_float32_round_off_in_exact_experts_is_not_a_broken_expert():
+    """In float32 a true symmetry's experts differ by round-off (above zero, far below the tolerance): the diagnosis
+    counts none of them as broken, and one tolerance below their round-off counts them all."""
+    model = build_random_model("mixtral", dtype=torch.float32, seed=3)[0]
+    subject = Subject(model, random_inputs("mixtral", model, seed=3))
+    # channels moved too: every block's experts add in another order (reordered alone, block 0's are bit exact)
+    scramble = symmetries.build_many({"experts": 7, "channels": 2}, subject.geometry, subject.n_tokens)
+    blocks = expert_blocks.diagnose(subject, scramble, subject.transformed_params(scramble), subject.tolerance)
+    errors = [e for block in blocks for e in block.expert_errors]
+    assert 0 < min(errors) and max(errors) < subject.tolerance / 10
+    assert all(block.experts_over_tolerance == [] and block.tokens_rerouted == 0 for block in blocks)
+    below = expert_blocks.diagnose(subject, scramble, subject.transformed_params(scramble), min(errors) / 2)
+    assert all(len(block.experts_over_tolerance) == subject.geometry.n_experts for block in below)

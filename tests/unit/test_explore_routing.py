@@ -107,3 +107,19 @@ def test_a_dense_model_has_no_routing_view():
     assert routing_view(explorer, result, 0) is None
     block = block_views(explorer, result, PageChoice(0, 0, None), None, explorer.subject.inputs, {"tokens": 5}, None)
     assert block.routing is None
+
+
+def test_the_sentence_counts_the_tokens_and_experts_the_keys_moved():
+    """How many tokens and experts the sentence says the keys moved, against the keys' own permutations: none with
+    the token and experts keys off, and with them on the number of places each permutation changes."""
+    explorer = explorer_of("mixtral")
+    still = choice_sentences(routing_view(explorer, explorer.run({"channels": 2}), 1))[1]
+    assert still.startswith("The token key moved 0 of 12 tokens and the experts key is off, so the expert numbers")
+    view = routing_view(explorer, explorer.run(KEYS), 1)
+    tokens = symmetries.build("tokens", KEYS["tokens"], explorer.geometry, explorer.n_tokens).tokens.index
+    order = moe.expert_order(KEYS["experts"], explorer.geometry, 1)
+    moved_tokens = int((tokens != torch.arange(len(tokens))).sum())
+    moved_experts = int((order != torch.arange(len(order))).sum())
+    assert 0 < moved_tokens and 0 < moved_experts
+    assert choice_sentences(view)[1].startswith(
+        f"The token key moved {moved_tokens} of 12 tokens and the experts key relabelled {moved_experts} of 4 experts")
