@@ -200,3 +200,25 @@ def test_the_merged_expert_axes_stream_as_one_space(family, tmp_path):
     assert len(fused) == 4 and all(any(isinstance(a, Merged) for a in streamed.claims[n].rule.axes) for n in fused)
     report = stream_check(directory, inputs, ["experts"], key=3)
     assert report.passed and report.checks[0].max_rel_error < ROUNDOFF_NOISE
+
+
+def test_a_mixture_of_experts_is_held_within_its_memory_bound_in_a_fresh_process(tmp_path):
+    """A streamed float64 check of a 10-block Mixtral with blocks of about 53 MiB (its fused gate|up tensor 32 MiB of
+    them), experts and the neurons inside them both moved, in a process of its own so that the peak resident memory
+    is the check's: held within its bound, each stage's own mark, far below the whole model (test_stream's
+    held_within_its_bound). Ten blocks, not eight: the bound counts the largest tensor twice, and a fused expert
+    tensor is most of its block."""
+    from tests.unit.json_schema import validated
+    from tests.unit.test_cli import cli
+    from tests.unit.test_stream import held_within_its_bound
+
+    shape = dict(hidden_size=512, intermediate_size=1024, num_local_experts=4, num_experts_per_tok=2,
+                 num_attention_heads=8, num_key_value_heads=2, head_dim=64, num_hidden_layers=10)
+    _, _, directory = saved("mixtral", tmp_path, shard="8MB", **shape)
+    result = cli("check", str(directory), "--stream", "--symmetry", "experts", "--symmetry", "mlp", "--json")
+    assert result.returncode == 0, result.stderr
+    report = validated("check", result.stdout)
+    assert report["passed"]
+    memory = report["streamed"]["memory"]
+    assert memory["largest_block_bytes"] > 50 * 2**20 and memory["largest_tensor_bytes"] == 4 * 2048 * 512 * 8
+    held_within_its_bound(memory, directory, middle_block="block 4", last_block="block 9")
