@@ -20,6 +20,7 @@ import streamlit as st
 from perm_core.engine import symmetries
 from perm_core.explore.exploration import BROKEN_AT, control_options, weight_names
 from perm_core.explore.page_data import default_follow
+from perm_core.explore.routing import routing_views
 from perm_core.models.input_spec import check_command
 from perm_core.models.inputs import token_labels
 from perm_core.run import trace_names
@@ -146,7 +147,7 @@ def draw(view, explorer, data, verdict_place, request) -> None:
     st.code(command, language="bash", wrap_lines=True)
     st.download_button("Take-home summary (Markdown)",
                        explore_summary(view.model_name, view.input_label, keys_text, result, verdict,
-                                       data.proof_rows, command),
+                                       data.proof_rows, command, routing_views(explorer, result)),
                        file_name=f"explore-{view.model_name.replace(':', '_')}-{view.dtype_name}.md",
                        mime="text/markdown", on_click="ignore")
 

@@ -30,9 +30,10 @@ def check_summary(report, verdict: str, input_label: str, keys_text: str, comman
 
 
 def explore_summary(model: str, input_label: str, keys_text: str, result, verdict: str, proof_rows: list[dict],
-                    command: str) -> str:
+                    command: str, routing=()) -> str:
     """result: a perm_core.explore.exploration.ExploreResult; verdict: the page's verdict line; proof_rows: the
-    proof chart's rows (perm_core.explore.page_data: one per compared tensor, with its kind and errors)."""
+    proof chart's rows (perm_core.explore.page_data: one per compared tensor, with its kind and errors); routing: a
+    mixture of experts' RoutingView of each of its MoE blocks (perm_core.explore.routing), none for a dense model."""
     dtype = str(result.dtype).split(".")[-1]
     control = result.control
     lines = [f"# Explore: {model} ({dtype})", "", f"- **Input:** {input_label}", f"- **Keys:** {keys_text}",
@@ -51,6 +52,13 @@ def explore_summary(model: str, input_label: str, keys_text: str, result, verdic
               "|---|---|---|---|"]
     lines += [f"| {kind} | {len(rows)} | {max(r['rel'] for r in rows):.1e} | {max(r['abs'] for r in rows):.1e} |"
               for kind, rows in kinds.items()]
+    if routing:
+        lines += ["", "## Experts chosen (each mixture-of-experts block)", "",
+                  "| block | tokens whose scrambled choice is the original's moved by the keys | tokens that chose the "
+                  "original's experts after un-scrambling | un-scrambled routing weights, largest difference |",
+                  "|---|---|---|---|"]
+        lines += [f"| {v.layer} | {v.as_expected} of {v.n_tokens} | {v.came_back} of {v.n_tokens} | "
+                  f"{v.weights_error:.1e} |" for v in routing]
     lines += ["", "## Reproduce", "", "The same model, input and keys from a terminal (the full check: each symmetry "
               "on its own and all together, and the negative controls):", "", "```bash", command, "```", ""]
     return "\n".join(lines)

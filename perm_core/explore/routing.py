@@ -99,6 +99,12 @@ def routing_view(explorer, result, layer: int) -> RoutingView | None:
                        expert_order(element, layer, n_experts))
 
 
+def routing_views(explorer, result) -> list[RoutingView]:
+    """routing_view of every block that recorded its routing, in block order ([] for a dense model)."""
+    views = (routing_view(explorer, result, layer) for layer in sorted(explorer.original_routing))
+    return [view for view in views if view is not None]
+
+
 def choice_sentences(view: RoutingView) -> tuple[str, str, str]:
     """What each column of the choice map shows, in numbers read off the maps."""
     t, e, k = view.n_tokens, view.n_experts, view.top_k

@@ -123,3 +123,33 @@ def test_the_sentence_counts_the_tokens_and_experts_the_keys_moved():
     assert 0 < moved_tokens and 0 < moved_experts
     assert choice_sentences(view)[1].startswith(
         f"The token key moved {moved_tokens} of 12 tokens and the experts key relabelled {moved_experts} of 4 experts")
+
+
+def test_the_take_home_summary_has_each_blocks_routing_numbers():
+    """Explore's Markdown summary of a mixture of experts: one row per MoE block with the views' own counts, which
+    the negative control lowers; a dense model's summary has no such section."""
+    import re
+
+    from perm_core.explore.page_data import _proof_rows
+    from perm_core.explore.routing import routing_views
+    from ui.summary import explore_summary
+
+    explorer = explorer_of("mixtral")
+    for control in (None, "experts/router_not_permuted"):
+        result = explorer.run(KEYS, control=control)
+        views = routing_views(explorer, result)
+        assert [v.layer for v in views] == list(explorer.geometry.moe_layers) == [0, 1]
+        text = explore_summary("random:mixtral", "ids", "keys", result, result.verdict(),
+                               _proof_rows(explorer, result), "python -m perm_core check random:mixtral", views)
+        rows = re.findall(r"^\| (\d) \| (\d+) of 12 \| (\d+) of 12 \| ([\d.e+-]+) \|$", text, re.M)
+        assert [(int(r[0]), int(r[1]), int(r[2])) for r in rows] == [(v.layer, v.as_expected, v.came_back)
+                                                                       for v in views]
+        assert [float(r[3]) for r in rows] == [float(f"{v.weights_error:.1e}") for v in views]
+        came_back = [v.came_back for v in views]
+        assert came_back == [12, 12] if control is None else min(came_back) < 12
+    dense = build_random_model("llama", dtype=torch.float64, seed=3)[0]
+    explorer_of_dense = Exploration(dense, random_inputs("llama", dense, seed=3))
+    result = explorer_of_dense.run({"tokens": 5})
+    assert routing_views(explorer_of_dense, result) == []
+    assert "Experts chosen" not in explore_summary("random:llama", "ids", "keys", result, result.verdict(),
+                                                   _proof_rows(explorer_of_dense, result), "cmd")
