@@ -22,7 +22,6 @@ from tests.unit import test_stream
 from tests.unit.json_schema import validated
 from tests.unit.symmetry_asserts import assert_streamed_report_agrees
 from tests.unit.test_cli import cli_here
-from tests.unit.test_stream_moe import FAMILIES as MOE_FAMILIES
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -202,10 +201,10 @@ def test_a_streamed_scramble_of_a_classifier_writes_the_whole_model_scramble(cas
         assert torch.equal(streamed.read(name), whole.read(name)), name
     moved = [n for n in source.names() if not torch.equal(source.read(n), streamed.read(n))]
     assert len(moved) > len(source.names()) // 2  # the control: the weights did change
-    family, _, name = case.partition(":")
-    # a mixture of experts runs its experts' loop in float64 (the default grouped kernel refuses float64)
-    moe = {"experts_implementation": "eager"} if family in MOE_FAMILIES else {}
-    original, scrambled = (getattr(hf, name).from_pretrained(d, **moe).double().eval()
+    # eager experts (a mixture of experts' loop over them: the default grouped kernel refuses float64; a dense
+    # model has none to set), as tests/unit/scrambled_checkpoints.py loads them
+    cls = getattr(hf, case.partition(":")[2])
+    original, scrambled = (cls.from_pretrained(d, experts_implementation="eager").double().eval()
                            for d in (directory, tmp_path / "streamed"))
     with torch.no_grad():
         a, b = original(**inputs).logits, scrambled(**inputs).logits
