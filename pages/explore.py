@@ -4,8 +4,9 @@ What reruns on a change: a key, the dtype, the input or the negative control rer
 result); the followed token, channel or neuron reruns only path_panels (the input and the chosen block's panels,
 where the path is drawn); the layer slider, its Back and Next buttons and each step of Play rerun only
 block_panels (the chosen block's maps, MLP neurons, weights and difference map), the head slider only
-attention_panel and the weight matrix only weight_panel, each a slice of the cached result of the page's last run
-(st.fragment), so the verdict, the head grid, the outputs, the proof and the key stay as drawn.
+attention_panel, the weight matrix only weight_panel and the followed head only head_grid_panel, each a slice of the
+cached result of the page's last run (st.fragment), so the verdict, the outputs, the proof and the key stay as
+drawn.
 
 Play: block_panels reruns itself every PLAY_SECONDS (st.fragment's run_every: the browser asks for each step, so
 no server thread waits between steps) and moves one block on, until the last. The browser drops such a timer only
@@ -20,6 +21,7 @@ import streamlit as st
 from perm_core.engine import symmetries
 from perm_core.explore.exploration import BROKEN_AT, control_options, weight_names
 from perm_core.explore.page_data import default_follow
+from perm_core.explore.path import default_head
 from perm_core.explore.routing import routing_views
 from perm_core.models.input_spec import check_command
 from perm_core.models.inputs import token_labels
@@ -29,7 +31,7 @@ from ui.charts.figures_input import mosaic_image, token_chips
 from ui.charts.figures_proof import difference_map, error_chart
 from ui.errors import show_unexpected
 from ui.export import chart
-from ui.runtime import ExploreRequest, exploration, explore, explore_block
+from ui.runtime import ExploreRequest, exploration, explore, explore_block, explore_heads
 from ui.sidebar import SYMMETRY_LABELS, ensure_view
 from ui.state import publish, seed, seed_choice
 from ui.summary import explore_summary
@@ -93,7 +95,7 @@ def main() -> None:
 def draw(view, explorer, data, verdict_place, request) -> None:
     """Everything the page shows of one run (the verdict, the input, the states, the proof, the key), from tensors
     computed before the first chart."""
-    result, geometry, control = data.result, explorer.geometry, data.result.control
+    result, control = data.result, data.result.control
     verdict = panels.verdict_line(result)
     if control:
         (verdict_place.error if result.worst_rel > BROKEN_AT else verdict_place.warning)(verdict)
@@ -120,7 +122,7 @@ def draw(view, explorer, data, verdict_place, request) -> None:
 
     if data.heads is not None:
         st.subheader("Every head of every layer")
-        panels.head_grids(data.heads, geometry.n_layers)
+        head_grid_panel(view, request, {"explorer": explorer, "heads": data.heads})
 
     st.subheader("Outputs")
     panels.outputs(data.outputs)
@@ -359,6 +361,37 @@ def _block(view, explorer, request, block, token_axes, names) -> None:
     if block.weight is not None:
         st.subheader(f"Weights of block {layer}")
         weight_panel(view, request, names, {"explorer": explorer, "weight": block.weight})
+
+
+@st.fragment
+def head_grid_panel(view, request, first: dict) -> None:
+    """The layer x head grids with the followed head outlined; choosing another head reruns this function alone,
+    from the page run's cached result (its request, whose block the run recorded: no model runs)."""
+    try:
+        explorer, grid = _handed(view, first, "heads")
+        if grid is None:
+            with explore_heads(request, explorer, view.inputs) as grid:
+                _head_grids(view, explorer, grid)
+        else:
+            _head_grids(view, explorer, grid)
+        publish()
+    except Exception as error:  # noqa: BLE001 - app.py's handler does not see a fragment's own rerun
+        show_unexpected(error)
+
+
+def _head_grids(view, explorer, grid) -> None:
+    n_heads = explorer.geometry.n_heads
+    default = default_head(n_heads, grid.paths[0] if grid.paths else None)
+    owner = f"{view.model_name}|{view.input_id}"
+    seed("follow_head", default, int, valid=lambda v: 0 <= v < n_heads)
+    another = st.session_state.get("_follow_head_for") not in (None, owner)  # another model or input: its own pick
+    if another or not 0 <= st.session_state["follow_head"] < n_heads:
+        st.session_state["follow_head"] = default
+    st.session_state["_follow_head_for"] = owner
+    head = int(st.columns(3)[0].number_input("Follow head", 0, n_heads - 1, step=1, key="follow_head",
+                                             help="Outlined in both grids, in every layer, where the key put it. "
+                                                  "The app picked the first head the key moves."))
+    panels.head_grids(grid, explorer.geometry.n_layers, head)
 
 
 @st.fragment

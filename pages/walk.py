@@ -6,6 +6,7 @@ from perm_core.engine.keys import InvalidKeyError, validate_key
 from perm_core.explore.exploration import Exploration
 from perm_core.explore.walk import STEPS, TITLES, run_step
 from perm_core.models.zoo import WALK, serving
+from ui import explore_panels as panels
 from ui import projector
 from ui import walk_panels as followed
 from ui.charts import figures
@@ -72,15 +73,15 @@ def main() -> None:
                     "order. "
                     f"It still answers **{x['predicted_scrambled']}** (first answer: {x['predicted']}), and the two "
                     f"probability vectors differ by at most **{x['probability_gap']:.1e}**.")
-        pictures = st.columns([1, 1, 1, 2])
-        followed.followed_pictures(pictures[:3], x, g.patch_size, g.fixed_tokens, key)
+        # three pictures across the page, the bars under them: beside the bars each picture was about 100 px wide
+        # at 1024 px with the sidebar open
+        followed.followed_pictures(st.columns(3), x, g.patch_size, g.fixed_tokens, key)
         digits = [str(d) for d in range(len(x["original"]))]
         fig = figures.paired_bars(digits, x["original"].tolist(), x["scrambled"].tolist(), ("original", "shuffled"),
                                   "class probabilities")
-        # the legend under the digits: in this column (two fifths of the page's 564 px at 1024 px beside the
-        # sidebar) above the plot it ran into the title
+        # the legend under the digits: above a narrow plot it ran into the title
         fig.update_layout(legend=figures.LEGEND_BELOW, margin_b=70)
-        show(fig, width="stretch", where=pictures[3])
+        show(fig, width="stretch", where=st.columns([3, 2])[0])
     elif step == "channels":
         st.markdown(f"Key {key} permutes the {g.d_model} channels of every token, and every weight, norm and bias is "
                     f"permuted to match. After block 0 the scrambled hidden state differs from the original by "
@@ -111,8 +112,8 @@ def main() -> None:
         for i, (column, maps, title, holds) in enumerate(zip(columns, (grid.original, grid.scrambled), (
                 "original heads", f"heads swapped, key {key}"), (None, grid.holds), strict=True)):
             show(head_grid_figure(maps, grid.layers, title, holds, zmax=zmax,
-                                  followed=followed.head_places(x["paths"], head, i)),
-                 width="stretch", where=column, caption=followed.head_sentence(x["paths"], grid.layers, head, i))
+                                  followed=panels.head_places(x["paths"], head, i)),
+                 width="stretch", where=column, caption=panels.head_sentence(x["paths"], grid.layers, head, i))
     elif step == "rotation":
         before, after = x["weight"]
         st.markdown(f"Key {key} rotates the queries and keys of each head by one rotation R, the values by another S "

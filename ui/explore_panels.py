@@ -276,24 +276,58 @@ def keys(view, explorer, symmetries) -> None:
              r"\qquad |S_n| = n! \;\Rightarrow\; \log_2 n! \text{ bits}")
 
 
-def head_grids(grid, n_layers: int) -> None:
+def head_grids(grid, n_layers: int, head: int) -> None:
     """Original and scrambled layer x head grids of attention maps (perm_core.explore.exploration.HeadGrid), the
     scrambled one in the original token order: a head permutation shows as heads changing places (each moved
-    head labelled with the original head it holds)."""
+    head labelled with the original head it holds). head: the followed original head, outlined in every drawn layer
+    where the element put it (the grid's own head paths)."""
     zmax = float(max(grid.original.max(), grid.scrambled.max())) or 1.0
     moved = sum(h != g for row in grid.holds for h, g in enumerate(row))
     shown = f"layers {', '.join(map(str, grid.layers))}" if len(grid.layers) < n_layers else "every layer"
     left, right = st.columns(2)
-    chart(head_grid_figure(grid.original, grid.layers, "Original: every head"),
-          width="stretch", key="head-grid-original", where=left)
-    chart(head_grid_figure(grid.scrambled, grid.layers, "Scrambled (token order undone):<br>"
-                           "heads change places", grid.holds, zmax=zmax),
-          width="stretch", key="head-grid-scrambled", where=right)
+    for i, (where, maps, title, holds, key) in enumerate((
+            (left, grid.original, "Original: every head", None, "head-grid-original"),
+            (right, grid.scrambled, "Scrambled (token order undone):<br>heads change places", grid.holds,
+             "head-grid-scrambled"))):
+        chart(head_grid_figure(maps, grid.layers, title, holds, zmax=zmax,
+                               followed=head_places(grid.paths, head, i)),
+              width="stretch", key=key, where=where)
+        sentence = head_sentence(grid.paths, grid.layers, head, i)
+        if sentence:
+            where.caption(sentence)
     st.caption(f"Each tile is one head's attention map ({shown}; pooled to {grid.original.shape[-1]}x"
                f"{grid.original.shape[-1]}). On the right the token permutation is undone and nothing else, so a "
                f"tile differs from its left twin only where the head permutation moved a head: a white number is "
                f"the original head that tile holds ({moved} of {len(grid.layers) * grid.original.shape[1]} "
                f"moved). Channel, head-channel, MLP and rotation keys do not change any map.")
+
+
+def head_places(paths, head: int, column: int) -> list[tuple[int, int]]:
+    """(row of the head grid, place) of the followed head in one column (0 original, 1 scrambled, 2 un-scrambled):
+    each drawn layer's own head path (paths[row]) says where its element put that head."""
+    places = []
+    for row, path in enumerate(paths):
+        place = path.path(head)[column] if path.item == "head" and 0 <= head < path.size else None
+        if place is not None:
+            places.append((row, place))
+    return places
+
+
+def head_sentence(paths, layers, head: int, column: int) -> str:
+    """One plain sentence of where the followed head is in a column of head grids, from the places outlined there."""
+    here = head_places(paths, head, column)
+    if column == 0:
+        return f"Head {head} of every layer is outlined." if here else ""
+    moved = [(layers[row], place) for row, place in here if place != head]
+    back = {place for _, place in head_places(paths, head, 2)}
+    if not moved:
+        return f"The key left head {head} in its place in every layer."
+    places = [f"{place} in layer {layer}" for layer, place in moved]
+    where = "place " + (places[0] if len(places) == 1 else ", ".join(places[:-1]) + " and " + places[-1])
+    stayed = len(here) - len(moved)
+    tail = f" (it stayed in {stayed} layer{'s' if stayed != 1 else ''})" if stayed else ""
+    comes_back = f"; the inverse puts it back in place {back.pop()}" if len(back) == 1 else ""
+    return f"The key moved head {head} to {where}{tail}{comes_back}."
 
 
 def weights(weight, names, follow=None) -> None:

@@ -17,6 +17,7 @@ import torch
 
 from perm_core.engine import symmetries
 from perm_core.engine.spec import Scramble
+from perm_core.explore.path import axis_path
 from perm_core.explore.routing import recording_routing
 from perm_core.fast import param_cache
 from perm_core.run import trace_names
@@ -341,6 +342,7 @@ class HeadGrid:
     original: torch.Tensor  # [L, H, cells, cells]
     scrambled: torch.Tensor  # [L, H, cells, cells], tokens back in their original order, heads not
     holds: list[list[int]]
+    paths: tuple = ()  # per drawn layer, the element's head path (perm_core.explore.path.AxisPath): a followed head
 
 
 def head_grid(explorer: Exploration, result: ExploreResult, max_layers: int = 12, cells: int = 12) -> HeadGrid:
@@ -371,7 +373,8 @@ def head_grid(explorer: Exploration, result: ExploreResult, max_layers: int = 12
             holds.append(chain[0].index.tolist())  # new position h holds old position index[h]
         else:
             holds.append(list(range(n_heads)))
-    return HeadGrid(layers, torch.stack(original), torch.stack(scrambled), holds)
+    paths = tuple(axis_path(("heads", layer), explorer.geometry.n_heads, result.scramble) for layer in layers)
+    return HeadGrid(layers, torch.stack(original), torch.stack(scrambled), holds, paths)
 
 
 def weight_names(explorer: Exploration, layer: int) -> list[str]:

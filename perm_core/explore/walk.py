@@ -66,8 +66,7 @@ def run_step(explorer: Exploration, step: str, key: int, float32: Exploration | 
     elif step == "heads":
         grid = head_grid(explorer, result, max_layers=explorer.geometry.n_layers, cells=8)
         n_heads = explorer.geometry.n_heads
-        paths = tuple(axis_path(("heads", layer), n_heads, result.scramble) for layer in grid.layers)
-        extra.update(grid=grid, paths=paths, follow={"head": default_head(n_heads, paths[0])})
+        extra.update(grid=grid, paths=grid.paths, follow={"head": default_head(n_heads, grid.paths[0])})
     elif step == "rotation":
         name = next(n for n, c in explorer.subject.claims.items() if c.layer == 0 and c.rule.tag in ("attn.q",
                                                                                                     "attn.qkv"))

@@ -164,7 +164,10 @@ def test_text_model_minilm_and_bad_texts():
     at.text_area(key="text").set_value("A man plays the guitar on a small stage.").run()
     original, scrambled, restored = chips_of(at)
     maps = [c for c in charts(at) if "attention, block" in title(c)]
-    axes = [(list(c["layout"]["xaxis"]["ticktext"]), list(c["layout"]["yaxis"]["ticktext"])) for c in maps]
+    # the key tokens are the x axis' categories (zero-width spaces keep a repeated token's columns apart)
+    axes = [([x.rstrip("\u200b") for x in c["data"][0]["x"]], list(c["layout"]["yaxis"]["ticktext"])) for c in maps]
+    assert all(c["layout"]["xaxis"]["type"] == "category" and len(set(c["data"][0]["x"])) == len(original)
+               for c in maps)
     assert axes[0] == (original, original) and axes[1] == (scrambled, scrambled) and axes[2] == (restored, restored)
     assert scrambled != original and len(original) <= 16
 
@@ -232,6 +235,34 @@ def test_the_head_grid_shows_permuted_heads_in_their_new_places():
                 assert np.abs(tile(scrambled, layer, head) - tile(original, layer, head)).max() > 1e-6
     assert moved == len(labels) > 0
 
+    # The followed head: outlined in every layer, in the original at its own place and in the scrambled grid at the
+    # tile whose label names it; the app picks a head the key moves, and a student's pick moves the outlines.
+    def outlined(grid) -> set[tuple[int, int]]:
+        return {(round((s["y0"] + 0.5) / step), round((s["x0"] + 0.5) / step))
+                for s in grid["layout"].get("shapes", []) if s.get("name", "").startswith("path head")}
+
+    def holding(layer, head):
+        return next(place for place in range(n_heads)
+                    if labels.get((round(layer * step + cells / 2 - 0.5), round(place * step + cells / 2 - 0.5)),
+                                  place) == head)
+
+    followed = at.number_input(key="follow_head").value
+    assert any(holding(layer, followed) != followed for layer in range(n_layers))  # a head the key moves
+    for pick in (followed, (followed + 1) % n_heads):
+        if pick != followed:
+            at.number_input(key="follow_head").set_value(pick).run()
+            assert not at.exception
+            grids = {title(c).split(":")[0]: c for c in charts(at) if "every head" in title(c)
+                     or "heads change" in title(c)}
+        followed = pick
+        assert outlined(grids["Original"]) == {(layer, pick) for layer in range(n_layers)}
+        assert outlined(grids[scrambled_name]) == {(layer, holding(layer, pick)) for layer in range(n_layers)}
+        sentences = [c.value for c in at.caption if c.value.startswith(("Head ", "The key moved head", "The key left"))]
+        assert sentences[0] == f"Head {pick} of every layer is outlined."
+        moved_to = [f"{holding(layer, pick)} in layer {layer}" for layer in range(n_layers)
+                    if holding(layer, pick) != pick]
+        assert all(place in sentences[1] for place in moved_to) and f"head {pick}" in sentences[1]
+
 
 def test_the_weight_view_shows_w_beside_w_prime_and_the_inverse_gives_it_back():
     at = explore(model="digits-vit", dtype="float64", on_heads=1, layer=1)
@@ -254,11 +285,13 @@ def test_the_weight_view_shows_w_beside_w_prime_and_the_inverse_gives_it_back():
 
 
 def outlines(at) -> dict[str, list[tuple[str, float, float]]]:
-    """Each chart's followed-item outlines (shapes named "path <item>"): (item, row centre or None, column centre or
-    None), a row outline spanning the whole x domain, a column outline the whole y domain."""
+    """Each chart's followed token, channel and neuron outlines (shapes named "path <item>"): (item, row centre or
+    None, column centre or None), a row outline spanning the whole x domain, a column outline the whole y domain.
+    The head grids' followed head is a tile, not a row or column (test_the_head_grid_shows_... checks it)."""
     found = {}
     for chart in charts(at):
-        shapes = [s for s in chart["layout"].get("shapes", []) if s.get("name", "").startswith("path ")]
+        shapes = [s for s in chart["layout"].get("shapes", []) if s.get("name", "").startswith("path ")
+                  and not s["name"].startswith("path head")]
         if shapes:
             found[title(chart).replace("<br>", " ")] = [
                 (s["name"].split()[1], None if s["yref"] == "y domain" else (s["y0"] + s["y1"]) / 2,

@@ -19,7 +19,8 @@ URL = ("explore?model=digits-vit&layer=1&on_mlp=1&follow_token=5&follow_channel=
 OUTLINES = """() => Array.from(document.querySelectorAll('[data-testid="stMain"] .js-plotly-plot')).map(gd => {
   const t = gd.layout.title;
   const title = String((t && (t.text !== undefined ? t.text : t)) || '').replace(/<br>/g, ' ').replace(/<[^>]*>/g, '');
-  const shapes = (gd.layout.shapes || []).filter(s => String(s.name || '').startsWith('path '));
+  const shapes = (gd.layout.shapes || []).filter(s => String(s.name || '').startsWith('path ')
+    && !String(s.name).startsWith('path head'));  // the head grids' tiles: tests/app/test_explore.py
   return {title, shapes: shapes.map(s => [s.name.split(' ')[1], s.yref === 'y domain' ? null : (s.y0 + s.y1) / 2,
                                           s.xref === 'x domain' ? null : (s.x0 + s.x1) / 2])};
 }).filter(c => c.shapes.length)"""

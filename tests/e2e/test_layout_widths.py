@@ -110,23 +110,43 @@ OVERLAPS = """() => {
 }"""
 
 # Tick labels of one chart that collide: horizontal tick labels of every axis of the chart (the panels of Rotation's
-# side by side read "0 5 10 150 5 10 15" at 1024 px: the last tick of one panel ran into the first of the next) and
-# the labels of a y axis. Slanted labels are left out (their boxes overlap where their letters do not).
+# side by side read "0 5 10 150 5 10 15" at 1024 px: the last tick of one panel ran into the first of the next), the
+# labels of a y axis, and slanted labels (the key tokens under an attention map at 1024 px). Slanted labels' boxes
+# overlap where their letters do not, so two of one axis, drawn at the same angle, collide when their baselines lie
+# closer than 0.8 of their font size across the text: the anchor of each (its x, y through the page's transform)
+# is on its baseline, and the baselines are parallel.
 TICKS = """() => {
 """ + MEET + """
   const found = [];
+  const angle = t => { const m = /rotate\\(([-\\d.]+)/.exec(t.getAttribute('transform') || ''); return m ? +m[1] : 0; };
   for (const plot of document.querySelectorAll('[data-testid="stMain"] .js-plotly-plot')) {
     if (plot.offsetParent === null) continue;
+    const title = (plot.querySelector('.gtitle') || {}).textContent || '(untitled)';
     const texts = Array.from(plot.querySelectorAll('.xaxislayer-above text, .yaxislayer-above text'))
-      .filter(t => !(t.getAttribute('transform') || '').includes('rotate') && t.textContent.trim())
-      .map(t => ({text: t.textContent.trim(), box: t.getBoundingClientRect()}))
+      .filter(t => t.textContent.trim())
+      .map(t => {
+        const anchor = new DOMPoint(+t.getAttribute('x') || 0, +t.getAttribute('y') || 0)
+          .matrixTransform(t.getScreenCTM());
+        return {text: t.textContent.trim(), box: t.getBoundingClientRect(), angle: angle(t),
+                layer: t.closest('g[class$="layer-above"]'), anchor,
+                size: parseFloat(getComputedStyle(t).fontSize) || 10};
+      })
       .filter(t => t.box.width > 0);
     for (let i = 0; i < texts.length; i++) {
       for (let j = i + 1; j < texts.length; j++) {
-        if (meet(texts[i].box, texts[j].box, 1)) {
-          const title = (plot.querySelector('.gtitle') || {}).textContent || '(untitled)';
-          found.push('tick labels collide in "' + title.slice(0, 40) + '": "' + texts[i].text + '" / "'
-            + texts[j].text + '"');
+        const [a, b] = [texts[i], texts[j]];
+        let collide;
+        if (a.angle === 0 && b.angle === 0) {
+          collide = meet(a.box, b.box, 1);
+        } else {
+          const rad = a.angle * Math.PI / 180;
+          const across = Math.abs((b.anchor.x - a.anchor.x) * Math.sin(rad)
+            - (b.anchor.y - a.anchor.y) * Math.cos(rad));
+          collide = a.layer === b.layer && a.angle === b.angle && meet(a.box, b.box, 1)
+            && across < 0.8 * Math.min(a.size, b.size);
+        }
+        if (collide) {
+          found.push('tick labels collide in "' + title.slice(0, 40) + '": "' + a.text + '" / "' + b.text + '"');
         }
       }
     }
@@ -437,6 +457,7 @@ def test_layout_checks_catch_planted_defects(page):
     from plotly.subplots import make_subplots
 
     from ui.charts import figures_fusion
+    from ui.charts.figures_heatmap import heatmap
     from ui.charts.figures_proof import tensor_error_chart
     from ui.matrix_table import class_name_html
 
@@ -451,6 +472,22 @@ def test_layout_checks_catch_planted_defects(page):
     new.update_layout(width=300)
     planted(page, '<div id="old"></div><div id="new"></div>', {"old": old, "new": new})
     assert any("tick labels collide" in f for f in page.evaluate(TICKS))
+    page.evaluate("() => document.getElementById('old').remove()")
+    assert page.evaluate(TICKS) == []
+
+    # slanted tick labels that collide: an attention map's twelve key tokens at -60 degrees in a third of a
+    # 1024-pixel page (a fixed list of ticks), against the same map with its tokens as categories
+    tokens = [f"#{7 * i}" for i in range(12)]
+    attention = rng.random((12, 12))
+    attention /= attention.sum(1, keepdims=True)
+    old = go.Figure(go.Heatmap(z=attention))
+    old.update_layout(width=200, height=300, xaxis=dict(tickmode="array", tickvals=list(range(12)), ticktext=tokens,
+                                                        tickangle=-60, tickfont_size=9))
+    new = heatmap(attention, "attention", "key token", "query token", colorscale="Viridis", symmetric=False,
+                  y_labels=tokens, x_labels=tokens)
+    new.update_layout(width=200)
+    planted(page, '<div id="old"></div><div id="new"></div>', {"old": old, "new": new})
+    assert any("tick labels collide" in f and "#7" in f for f in page.evaluate(TICKS))
     page.evaluate("() => document.getElementById('old').remove()")
     assert page.evaluate(TICKS) == []
 

@@ -98,19 +98,19 @@ def test_the_followed_head_is_outlined_where_each_layers_heads_key_sends_it(expl
     cells = grid.original.shape[-1]
     drawn = {}  # row -> [place in the original, in the scrambled grid, un-scrambled]
     for i, maps in enumerate((grid.original, grid.scrambled)):
-        fig = head_grid_figure(maps, grid.layers, "t", followed=walk_panels.head_places(x["paths"], head, i))
+        fig = head_grid_figure(maps, grid.layers, "t", followed=panels.head_places(x["paths"], head, i))
         for shape in (s for s in fig.layout.shapes if s.name.startswith("path ")):
             row, place = round(shape.y0 + 0.5) // (cells + 1), round(shape.x0 + 0.5) // (cells + 1)
             assert shape.name == f"path head {place}"
             drawn.setdefault(row, []).append(place)
     for row, layer in enumerate(grid.layers):
-        places = drawn[row] + [dict(walk_panels.head_places(x["paths"], head, 2))[row]]
+        places = drawn[row] + [dict(panels.head_places(x["paths"], head, 2))[row]]
         permutation = key_permutation(explorer, "heads", key, layer)
         assert_follows(places, permutation, head)
         assert torch.allclose(grid.scrambled[row, places[1]], grid.original[row, head], atol=1e-12)  # its map
         with pytest.raises(AssertionError):
             assert_follows(places, another_permutation(explorer, "heads", key, head, layer), head)
-    sentence = walk_panels.head_sentence(x["paths"], grid.layers, head, 1)
+    sentence = panels.head_sentence(x["paths"], grid.layers, head, 1)
     moved = [(layer, drawn[row][1]) for row, layer in enumerate(grid.layers) if drawn[row][1] != head]
     assert all(f"{place} in layer {layer}" in sentence for layer, place in moved) and moved
     assert sentence.endswith(f"the inverse puts it back in place {head}.")

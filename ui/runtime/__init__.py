@@ -27,8 +27,8 @@ the page asking `shared_runs.result(PageRequest(...), compute)`, the same way.
 _WHERE = {"CHECK_WEIGHT_COPIES": "budget", "page_run_bytes": "budget", "page_slot": "budget",
           "collect_garbage": "housekeeping", "give_back_freed_memory": "housekeeping",
           "long_lived_objects_frozen": "housekeeping", "shared_model": "models", "ExploreRequest": "runs",
-          "PageRequest": "runs", "exploration": "runs", "explore": "runs", "explore_block": "runs", "model_on": "runs",
-          "page_runs": "runs"}
+          "PageRequest": "runs", "exploration": "runs", "explore": "runs", "explore_block": "runs",
+          "explore_heads": "runs", "model_on": "runs", "page_runs": "runs"}
 __all__ = sorted(_WHERE)
 
 

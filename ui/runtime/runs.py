@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import streamlit as st
 import torch
 
-from perm_core.explore.exploration import Exploration, ExploreResult
+from perm_core.explore.exploration import Exploration, ExploreResult, head_grid
 from perm_core.explore.page_data import PageChoice, block_views, page_data
 from perm_core.fast import param_cache
 from perm_core.fast.param_cache import TensorCache
@@ -168,6 +168,18 @@ def explore_block(request: ExploreRequest, explorer: Exploration, inputs: dict, 
     block's hidden states and attention maps are in its trace, so a step is a slice, not a run."""
     def views(result, choice, mlp):
         return block_views(explorer, result, choice, mlp, inputs, dict(request.keys), request.control)
+
+    with _held(request, explorer, views, computing, run_budget) as data:
+        yield data
+
+
+@contextmanager
+def explore_heads(request: ExploreRequest, explorer: Exploration, inputs: dict, computing=nullcontext,
+                  run_budget: budget.RunBudget | None = None):
+    """The layer x head grid (perm_core.explore.exploration.HeadGrid) of the request's result, held and given back
+    as explore() does: what the head grid's own control (the followed head) redraws, from the cached result."""
+    def views(result, choice, mlp):
+        return head_grid(explorer, result)
 
     with _held(request, explorer, views, computing, run_budget) as data:
         yield data
