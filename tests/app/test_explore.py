@@ -264,6 +264,21 @@ def test_the_head_grid_shows_permuted_heads_in_their_new_places():
         assert all(place in sentences[1] for place in moved_to) and f"head {pick}" in sentences[1]
 
 
+
+def test_another_model_follows_its_own_picks():
+    """A student's followed token, channel and head hold while the model stays; another model starts from that
+    model's own picks (the same a fresh session on it shows), not from numbers chosen for the first one."""
+    at = explore(model="random:llama", on_heads=1, k_heads=5)
+    fresh = explore(model="random:gpt2", on_heads=1, k_heads=5)
+    picks = {item: fresh.number_input(key=f"follow_{item}").value for item in ("token", "channel", "head")}
+    for item, limit in (("token", 3), ("channel", 8), ("head", 2)):  # in range for both models, not gpt2's pick
+        chosen = next(v for v in range(limit + 1) if v != picks[item])
+        at.number_input(key=f"follow_{item}").set_value(chosen).run()
+        assert at.number_input(key=f"follow_{item}").value == chosen
+    at.sidebar.selectbox(key="model").set_value("random:gpt2").run()
+    assert not at.exception
+    assert {item: at.number_input(key=f"follow_{item}").value for item in picks} == picks
+
 def test_the_weight_view_shows_w_beside_w_prime_and_the_inverse_gives_it_back():
     at = explore(model="digits-vit", dtype="float64", on_heads=1, layer=1)
     assert at.selectbox(key="weight").value == "vit.layers.1.attention.q_proj.weight"
