@@ -73,15 +73,17 @@ def main() -> None:
                     "order. "
                     f"It still answers **{x['predicted_scrambled']}** (first answer: {x['predicted']}), and the two "
                     f"probability vectors differ by at most **{x['probability_gap']:.1e}**.")
-        # three pictures across the page, the bars under them: beside the bars each picture was about 100 px wide
-        # at 1024 px with the sidebar open
-        followed.followed_pictures(st.columns(3), x, g.patch_size, g.fixed_tokens, key)
+        # In projector mode (the sidebar closed) the pictures and the bars share one row, all on the first screen;
+        # otherwise the pictures go across the page and the bars under them: beside the bars each picture was about
+        # 100 px wide at 1024 px with the sidebar open.
+        row = st.columns([1, 1, 1, 2]) if projector.on() else [*st.columns(3), None]
+        followed.followed_pictures(row[:3], x, g.patch_size, g.fixed_tokens, key)
         digits = [str(d) for d in range(len(x["original"]))]
         fig = figures.paired_bars(digits, x["original"].tolist(), x["scrambled"].tolist(), ("original", "shuffled"),
                                   "class probabilities")
         # the legend under the digits: above a narrow plot it ran into the title
         fig.update_layout(legend=figures.LEGEND_BELOW, margin_b=70)
-        show(fig, width="stretch", where=st.columns([3, 2])[0])
+        show(fig, width="stretch", where=row[3] or st.columns([3, 2])[0])
     elif step == "channels":
         st.markdown(f"Key {key} permutes the {g.d_model} channels of every token, and every weight, norm and bias is "
                     f"permuted to match. After block 0 the scrambled hidden state differs from the original by "
