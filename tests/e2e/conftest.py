@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -80,15 +81,44 @@ def page(browser, request):
 
 
 
+# A wait's budget is counted in a quiet machine's time: each slice of it counts in full on a quiet machine and
+# divided by the runnable processes per core on a loaded one. Two make tests side by side held the load average at
+# 24 on 2 cores, and pages that load in 10-30 s quiet ran past 180-240 s wall budgets. A hang still ends: a wait
+# gives up after HANG_FACTOR budgets of wall time, however loaded the machine.
+WAIT_SLICE_MS = 5_000
+HANG_FACTOR = 8
+
+
+def machine_load() -> float:
+    """Runnable processes per core this process may use, over the last minute; at least 1 (a quiet machine)."""
+    return max(1.0, os.getloadavg()[0] / len(os.sched_getaffinity(0)))
+
+
+def patiently(wait, timeout_ms: float, load=machine_load, clock=time.monotonic):
+    """wait(slice_ms) (a Playwright wait) again until it returns, its value; PlaywrightTimeout once the slices
+    waited, each divided by the machine's load when it ended, add up to timeout_ms, or after HANG_FACTOR x
+    timeout_ms of wall time."""
+    counted, started = 0.0, clock()
+    while True:
+        try:
+            return wait(WAIT_SLICE_MS)
+        except PlaywrightTimeout:
+            counted += WAIT_SLICE_MS / load()
+            if counted >= timeout_ms or (clock() - started) * 1000 >= HANG_FACTOR * timeout_ms:
+                raise
+
+
 def wait_for_app(page, timeout_ms: int = 120_000) -> None:
-    """Wait until Streamlit's script run is over and its charts are drawn. Right after a click or a key the page
-    still shows the previous run's "notRunning" until the server answers, so a run is first given
-    RUN_BEGINS_WITHIN_MS to begin (after a page load it has: the state starts at "initial")."""
-    page.wait_for_selector('[data-testid="stApp"]', timeout=timeout_ms)
+    """Wait until Streamlit's script run is over and its charts are drawn, each wait `patiently`. Right after a
+    click or a key the page still shows the previous run's "notRunning" until the server answers, so a run is first
+    given RUN_BEGINS_WITHIN_MS (times the machine's load) to begin (after a page load it has: the state starts at
+    "initial")."""
+    patiently(lambda ms: page.wait_for_selector('[data-testid="stApp"]', timeout=ms), timeout_ms)
     with contextlib.suppress(PlaywrightTimeout):
-        page.wait_for_function(f"() => {SCRIPT_STATE} !== 'notRunning'", timeout=RUN_BEGINS_WITHIN_MS)
-    page.wait_for_function(RUN_OVER, timeout=timeout_ms)
-    page.wait_for_function(DRAWN, timeout=timeout_ms)
+        page.wait_for_function(f"() => {SCRIPT_STATE} !== 'notRunning'",
+                               timeout=RUN_BEGINS_WITHIN_MS * machine_load())
+    patiently(lambda ms: page.wait_for_function(RUN_OVER, timeout=ms), timeout_ms)
+    patiently(lambda ms: page.wait_for_function(DRAWN, timeout=ms), timeout_ms)
 
 
 @pytest.fixture
