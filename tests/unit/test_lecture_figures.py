@@ -103,3 +103,22 @@ def test_only_a_probability_map_goes_log():
     """An |error| map of 64x64 cells in [0, 1] (Backward's) is not a distribution per row: it stays linear."""
     errors = np.random.default_rng(1).random((64, 64)) * 1e-15
     assert heatmap(errors, "|error|", colorscale="Greys", symmetric=False).data[0].colorbar.title.text is None
+
+
+def test_error_panels_label_whole_decades_only_and_every_value_is_in_range():
+    """minilm's absolute errors all lie within one decade: plotly labelled 2, 3, ... 9 between decades, which ran into
+    each other at 1024 px. Each panel now labels whole decades, at most its share, over a range that holds every
+    point and threshold drawn on it."""
+    narrow = [dict(layer=i, kind="hidden state", rel=2e-7 + 1e-8 * i, abs=9e-7 + 1e-7 * i) for i in range(-1, 6)]
+    wide = [dict(layer=i, kind="attention map", rel=10.0 ** (-16 + 2 * i), abs=0.0) for i in range(7)]
+    for rows in (narrow, wide):
+        fig = error_chart(rows, "t", tolerance=1e-4)
+        for axis, data, limit in (("yaxis", fig.data[0].y, 6), ("yaxis2", fig.data[1].y, 4)):
+            settings = fig.layout[axis]
+            low, high = settings.range
+            assert settings.dtick >= 1 and float(settings.dtick).is_integer()
+            decades = [d for d in range(math.ceil(low), math.floor(high) + 1) if d % settings.dtick == 0]
+            assert 2 <= len(decades) <= limit, (axis, decades)
+            assert all(low <= math.log10(y) <= high for y in data)
+        assert fig.layout.yaxis.range[1] >= math.log10(1e-4)  # the tolerance line is in view
+    assert error_chart(narrow, "t").layout.yaxis2.dtick == 1

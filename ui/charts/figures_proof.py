@@ -46,6 +46,30 @@ def _two_panels_base() -> str:
     return pio.to_json(fig.layout, validate=False)
 
 
+# Labelled decades on each error panel's log axis (the panels are about 290 and 170 px high in a 540 px chart):
+# plotly's own ticks put 2, 3, ... 9 between decades on a narrow range, and at 1024 px they ran into each other.
+PANEL_DECADE_TICKS = {"yaxis": 6, "yaxis2": 4}
+
+
+def decade_axis(values, max_ticks: int) -> dict:
+    """A log axis' range and ticks for these positive values: from the decade at or below the smallest to the one
+    at or above the largest (two at least, so a narrow range still has a labelled decade), a label every 1, 2, 3
+    ... decades so that at most max_ticks are drawn."""
+    logs = [math.log10(v) for v in values if v > 0 and math.isfinite(v)]
+    if not logs:
+        return {}
+    low, high = math.floor(min(logs)), math.ceil(max(logs))
+    high = max(high, low + 1)
+    step = max(1, math.ceil((high - low) / (max_ticks - 1)))
+    return dict(range=[low - 0.05, high + 0.05], dtick=step, tick0=0)
+
+
+def _drawn(traces: list[dict], thresholds: list[tuple[dict, dict]], axis: str) -> list[float]:
+    """Every y value drawn against one y axis: its traces' points and its threshold lines."""
+    return ([y for trace in traces if trace["yaxis"] == axis for y in trace["y"]]
+            + [line["y0"] for line, _ in thresholds if line["yref"] == axis])
+
+
 def _two_panels(title: str, height: int, traces: list[dict], thresholds: list[tuple[dict, dict]],
                 xaxes: tuple[dict, dict], **layout) -> go.Figure:
     """Relative errors on top, absolute below; traces name their panel by "row" (1 or 2)."""
@@ -55,6 +79,8 @@ def _two_panels(title: str, height: int, traces: list[dict], thresholds: list[tu
     for trace in traces:
         row = trace.pop("row")
         trace.update(xaxis="x" if row == 1 else "x2", yaxis="y" if row == 1 else "y2")
+    for axis, values in (("yaxis", _drawn(traces, thresholds, "y")), ("yaxis2", _drawn(traces, thresholds, "y2"))):
+        base[axis].update(decade_axis(values, PANEL_DECADE_TICKS[axis]))
     annotations = base.pop("annotations") + [text for _, text in thresholds]
     shapes = [line for line, _ in thresholds]
     return go.Figure(traces, layout={**base, **RAW_LAYOUT, "height": height, "annotations": annotations,
