@@ -1,6 +1,10 @@
 """Check: the full verification report (every symmetry forward and backward, negative controls) for the
 sidebar's model, input and keys."""
 
+from ui.view import through_app
+
+through_app()  # before the page's own imports: a run without app.py goes again through it
+
 import json
 
 import pandas as pd
@@ -68,8 +72,13 @@ def main() -> None:
         st.stop()
     report = stored[1]
     FLOOR_COLUMN = "judged by |x| because"
-    SCIENTIFIC = {name: st.column_config.NumberColumn(format="%.1e") for name in
+    SCIENTIFIC = {name: st.column_config.NumberColumn(format="%.1e", width=75) for name in
                   ("max abs error", "max rel error", "tolerance", "max_abs_error", "max_rel_error")}
+    # Pixel widths that fit the main column at 1024 px beside the sidebar (minilm's and dinov2-s's long names and
+    # reasons scrolled the table sideways there): a longer name or reason is cut in its cell, whole on hover.
+    TENSOR_TABLE_WIDTHS = {"tensor": st.column_config.TextColumn(width=160),
+                           "finite": st.column_config.CheckboxColumn(width=45),
+                           FLOOR_COLUMN: st.column_config.TextColumn(width=110)}
     payload = report.to_json()
     n_checks = len(report.checks)
     n_passed = sum(c.passed for c in report.checks)
@@ -155,7 +164,7 @@ def main() -> None:
                                 FLOOR_COLUMN: t.floor_reason or "", **expert_columns(t, tensors)}
                                for t in tensors]), hide_index=True,
                  width="stretch", height=240,
-                 column_config=SCIENTIFIC)
+                 column_config=SCIENTIFIC | TENSOR_TABLE_WIDTHS)
     st.caption(f"\"{FLOOR_COLUMN}\": a tensor that is zero in exact arithmetic has no relative error to speak of; it "
                "is judged by its absolute size instead, and this column says why.")
     command = check_command(view.model_name, view.dtype_name, dict(view.keys), view.input_spec, backward)

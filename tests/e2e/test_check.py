@@ -2,7 +2,7 @@
 
 import re
 
-from tests.e2e.conftest import wait_for_app
+from tests.e2e.conftest import patiently, wait_for_app
 
 
 def run_check_when_ready(page) -> None:
@@ -10,17 +10,18 @@ def run_check_when_ready(page) -> None:
     wait_for_app's first look, and loading smollm2 in float64 then takes longer than a click's own 30 s."""
     wait_for_app(page, timeout_ms=180_000)
     button = page.get_by_role("button", name="Run check")
-    button.wait_for(timeout=180_000)
+    patiently(lambda ms: button.wait_for(timeout=ms), 180_000)
     button.click()
 
 
 def test_check_page_in_chromium(app_url, page, shot):
     page.goto(f"{app_url}/check?model=digits-vit")  # the sidebar opens on dinov2-s; the report here is digits-vit's
     run_check_when_ready(page)
-    page.get_by_text("PASSED").first.wait_for(timeout=180_000)
+    patiently(lambda ms: page.get_by_text("PASSED").first.wait_for(timeout=ms), 180_000)
     wait_for_app(page)
     assert page.locator('[data-testid="stException"]').count() == 0
-    page.wait_for_selector(".js-plotly-plot", timeout=60_000)  # plotly draws after the run ends
+    # plotly draws after the run ends
+    patiently(lambda ms: page.wait_for_selector(".js-plotly-plot", timeout=ms), 60_000)
     assert page.get_by_role("button", name="Download the report (JSON)").count() == 1
     shot(page, "check")
 
@@ -30,7 +31,7 @@ def test_a_long_check_shows_the_time_left_and_stops(app_url, page, shot):
     page.goto(f"{app_url}/check?model=smollm2-135m&dtype=float64&on_heads=1&on_mlp=1&on_rotation=1")
     run_check_when_ready(page)
     stop = page.get_by_role("button", name="Stop the check")
-    stop.wait_for(timeout=180_000)
+    patiently(lambda ms: stop.wait_for(timeout=ms), 180_000)
     page.get_by_text(re.compile(r"so far, about .+ left")).first.wait_for(timeout=120_000)
     shot(page, "check-running")
     stop.click()

@@ -1,7 +1,7 @@
 """Real Chromium: Explore renders its proof, a key change reruns it, and two
 sessions with different keys at once both get correct verdicts."""
 
-from tests.e2e.conftest import wait_for_app
+from tests.e2e.conftest import patiently, wait_for_app
 
 VERDICT = "un-scrambled tensors match"
 
@@ -42,7 +42,7 @@ def test_explore_key_change_in_chromium(app_url, page, shot):
     assert charts(page) >= 10 and page.locator('[data-testid="stException"]').count() == 0
 
     set_key(page, "channels key", "-1")
-    page.get_by_text("whole number").first.wait_for(timeout=60_000)
+    patiently(lambda ms: page.get_by_text("whole number").first.wait_for(timeout=ms), 60_000)
     assert page.locator('[data-testid="stException"]').count() == 0
     shot(page, "explore-bad-key")
 

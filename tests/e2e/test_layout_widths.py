@@ -16,7 +16,7 @@ import plotly
 import pytest
 
 from serve.local_server import DRAWN
-from tests.e2e.conftest import wait_for_app
+from tests.e2e.conftest import patiently, wait_for_app
 
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "out" / "screenshots"
 WIDTHS = (1024, 1440)
@@ -325,14 +325,15 @@ def test_every_page_is_readable_at_every_width(app_url, page, name):
             wait_for_app(page, timeout_ms=300_000)
             if name == "check":
                 button = page.get_by_role("button", name="Run check")
-                button.wait_for(timeout=180_000)
+                patiently(lambda ms, run=button: run.wait_for(timeout=ms), 180_000)
                 button.click()
-                page.get_by_text("PASSED").first.wait_for(timeout=180_000)
+                patiently(lambda ms: page.get_by_text("PASSED").first.wait_for(timeout=ms), 180_000)
             if name == "matrix":  # measured row by row on the first visit
-                page.locator("table.symmetry-matrix").wait_for(timeout=300_000)
+                patiently(lambda ms: page.locator("table.symmetry-matrix").wait_for(timeout=ms), 300_000)
         settle(page)
         page.wait_for_timeout(500)  # plotly draws after the script run ends, and again after a resize
-        page.wait_for_function(DRAWN, timeout=120_000)  # every chart drawn: an undrawn one has no text to overlap
+        # every chart drawn: an undrawn one has no text to overlap
+        patiently(lambda ms: page.wait_for_function(DRAWN, timeout=ms), 120_000)
         assert page.locator('[data-testid="stException"]').count() == 0, (name, width)
         if width == WIDTHS[0] and name in SHOWS:
             SHOWS[name](page)
@@ -376,12 +377,12 @@ def test_projector_mode_at_1024_by_768_on_every_page(app_url, page, name):
     wait_for_app(page, timeout_ms=300_000)
     if name == "check":
         page.get_by_role("button", name="Run check").click()
-        page.get_by_text("PASSED").first.wait_for(timeout=180_000)
+        patiently(lambda ms: page.get_by_text("PASSED").first.wait_for(timeout=ms), 180_000)
     if name == "matrix":
-        page.locator("table.symmetry-matrix").wait_for(timeout=300_000)
+        patiently(lambda ms: page.locator("table.symmetry-matrix").wait_for(timeout=ms), 300_000)
     settle(page)
     page.wait_for_timeout(500)
-    page.wait_for_function(DRAWN, timeout=120_000)
+    patiently(lambda ms: page.wait_for_function(DRAWN, timeout=ms), 120_000)
     page.screenshot(path=str(SCREENSHOTS / f"projector_{name}-1024x768.png"))
     assert page.evaluate(UNDER_HEADER) == []
     charts = page.evaluate(PROJECTOR_CHARTS)

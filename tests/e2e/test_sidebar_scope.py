@@ -3,7 +3,7 @@ their own controls it says so, and the choices come back on Explore."""
 
 from playwright.sync_api import expect
 
-from tests.e2e.conftest import wait_for_app
+from tests.e2e.conftest import patiently, wait_for_app
 
 
 def sidebar(page):
@@ -16,7 +16,7 @@ def test_pages_with_their_own_controls_show_no_sidebar_model_and_explore_keeps_i
     expect(sidebar(page).get_by_label("channels key", exact=True)).to_have_value("77", timeout=120_000)
     for title in ("Backward", "Rotation"):
         sidebar(page).get_by_role("link", name=title).click(timeout=120_000)  # a busy server redraws the menu late
-        sidebar(page).get_by_text("This page has its own controls").wait_for(timeout=120_000)
+        patiently(lambda ms: sidebar(page).get_by_text("This page has its own controls").wait_for(timeout=ms), 120_000)
         wait_for_app(page, timeout_ms=180_000)
         # Streamlit keeps the last run's elements on screen until this run replaces them: wait for them to go
         expect(sidebar(page).get_by_text("Model", exact=True)).to_have_count(0, timeout=60_000)

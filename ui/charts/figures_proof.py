@@ -52,16 +52,18 @@ PANEL_DECADE_TICKS = {"yaxis": 6, "yaxis2": 4}
 
 
 def decade_axis(values, max_ticks: int) -> dict:
-    """A log axis' range and ticks for these positive values: from the decade at or below the smallest to the one
-    at or above the largest (two at least, so a narrow range still has a labelled decade), a label every 1, 2, 3
-    ... decades so that at most max_ticks are drawn."""
+    """A log axis' range and ticks for these positive values: a label every 1, 2, 3 ... decades so that at most
+    max_ticks are drawn, two whole decades in view at least (reaching down for them when the values lie within
+    one), and room above the largest value for a threshold's label (drawn above its line, under the panel title)."""
     logs = [math.log10(v) for v in values if v > 0 and math.isfinite(v)]
     if not logs:
         return {}
-    low, high = math.floor(min(logs)), math.ceil(max(logs))
-    high = max(high, low + 1)
-    step = max(1, math.ceil((high - low) / (max_ticks - 1)))
-    return dict(range=[low - 0.05, high + 0.05], dtick=step, tick0=0)
+    span = max(logs) - min(logs)
+    low, high = min(logs) - max(0.3, 0.05 * span), max(logs) + max(0.8, 0.22 * span)
+    if math.floor(high) - math.ceil(low) < 1:
+        low = math.floor(high) - 1.3
+    step = max(1, math.ceil((math.floor(high) - math.ceil(low) + 1) / max_ticks))
+    return dict(range=[low, high], dtick=step, tick0=0)
 
 
 def _drawn(traces: list[dict], thresholds: list[tuple[dict, dict]], axis: str) -> list[float]:
