@@ -8,7 +8,7 @@ from ui import projector
 from ui.errors import show_unexpected
 from ui.runtime.housekeeping import collect_garbage, give_back_freed_memory, long_lived_objects_frozen
 from ui.state import publish
-from ui.view import NOTES, end_run, without_controls
+from ui.view import NOTES, app_run, end_run, without_controls
 
 ROOT = Path(__file__).resolve().parent
 # (file, title, icon, sidebar) in menu order; a page appears once its file exists. sidebar "full": the
@@ -39,8 +39,13 @@ pages = [st.Page(path, title=title, icon=icon, default=path == "pages/home.py")
          for path, title, icon, _ in PAGES if (ROOT / path).exists()]
 navigation = st.navigation(pages)
 st.session_state.pop("_nav_rerun", None)
+app_run(True)
 try:
     scope = next(scope for _, title, _, scope in PAGES if title == navigation.title)
+    if navigation.title != "Home":  # every other page uses the library: its first import happens once, here
+        from ui.runtime.first_imports import library_imported
+
+        library_imported()
     if scope in NOTES:  # a page without the sidebar's controls (Home among them) imports neither torch nor the library
         without_controls(scope)
     else:
@@ -54,6 +59,7 @@ try:
 except Exception as error:  # noqa: BLE001 - st.stop/st.rerun are BaseExceptions and pass; a bug is logged
     show_unexpected(error)
 finally:  # also when a page calls st.stop(): the next run renders the sidebar afresh, the URL keeps the view
+    app_run(False)
     end_run()
     long_lived_objects_frozen()
     publish()

@@ -1,5 +1,9 @@
 """Model authorization: a model locked with a key works only for whoever holds the key; and its attacker."""
 
+from ui.view import through_app
+
+through_app()  # before the page's own imports: a run without app.py goes again through it
+
 import pandas as pd
 import streamlit as st
 

@@ -1,5 +1,9 @@
 """Backward: gradients un-scramble exactly, and SGD in the scrambled world stays locked to the original."""
 
+from ui.view import through_app
+
+through_app()  # before the page's own imports: a run without app.py goes again through it
+
 import streamlit as st
 
 from perm_core.applications import backward as bw

@@ -13,6 +13,10 @@ no server thread waits between steps) and moves one block on, until the last. Th
 at a full run, so pressing Play or Pause, and reaching the last block, take one full run that starts or stops it.
 """
 
+from ui.view import through_app
+
+through_app()  # before the page's own imports: a run without app.py goes again through it
+
 import time
 from dataclasses import replace
 

@@ -1,5 +1,9 @@
 """Fusion: align B to A with exact symmetries, then average; one shipped pair, then seed pairs with intervals."""
 
+from ui.view import through_app
+
+through_app()  # before the page's own imports: a run without app.py goes again through it
+
 import pandas as pd
 import streamlit as st
 

@@ -3,6 +3,10 @@
 The first page a just-started server shows: it imports neither torch nor the library (nor anything that does), so it
 does not wait for them; its two pictures are the library's, kept as files (ui/home_pictures.py)."""
 
+from ui.view import through_app
+
+through_app()  # before the page's own imports: a run without app.py goes again through it
+
 from pathlib import Path
 
 import numpy

@@ -1,5 +1,9 @@
 """Symmetry matrix: which symmetries each supported architecture has, measured on a random model of each."""
 
+from ui.view import through_app
+
+through_app()  # before the page's own imports: a run without app.py goes again through it
+
 import streamlit as st
 
 from perm_core.engine.symmetries import SYMMETRIES

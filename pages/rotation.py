@@ -1,5 +1,9 @@
 """Rotation: per-head Q/K and V/O rotations change queries, keys and values but not what the model computes."""
 
+from ui.view import through_app
+
+through_app()  # before the page's own imports: a run without app.py goes again through it
+
 import pandas as pd
 import streamlit as st
 import torch

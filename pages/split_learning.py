@@ -1,5 +1,9 @@
 """Privacy-enhancing split learning: train through the split, then attack it with model inversion."""
 
+from ui.view import through_app
+
+through_app()  # before the page's own imports: a run without app.py goes again through it
+
 import streamlit as st
 
 from perm_core.applications import inversion, split_learning

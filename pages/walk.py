@@ -1,5 +1,9 @@
 """Guided walk: five steps a lecturer can click through, each a live figure with two computed sentences."""
 
+from ui.view import through_app
+
+through_app()  # before the page's own imports: a run without app.py goes again through it
+
 import streamlit as st
 
 from perm_core.engine.keys import InvalidKeyError, validate_key

@@ -74,6 +74,34 @@ def ensure_view(scope: str = "full", render=None) -> View:
     return view
 
 
+_RUN = threading.local()  # whether this script thread is inside app.py's run (the navigation runs the page in it)
+
+
+def app_run(on: bool) -> None:
+    """app.py's run begins (True) or ends (False) in this script thread."""
+    _RUN.on = on
+
+
+def through_app() -> None:
+    """The first statement of every page. Streamlit runs a file of pages/ by itself, without app.py ("pages
+    directory" mode, its first multipage scheme), for a session whose run starts on a just-started server before any
+    run of app.py has called st.navigation, which turns that mode off: a classroom opening links at once got pages
+    with no sidebar, no first-import guard (ui.runtime.first_imports) and half-imported libraries. Such a run turns the
+    mode off itself and runs again, through app.py, on the same page (a page's hash is its URL path in both)."""
+    if getattr(_RUN, "on", False):
+        return
+    from pathlib import Path
+
+    from streamlit.runtime.pages_manager import PagesManager
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+    context = get_script_run_ctx()
+    if context is None or Path(context.pages_manager.main_script_path).parent.name == "pages":
+        return  # a page run as an app of its own (an AppTest of one page)
+    PagesManager.uses_pages_directory = False
+    st.rerun()
+
+
 def end_run() -> None:
     """app.py calls this after the page (also when the page stopped early): the next run renders the sidebar
     afresh."""
