@@ -27,17 +27,17 @@ def _constant_names(target: ast.expr) -> bool:
 
 
 def module_level_data(source: str) -> list[str]:
-    """The statements of a page at module level other than imports, functions, UPPER_CASE constants and the final
-    call of main() (in `with page_runs() as shared_runs:` for a page with shared runs): each binds a global that
-    outlives the run."""
+    """The statements of a page at module level other than imports, functions, UPPER_CASE constants, the first call
+    of through_app() (it binds nothing) and the final call of main() (in `with page_runs() as shared_runs:` for a
+    page with shared runs): each binds a global that outlives the run."""
     found = []
     for node in ast.parse(source).body:
         if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef)):
             continue
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):  # the docstring
             continue
-        if ast.unparse(node) == "main()" or re.fullmatch(r"with page_runs\(\) as (\w+):\n    main\(\1\)",
-                                                        ast.unparse(node)):
+        if ast.unparse(node) in ("main()", "through_app()") or re.fullmatch(
+                r"with page_runs\(\) as (\w+):\n    main\(\1\)", ast.unparse(node)):
             continue
         if isinstance(node, ast.Assign) and all(_constant_names(t) for t in node.targets):
             continue

@@ -19,8 +19,7 @@ URL = ("explore?model=digits-vit&layer=1&on_mlp=1&follow_token=5&follow_channel=
 OUTLINES = """() => Array.from(document.querySelectorAll('[data-testid="stMain"] .js-plotly-plot')).map(gd => {
   const t = gd.layout.title;
   const title = String((t && (t.text !== undefined ? t.text : t)) || '').replace(/<br>/g, ' ').replace(/<[^>]*>/g, '');
-  const shapes = (gd.layout.shapes || []).filter(s => String(s.name || '').startsWith('path ')
-    && !String(s.name).startsWith('path head'));  // the head grids' tiles: tests/app/test_explore.py
+  const shapes = (gd.layout.shapes || []).filter(s => String(s.name || '').startsWith('path '));
   return {title, shapes: shapes.map(s => [s.name.split(' ')[1], s.yref === 'y domain' ? null : (s.y0 + s.y1) / 2,
                                           s.xref === 'x domain' ? null : (s.x0 + s.x1) / 2])};
 }).filter(c => c.shapes.length)"""
@@ -36,6 +35,8 @@ def drawn_places(page) -> dict[str, list[tuple[str, int, int]]]:
         column = next(i for i, leads in enumerate(LEADS) if chart["title"].startswith(leads))
         places = []
         for item, row, col in chart["shapes"]:
+            if item == "head":  # Explore's head grids' tiles: tests/app/test_explore.py checks them
+                continue
             if "class token's attention" in chart["title"]:
                 places.append((item, column, 1 + int(row // 56) * 4 + int(col // 56)))  # the token: patch + [CLS]
             else:

@@ -3,7 +3,7 @@ each at 1024x768 in projector mode, at 1024 px and at 1440 px, with the layout t
 or charts over each other, colliding tick labels, a legend over axis labels, words cut across lines, a title under
 the header, blank charts) run on each, and a full-page screenshot of each for a person to look at.
 
-    TRANSFORMER_SYMMETRY_CACHE=/tmp/tse-cache HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/layout_tour.py \
+    TRANSFORMER_SYMMETRY_CACHE=/tmp/tse-cache HF_HUB_OFFLINE=1 .venv/bin/python tests/e2e/layout_tour.py \
         --out /tmp/tour [--models digits-vit,minilm] [--pages explore,check,home]
 
 The models are converted on their first visit (minutes for the larger ones) and kept in the cache. Prints one line
