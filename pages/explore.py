@@ -2,8 +2,9 @@
 
 What reruns on a change: a key, the dtype, the input or the negative control reruns the whole page (each is a new
 result); the followed token, channel or neuron reruns only path_panels (the input and the chosen block's panels,
-where the path is drawn); the layer slider, its Back and Next buttons and each step of Play rerun only
-block_panels (the chosen block's maps, MLP neurons, weights and difference map), the head slider only
+where the path is drawn); the layer slider, its Back and Next buttons, each step of Play and the choice of the
+block's view rerun only block_panels (the class token's overlays and the one view of the block the page shows:
+hidden states with their difference map, attention, MLP neurons, experts or weights), the head slider only
 attention_panel, the weight matrix only weight_panel and the followed head only head_grid_panel, each a slice of the
 cached result of the page's last run (st.fragment), so the verdict, the outputs, the proof and the key stay as
 drawn.
@@ -42,6 +43,8 @@ from ui.summary import explore_summary
 
 COLUMN_TITLES = ("Original", "Scrambled", "Un-scrambled")
 PLAY_SECONDS = 1.5  # one block per step of Play
+BLOCK_VIEWS = {"hidden": "Hidden states", "attention": "Attention", "mlp": "MLP neurons", "experts": "Experts chosen",
+               "weights": "Weights"}
 
 
 def main() -> None:
@@ -336,35 +339,49 @@ def _block(view, explorer, request, block, token_axes, names) -> None:
         st.subheader("Where the class token looks")  # right below the pictures: the heat moves with the patches
         layer_slider(geometry)
         panels.class_attention_overlays(block.pictures, block.class_attention, geometry, layer, block.tokens, follow)
-        st.subheader("Hidden states and attention")
+        st.subheader(f"Inside block {layer}")
     else:
-        st.subheader("Hidden states and attention")
+        st.subheader(f"Inside block {layer}")
         layer_slider(geometry)
-    seed("column_order", "stored", valid=lambda v: v in panels.ORDERS)
-    order = st.radio("Channel and neuron columns", list(panels.ORDERS), format_func=panels.ORDERS.get,
-                     horizontal=True, key="column_order",
-                     help="Sorted by their mean over the tokens, random-looking channels become a ramp: in the "
-                          "original's order the scrambled channels leave it, each where its key put it; each in its "
-                          "own order, the three ramps are the same.")
-    panels.three_heatmaps(trace_names.hidden(layer), block.hidden, f"hidden state after block {layer}", "channel",
-                          "token", paths=block.hidden_paths, follow=follow, order=order)
-    difference = st.columns([1, 2])
-    chart(difference_map(block.hidden[0][0], block.hidden[2][0],
-                         f"|un-scrambled − original|<br>relative, block {layer} output"), where=difference[0])
-    difference[1].caption(f"The proof for block {layer}'s output, cell by cell: the un-scrambled hidden state against "
-                          "the original, relative to the original's largest |value|. Every block's every tensor is "
-                          "in the proof chart below.")
-    attention_panel(view, request, token_axes, {"explorer": explorer, "attention": block.attention,
-                                                "paths": block.attention_paths})
-    if block.mlp is not None:
-        st.subheader(f"MLP neurons of block {layer}")
+    shown = block_view_control(block)
+    if shown in ("hidden", "mlp"):
+        seed("column_order", "stored", valid=lambda v: v in panels.ORDERS)
+        order = st.radio("Channel and neuron columns", list(panels.ORDERS), format_func=panels.ORDERS.get,
+                         horizontal=True, key="column_order",
+                         help="Sorted by their mean over the tokens, random-looking channels become a ramp: in the "
+                              "original's order the scrambled channels leave it, each where its key put it; each in "
+                              "its own order, the three ramps are the same.")
+    if shown == "hidden":
+        panels.three_heatmaps(trace_names.hidden(layer), block.hidden, f"hidden state after block {layer}",
+                              "channel", "token", paths=block.hidden_paths, follow=follow, order=order)
+        difference = st.columns([1, 2])
+        chart(difference_map(block.hidden[0][0], block.hidden[2][0],
+                             f"|un-scrambled − original|<br>relative, block {layer} output"), where=difference[0])
+        difference[1].caption(f"The proof for block {layer}'s output, cell by cell: the un-scrambled hidden state "
+                              "against the original, relative to the original's largest |value|. Every block's every "
+                              "tensor is in the proof chart below.")
+    elif shown == "attention":
+        attention_panel(view, request, token_axes, {"explorer": explorer, "attention": block.attention,
+                                                    "paths": block.attention_paths})
+    elif shown == "mlp":
         panels.mlp_neurons(block.mlp, follow, order)
-    if block.routing is not None:  # a mixture of experts: its block has no dense MLP to show
-        st.subheader(f"Experts chosen in block {layer}")
+    elif shown == "experts":  # a mixture of experts: its block has no dense MLP to show
         panels.routing(block.routing, token_axes)
-    if block.weight is not None:
-        st.subheader(f"Weights of block {layer}")
+    elif shown == "weights":
         weight_panel(view, request, names, {"explorer": explorer, "weight": block.weight})
+
+
+def block_view_control(block) -> str:
+    """Which of the block's views the page draws (BLOCK_VIEWS): one at a time, so a step of the layer slider or of
+    Play redraws that view's charts, not every chart of the block. The choice is in the URL."""
+    views = [name for name, present in (("hidden", True), ("attention", True), ("mlp", block.mlp is not None),
+                                         ("experts", block.routing is not None),
+                                         ("weights", block.weight is not None)) if present]
+    seed_choice("block_view", views, "hidden")
+    st.segmented_control("Show", views, key="block_view", required=True, format_func=BLOCK_VIEWS.get,
+                         help="One view of the chosen block at a time; each keeps the block when you step through "
+                              "the layers.")
+    return st.session_state["block_view"]
 
 
 @st.fragment
