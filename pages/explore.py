@@ -38,7 +38,7 @@ from ui.errors import show_unexpected
 from ui.export import chart
 from ui.runtime import ExploreRequest, exploration, explore, explore_block, explore_heads
 from ui.sidebar import SYMMETRY_LABELS, ensure_view
-from ui.state import publish, seed, seed_choice
+from ui.state import picks_reset, publish, seed, seed_choice
 from ui.summary import explore_summary
 
 COLUMN_TITLES = ("Original", "Scrambled", "Un-scrambled")
@@ -240,9 +240,7 @@ def follow_controls(view, explorer, block) -> dict[str, int]:
     if block.mlp is not None:
         sizes["neuron"] = block.mlp.original.shape[-1]
     defaults = default_follow(explorer, view.inputs, block)
-    owner = f"{view.model_name}|{view.input_id}"
-    changed = st.session_state.get("_follow_for") not in (None, owner)  # another model or input: its own picks
-    st.session_state["_follow_for"] = owner
+    changed = picks_reset("follow", f"{view.model_name}|{view.input_id}")
     labels = {"token": "Follow token", "channel": "Follow channel", "neuron": "Follow MLP neuron"}
     cols = st.columns(3)
     follow = {}
@@ -403,12 +401,10 @@ def head_grid_panel(view, request, first: dict) -> None:
 def _head_grids(view, explorer, grid) -> None:
     n_heads = explorer.geometry.n_heads
     default = default_head(n_heads, grid.paths[0] if grid.paths else None)
-    owner = f"{view.model_name}|{view.input_id}"
     seed("follow_head", default, int, valid=lambda v: 0 <= v < n_heads)
-    another = st.session_state.get("_follow_head_for") not in (None, owner)  # another model or input: its own pick
-    if another or not 0 <= st.session_state["follow_head"] < n_heads:
+    if picks_reset("follow_head", f"{view.model_name}|{view.input_id}") or \
+            not 0 <= st.session_state["follow_head"] < n_heads:
         st.session_state["follow_head"] = default
-    st.session_state["_follow_head_for"] = owner
     head = int(st.columns(3)[0].number_input("Follow head", 0, n_heads - 1, step=1, key="follow_head",
                                              help="Outlined in both grids, in every layer, where the key put it. "
                                                   "The app picked the first head the key moves."))

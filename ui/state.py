@@ -67,6 +67,15 @@ def seed_choice(name: str, options, default, parse=str):
     return st.session_state[name]
 
 
+def picks_reset(picker: str, owner: str) -> bool:
+    """Whether `picker`'s picks (a followed token, channel, neuron or head) belong to another owner (another model or
+    input) than this run's and go back to the app's picks for this one; records `owner` as theirs."""
+    mark = f"_{picker}_for"
+    another = st.session_state.get(mark) not in (None, owner)
+    st.session_state[mark] = owner
+    return another
+
+
 def seed_subset(name: str, options, default) -> list:
     """seed() for a multiselect: a comma-separated list in the URL, unknown items dropped."""
     options = list(options)
