@@ -9,8 +9,9 @@ medians of --repeats:
 - per model (default: every zoo model on Explore's menu), after one warm-up visit that loads it (and converts
   gemma3-270m, smollm2-135m or dinov2-s into the conversion cache the first time, which can take minutes):
   the first visit to Explore in a fresh browser session (navigation until idle), a new channels key typed into the
-  sidebar and Enter (with the page's own "Scrambled side took N s"), and one step of the layer slider (focus its
-  thumb, one arrow key).
+  sidebar and Enter (with the page's own "Scrambled side took N s"), one step of the layer slider (focus its
+  thumb, one arrow key), and the block's Attention view chosen instead of its hidden states (focus the button,
+  Enter).
 
 Idle: Streamlit's script state is over (tests/e2e/conftest.py's RUN_OVER, after giving a run RUN_BEGINS_WITHIN_MS to
 begin, as wait_for_app does), every plotly chart is drawn (its DRAWN), and a MutationObserver on the whole document
@@ -297,6 +298,21 @@ def slider_step(tab: Tab) -> dict:
     return record
 
 
+def view_change(tab: Tab, label: str = "Attention") -> dict:
+    """Another of the block's views (the segmented control under the layer slider), chosen from the keyboard so the
+    wait starts at a keydown: focus its button, Enter."""
+    button = tab.page.locator('[data-testid="stButtonGroup"] button', has_text=label).first
+
+    def choose():
+        button.focus()
+        button.press("Enter")
+
+    record = tab.act(choose, "Enter")
+    if f"block_view={label.lower()}" not in tab.page.url:
+        record["problem"] = f"the URL does not carry block_view={label.lower()}"
+    return record
+
+
 def server_only(url: str, name: str, repeats: int) -> dict:
     """The same three actions from a websocket client with no browser (benchmarks/streamlit_ws.py): the server's
     time for each, from the rerun request to the end of its run, nothing drawn."""
@@ -384,7 +400,7 @@ def measure_model(browser, url: str, name: str, repeats: int) -> dict:
         return found
     found["warm_s"] = time.perf_counter() - started
     tab.close()
-    visits, keys, steps, problems, console = [], [], [], [], []
+    visits, keys, steps, views, problems, console = [], [], [], [], [], []
     for repeat in range(repeats):
         tab = Tab(browser)
         try:
@@ -394,17 +410,21 @@ def measure_model(browser, url: str, name: str, repeats: int) -> dict:
             check_shown(keys[-1], "key change")
             steps.append(slider_step(tab))
             check_shown(steps[-1], "slider step")
-            problems += [f"repeat {repeat + 1}: {r['problem']}" for r in (keys[-1], steps[-1]) if "problem" in r]
+            views.append(view_change(tab))
+            check_shown(views[-1], "view change")
+            problems += [f"repeat {repeat + 1}: {r['problem']}" for r in (keys[-1], steps[-1], views[-1])
+                         if "problem" in r]
         except Exception as error:  # noqa: BLE001
             problems.append(f"repeat {repeat + 1}: {type(error).__name__}: {str(error)[:500]}")
         finally:
             console += tab.console_errors
             tab.close()
         print(f"  {name} repeat {repeat + 1}: visit {_s(visits[-1:])} key {_s(keys[-1:])} "
-              f"step {_s(steps[-1:])}", flush=True)
-    found.update(first_visit=visits, key_change=keys, slider_step=steps, problems=problems,
+              f"step {_s(steps[-1:])} view {_s(views[-1:])}", flush=True)
+    found.update(first_visit=visits, key_change=keys, slider_step=steps, view_change=views, problems=problems,
                  console_errors=sorted(set(console)))
-    found["median"] = {"first_visit": summary(visits), "key_change": summary(keys), "slider_step": summary(steps)}
+    found["median"] = {"first_visit": summary(visits), "key_change": summary(keys), "slider_step": summary(steps),
+                       "view_change": summary(views)}
     try:
         found["server_only"] = server_only(url, name, repeats)
     except Exception as error:  # noqa: BLE001
@@ -429,16 +449,17 @@ def kib(value) -> str:
 def table(results: dict) -> str:
     lines = [f"Explore in Chromium ({results['machine']}; {results['date']}), medians of {results['repeats']}", "",
              "| model | charts on Explore | key change | of it, the scrambled side (\"took N s\") | layer-slider step "
-             "| first visit to Explore |",
-             "|---|---|---|---|---|---|"]
+             "| block view change | first visit to Explore |",
+             "|---|---|---|---|---|---|---|"]
     for model in results["models"]:
         if "error" in model:
-            lines.append(f"| {model['model']} | failed to load: {model['error'][:120]} | | | | |")
+            lines.append(f"| {model['model']} | failed to load: {model['error'][:120]} | | | | | |")
             continue
         m = model["median"]
         lines.append(f"| {model['model']} | {fmt(m['first_visit']['charts'], '', 0)} | "
                      f"{fmt(m['key_change']['wait_s'])} | {fmt(m['key_change']['took_s'])} | "
-                     f"{fmt(m['slider_step']['wait_s'])} | {fmt(m['first_visit']['wait_s'])} |")
+                     f"{fmt(m['slider_step']['wait_s'])} | {fmt(m['view_change']['wait_s'])} | "
+                     f"{fmt(m['first_visit']['wait_s'])} |")
     home = results["home"]["median"]
     lines += ["", f"Home on a just-started server: {fmt(home['from_start_s'])} from the server's start "
               f"({fmt(home['healthy_after_s'])} until it answered its health check), {fmt(home['wait_s'])} from "
@@ -455,7 +476,7 @@ def table(results: dict) -> str:
     for model in results["models"]:
         if "error" in model:
             continue
-        for action in ("first_visit", "key_change", "slider_step"):
+        for action in ("first_visit", "key_change", "slider_step", "view_change"):
             m = model["median"][action]
             alone = model.get("server_only", {}).get("median", {}).get(f"{action}_s")
             lines.append(f"| {model['model']} | {action.replace('_', ' ')} | {fmt(m['wait_s'])} | {fmt(alone)} | "
