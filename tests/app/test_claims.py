@@ -70,7 +70,7 @@ def disagreeing(claims: dict[str, tuple[str, str]]) -> dict:
 
 
 def test_explore_says_what_its_charts_draw():
-    at = open_page("explore", model="digits-vit")
+    at = open_page("explore", model="digits-vit", block_view="weights")  # the block's weight view beside the proof
     claims = explore_claims(at)
     assert disagreeing(claims) == {}
     assert float(claims["worst un-scrambled error"][0]) < 1e-4 and float(claims["weight changed"][0]) > 0.01
@@ -78,7 +78,7 @@ def test_explore_says_what_its_charts_draw():
 
 def test_control_a_headline_not_taken_from_the_chart_is_caught(monkeypatch):
     monkeypatch.setattr(ExploreResult, "worst_rel", property(lambda self: 0.5))  # the metric's own number, wrong
-    at = open_page("explore", model="digits-vit")
+    at = open_page("explore", model="digits-vit", block_view="weights")
     assert set(disagreeing(explore_claims(at))) == {"worst un-scrambled error"}
 
 

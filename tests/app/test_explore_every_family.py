@@ -5,7 +5,7 @@ import pytest
 
 from perm_core.engine.symmetries import SYMMETRIES
 from perm_core.families import family_names
-from tests.app.test_explore import charts, explore, proof_errors, title
+from tests.app.test_explore import block_views, charts, explore, in_each_view, proof_errors, title
 
 ALL_ON = {f"on_{name}": "1" for name in SYMMETRIES}
 
@@ -24,9 +24,11 @@ def test_every_family_explores_exactly_with_every_symmetry(family):
     assert "un-scrambled tensors match" in at.success[0].value
     errors = proof_errors(at)
     assert errors and max(errors.values()) <= 1e-9
-    assert all(title(c) or c["data"] for c in charts(at))
-    # a mixture of experts has no dense MLP activation to view (capture.output_projection)
-    assert sum("MLP neurons of block" in title(c) for c in charts(at)) == (0 if geometry.n_experts else 3)
+    drawn = [c for shown in in_each_view(at, charts).values() for c in shown]  # the block's views, one by one
+    assert all(title(c) or c["data"] for c in drawn)
+    # a mixture of experts has no dense MLP activation to view (capture.output_projection), its routing instead
+    assert sum("MLP neurons of block" in title(c) for c in drawn) == (0 if geometry.n_experts else 3)
+    assert ("experts" in block_views(at)) == bool(geometry.n_experts)
 
 
 def test_the_mlp_caption_counts_the_neurons_its_own_run_moved():
@@ -40,7 +42,7 @@ def test_the_mlp_caption_counts_the_neurons_its_own_run_moved():
     from perm_core.models.registry import load_model
 
     at = explore(model="digits-vit", dtype="float64", on_mlp="1", k_mlp="21", on_tokens="0", on_channels="0",
-                 layer="1")
+                 layer="1", block_view="mlp")
     caption = next(c.value for c in at.caption if "The MLP key moved" in c.value)
     moved, total = map(int, re.search(r"moved (\d+) of (\d+) neurons", caption).groups())
     loaded = load_model("digits-vit", dtype=torch.float64)

@@ -9,7 +9,7 @@ import numpy as np
 from perm_core.engine import moe, symmetries
 from perm_core.families import geometry_of
 from perm_core.models.random_models import build_random_model
-from tests.app.test_explore import charts, decode, explore, title
+from tests.app.test_explore import block_views, charts, decode, explore, title
 
 COLUMNS = ("Original", "Scrambled", "Un-scrambled")
 
@@ -23,8 +23,10 @@ def captions(at) -> list[str]:
 
 
 def test_mixtral_shows_the_choices_move_with_the_keys_and_come_back():
-    at = explore(model="random:mixtral", dtype="float64", on_experts="1", k_experts="7", k_tokens="5", layer="1")
-    assert "Experts chosen in block 1" in [s.value for s in at.subheader]
+    at = explore(model="random:mixtral", dtype="float64", on_experts="1", k_experts="7", k_tokens="5", layer="1",
+                 block_view="experts")
+    assert "Inside block 1" in [s.value for s in at.subheader] and "experts" in block_views(at)
+    assert at.button_group(key="block_view").value == "experts"
     chosen, weights = maps(at, "experts chosen, block 1"), maps(at, "routing weights, block 1")
     assert set(chosen) == set(weights) == set(COLUMNS)
     n_tokens, n_experts = chosen["Original"].shape
@@ -65,7 +67,7 @@ def test_mixtral_shows_the_choices_move_with_the_keys_and_come_back():
 
 def test_the_control_that_leaves_the_router_rows_shows_choices_that_do_not_come_back():
     at = explore(model="random:mixtral", dtype="float64", on_experts="1", k_experts="7", layer="1",
-                 control="experts/router_not_permuted")
+                 control="experts/router_not_permuted", block_view="experts")
     chosen = maps(at, "experts chosen, block 1")
     same = int((chosen["Un-scrambled"] == chosen["Original"]).all(axis=1).sum())
     n_tokens = chosen["Original"].shape[0]
@@ -74,6 +76,7 @@ def test_the_control_that_leaves_the_router_rows_shows_choices_that_do_not_come_
 
 
 def test_a_dense_model_shows_no_routing():
-    at = explore(model="random:llama", dtype="float64")
-    assert not any("Experts chosen" in s.value for s in at.subheader)
+    at = explore(model="random:llama", dtype="float64", block_view="experts")  # a link from a mixture of experts
+    assert "experts" not in block_views(at) and at.button_group(key="block_view").value == "hidden"
+    assert any("`block_view=experts` is not a valid value here" in w.value for w in at.warning)
     assert not maps(at, "experts chosen")
