@@ -142,7 +142,7 @@ def draw(view, explorer, data, verdict_place, request) -> None:
     proof_columns[1].caption(f"{len(result.errors)} tensors compared. Scrambled side took "
                              f"{sum(result.seconds.values()):.2f} s (parameters {result.seconds['params']:.2f} s, "
                              f"trace {result.seconds['trace']:.2f} s). The chosen block's output, cell by cell, is "
-                             "under its hidden states above.")
+                             "in its Hidden states view above.")
 
     st.subheader("The key")
     panels.keys(view, explorer, symmetries)
@@ -306,9 +306,9 @@ def _play(n_layers: int) -> None:
 
 
 def block_panels(view, request, token_axes, first: dict) -> None:
-    """What depends on the chosen block: its class-token attention, hidden state, attention map, difference map,
-    MLP neurons and weights. A step of the layer slider (or of Play) reruns this function alone: path_panels makes
-    it a fragment, with Play's timer."""
+    """What depends on the chosen block: its class-token attention and the one view of it chosen (block_view_control:
+    hidden state with the difference map, attention map, MLP neurons, experts or weights). A step of the layer slider
+    (or of Play), or another view, reruns this function alone: path_panels makes it a fragment, with Play's timer."""
     try:
         explorer, block = _handed(view, first, "block")
         if not first.pop("page_run", False) and block is None:  # this panel's own rerun: Play's step, or a button
@@ -345,7 +345,7 @@ def _block(view, explorer, request, block, token_axes, names) -> None:
     if shown in ("hidden", "mlp"):
         seed("column_order", "stored", valid=lambda v: v in panels.ORDERS)
         order = st.radio("Channel and neuron columns", list(panels.ORDERS), format_func=panels.ORDERS.get,
-                         horizontal=True, key="column_order",
+                         horizontal=True, key="column_order", persist_state="page",
                          help="Sorted by their mean over the tokens, random-looking channels become a ramp: in the "
                               "original's order the scrambled channels leave it, each where its key put it; each in "
                               "its own order, the three ramps are the same.")
@@ -419,7 +419,7 @@ def attention_panel(view, request, token_axes, first: dict) -> None:
         paths = first.pop("paths", None)
         geometry = explorer.geometry
         if geometry.n_heads > 1:
-            st.slider("Head", 0, geometry.n_heads - 1, key="head")
+            st.slider("Head", 0, geometry.n_heads - 1, key="head", persist_state="page")  # kept while not shown
         head = st.session_state["head"]
         if attention is None or head != request.head:
             with explore_block(replace(request, head=head), explorer, view.inputs) as block:

@@ -334,8 +334,8 @@ def weights(weight, names, follow=None) -> None:
     """One weight matrix of the chosen block (perm_core.explore.page_data.WeightTriple): as trained, as the
     scrambled model holds it, and given back by the inverse, on one colour scale. names: the block's matrices;
     follow: the followed channel and neuron, outlined where the matrix's rows or columns hold them."""
-    st.selectbox("Weight matrix", names, key="weight", help="The matrices of the block chosen with the layer slider "
-                 "above.")
+    st.selectbox("Weight matrix", names, key="weight", persist_state="page",  # kept while another view is shown
+                 help="The matrices of the block chosen with the layer slider above.")
     original, scrambled, back = weight.tensors
     zmax, largest = figures.robust_zmax(original)
     cols = st.columns(3)

@@ -505,10 +505,6 @@ def test_the_block_shows_the_chosen_view_alone_and_keeps_it_in_the_url():
     assert at.query_params["block_view"] in ("weights", ["weights"])
 
 
-@pytest.mark.xfail(strict=True, reason="pages/explore.py: main() seeds `head` and `weight` before their widgets "
-                                       "exist; a pick made in a session opened on another view is lost when its view "
-                                       "is left (Streamlit drops a widget's value when it is not drawn, and the "
-                                       "seeded value comes back and is published)")
 def test_a_picked_head_and_weight_survive_a_visit_to_another_view():
     at = explore(layer=1)
     show(at, "attention").slider(key="head").set_value(1).run()
