@@ -11,7 +11,8 @@ ForwardMsgs). It measures the server. --driver browser: N contexts of one headle
 websockets and sessions), which also render every chart as the students' machines do; but on this 2-core machine
 30 browsers used 902 CPU-seconds against the server's 310, so their latencies measured the browsers, not the server.
 
-All sessions first open the lecturer's link (Explore on dinov2-s, each with its own key) at the same moment.
+All sessions first open the lecturer's link (Explore on dinov2-s with the lecturer's key: the same URL for
+all) at the same moment.
 Then sessions take digits-vit, dinov2-s and minilm in turn; each opens Explore, changes its channels or tokens
 key until the time is up (each change waits for the previous result: a student reads it), then runs Check
 (forward; --check-backward too) and opens Rotation. --pace saturation (the default): a student changes a key 2-4 s
@@ -56,6 +57,7 @@ from perm_core.models import zoo  # noqa: E402
 
 MODELS = (zoo.DEFAULT_IMAGE_MODEL, zoo.DEFAULT_PHOTO_MODEL, zoo.DEFAULT_TEXT_MODEL)
 SHARED_LINK_MODEL = zoo.DEFAULT_PHOTO_MODEL  # the app's opening model, and slow enough that sessions overlap on it
+LECTURER_CHANNELS_KEY = 99  # the shared link's key; every student's own keys (100 + index) come after it
 # Rotation's own list has no dinov2-s: its sessions rotate digits-vit
 ROTATION_MODELS = tuple(name for name in MODELS if name in zoo.serving(zoo.ROTATION))
 KEYS = ("channels", "tokens")
@@ -101,7 +103,7 @@ async def student(driver, index: int, deadline: float, args, records: list) -> d
     try:
         visitor = await driver.visitor()
         # The lecturer's link, opened by everyone at once: many sessions on one model at the same moment.
-        shared = f"model={SHARED_LINK_MODEL}&k_channels={keys['channels']}"
+        shared = f"model={SHARED_LINK_MODEL}&k_channels={LECTURER_CHANNELS_KEY}"  # one URL for the whole class
         await timed(records, SHARED_LINK_MODEL, "shared link", lambda: visitor.goto("explore", shared,
                                                                                     "un-scrambled"))
         out["errors"] += (await visitor.snapshot())["errors"]
