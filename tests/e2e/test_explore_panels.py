@@ -36,7 +36,7 @@ def watch_js(selector: str = CHARTS) -> str:
     """Holds every element of the main area `selector` matches now (plotly charts unless told) and records which of
     them any later DOM change inside them touches (an element that is replaced leaves the page: isConnected).
     Changes above an element (Streamlit fading the page while a run is on) are not the element's. Each is named by
-    its chart's title, or by its first 80 characters of text."""
+    its chart's title, or by its first 300 characters of text."""
     return "() => {" + CHART_TITLE + """
   const charts = Array.from(document.querySelectorAll('[data-testid="stMain"] :is(""" + selector + """)'));
   const touched = new Set();
@@ -49,7 +49,7 @@ def watch_js(selector: str = CHARTS) -> str:
   window.__tseObserver.observe(document.querySelector('[data-testid="stMain"]'),
                                {subtree: true, childList: true, attributes: true, characterData: true});
   const name = el => { const gd = el.querySelector('.js-plotly-plot');
-                       return gd ? title(gd) : el.textContent.trim().slice(0, 80); };
+                       return gd ? title(gd) : el.textContent.trim().slice(0, 300); };
   const titles = new Map(charts.map(chart => [chart, name(chart)]));
   window.__tseWatched = {charts, touched, titles};
   return charts.length;
