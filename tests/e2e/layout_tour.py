@@ -35,6 +35,13 @@ from tests.e2e.test_layout_widths import PAGES, layout_problems, settle  # noqa:
 
 MODEL_PAGES = {"explore": "explore?model={model}", "check": "check?model={model}"}
 VIEWS = (("projector", 1024, 768), ("1024", 1024, 2400), ("1440", 1440, 2400))
+# Streamlit scrolls inside its own containers
+TO_THE_TOP = """() => {
+  const scrolled = '[data-testid="stMain"], [data-testid="stAppViewContainer"], '
+    + '[data-testid="stAppScrollToBottomContainer"]';
+  for (const el of document.querySelectorAll(scrolled)) el.scrollTo(0, 0);
+  window.scrollTo(0, 0);
+}"""
 
 
 def visits(models: list[str], pages: list[str]) -> list[tuple[str, str, str]]:
@@ -62,6 +69,8 @@ def look(page, url: str, name: str, path: str, view: tuple[str, int, int], out: 
     for block_view in block_views:
         if block_view not in (None, block_views[0]):
             show_block_view(page, block_view, timeout_ms=900_000)
+            # the click scrolled the control into view: back to the top, where a page is checked after its load
+            page.evaluate(TO_THE_TOP)
         settle(page, timeout_ms=900_000)
         page.wait_for_timeout(500)
         page.wait_for_function(DRAWN, timeout=300_000)
