@@ -1,12 +1,15 @@
 """Real headless Chromium against the real app on a loopback port the kernel gives it.
 
 Fixtures: `app_url` (one streamlit server for the whole run), `browser` (session), `page` (a fresh page
-per test), `wait_for_app(page)` (blocks until the script run finished), `shot(page, name)`.
+per test), `wait_for_app(page)` (blocks until the script run finished), `shot(page, name)`. Explore's block views
+(one at a time, chosen in its "Show" segmented control): `with_block_view(path, view)`, `show_block_view(page,
+view)`, `block_views_shown(page)`, `chart_titles(page)`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 from pathlib import Path
@@ -118,6 +121,86 @@ def wait_for_app(page, timeout_ms: int = 120_000) -> None:
         page.wait_for_function(f"() => {SCRIPT_STATE} !== 'notRunning'",
                                timeout=RUN_BEGINS_WITHIN_MS * machine_load())
     patiently(lambda ms: page.wait_for_function(RUN_OVER, timeout=ms), timeout_ms)
+    patiently(lambda ms: page.wait_for_function(DRAWN, timeout=ms), timeout_ms)
+
+
+# Explore's block views (pages/explore.py BLOCK_VIEWS): the value in the URL (block_view=...) -> the label of its
+# button in the "Show" segmented control, and the start of each of its charts' titles after the column's name
+BLOCK_VIEWS = {"hidden": "Hidden states", "attention": "Attention", "mlp": "MLP neurons", "experts": "Experts chosen",
+               "weights": "Weights"}
+VIEW_CHARTS = {"hidden": ("hidden state after block", "|un-scrambled − original|"),
+               "attention": ("attention, block",), "mlp": ("MLP neurons of block",),
+               "experts": ("experts chosen, block", "routing weights, block"),
+               "weights": ("as trained", "what the scrambled model holds", "W′ with the inverse applied")}
+DENSE_VIEWS = ("hidden", "attention", "mlp", "weights")  # every view of a model without experts
+# A chart's title as plotly holds it in its layout: its line breaks as spaces, without its bold tags.
+CHART_TITLE = """const title = gd => {
+  const t = gd && gd.layout && gd.layout.title;
+  return String((t && (t.text !== undefined ? t.text : t)) || '').replace(/<br>/g, ' ').replace(/<[^>]*>/g, '');
+};"""
+CHART_TITLES = "() => {" + CHART_TITLE + """
+  return Array.from(document.querySelectorAll('[data-testid="stMain"] [data-testid="stPlotlyChart"]'))
+    .map(chart => title(chart.querySelector('.js-plotly-plot')));
+}"""
+
+
+def chart_titles(page) -> list[str]:
+    """The title of every chart in the page's main area, top to bottom."""
+    return page.evaluate(CHART_TITLES)
+
+
+def block_view_of(title: str) -> str | None:
+    """The block view (BLOCK_VIEWS) a chart of Explore belongs to, by its title; None for the page's other charts
+    (the class token's overlays, the head grids, the outputs, the proof, the key)."""
+    whats = (title, title.split(": ", 1)[-1])  # the title, and what follows its column's name
+    return next((view for view, leads in VIEW_CHARTS.items() if any(w.startswith(leads) for w in whats)), None)
+
+
+def block_views_shown(page) -> set[str]:
+    """The block views whose charts are on the page."""
+    return {view for view in map(block_view_of, chart_titles(page)) if view is not None}
+
+
+def with_block_view(path: str, view: str) -> str:
+    """An Explore link that opens on one block view."""
+    return f"{path}{'&' if '?' in path else '?'}block_view={view}"
+
+
+def block_view_control(page):
+    """Explore's "Show" segmented control: a radio group whose buttons are its radios."""
+    return page.get_by_role("radiogroup", name="Show", exact=True)
+
+
+def block_view_button(page, view: str):
+    return block_view_control(page).get_by_role("radio", name=BLOCK_VIEWS[view], exact=True)
+
+
+def block_view_labels(page) -> list[str]:
+    """The labels of the "Show" control's buttons, in order: the block views this model has."""
+    return [label.strip() for label in block_view_control(page).get_by_role("radio").all_inner_texts()]
+
+
+def show_block_view(page, view: str, timeout_ms: int = 120_000) -> None:
+    """Click the block view's button in Explore's "Show" control and wait until that view's charts are drawn and no
+    other view's are left (the click reruns the block's panel alone)."""
+    button = block_view_button(page, view)
+    button.click()
+    wait_for_app(page, timeout_ms=timeout_ms)
+    chosen = block_view_control(page).get_by_role("radio", name=BLOCK_VIEWS[view], exact=True, checked=True)
+    patiently(lambda ms: chosen.wait_for(timeout=ms), timeout_ms)
+    leads = {v: list(leads) for v, leads in VIEW_CHARTS.items()}
+    only = "() => {" + CHART_TITLE + f"""
+      const leads = {json.dumps(leads)};
+      const shown = new Set();
+      for (const gd of document.querySelectorAll('[data-testid="stMain"] .js-plotly-plot')) {{
+        const whats = [title(gd), title(gd).split(': ').slice(1).join(': ')];
+        for (const [view, starts] of Object.entries(leads)) {{
+          if (starts.some(s => whats.some(w => w.startsWith(s)))) shown.add(view);
+        }}
+      }}
+      return shown.size === 1 && shown.has({json.dumps(view)});
+    }}"""
+    patiently(lambda ms: page.wait_for_function(only, timeout=ms), timeout_ms)
     patiently(lambda ms: page.wait_for_function(DRAWN, timeout=ms), timeout_ms)
 
 

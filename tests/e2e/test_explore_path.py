@@ -7,7 +7,7 @@ head the same way, on a 1024x768 projector."""
 import re
 
 from tests.app.test_explore import expected_outlines, key_permutations
-from tests.e2e.conftest import wait_for_app
+from tests.e2e.conftest import DENSE_VIEWS, show_block_view, wait_for_app
 from tests.e2e.test_explore import set_key, wait_verdict
 from tests.e2e.test_explore_panels import WATCH, WATCHED, frames, runs_and_charts
 
@@ -55,9 +55,19 @@ def picture_widths(page) -> list[int]:
     return page.evaluate(f"{PICTURES}.map(img => Math.round(img.getBoundingClientRect().width))")
 
 
+def drawn_in_every_block_view(page) -> dict[str, list[tuple[str, int, int]]]:
+    """drawn_places in each of the block's views (one at a time, chosen in its "Show" control; the class token's
+    overlays are above every view), ending on the hidden states."""
+    drawn = {}
+    for view in (*DENSE_VIEWS[1:], DENSE_VIEWS[0]):
+        show_block_view(page, view)
+        drawn |= drawn_places(page)
+    return drawn
+
+
 def assert_drawn_where_the_keys_send(page, keys: dict[str, int]) -> dict:
     want = expected_outlines(FOLLOW, key_permutations(keys, 1))
-    drawn = drawn_places(page)
+    drawn = drawn_in_every_block_view(page)
     kinds = {title.split(": ", 1)[-1] for title in drawn}
     assert {"hidden state after block 1", "attention, block 1, head 0", "MLP neurons of block 1",
             "class token's attention block 1", "as trained"} <= kinds, kinds
@@ -65,7 +75,7 @@ def assert_drawn_where_the_keys_send(page, keys: dict[str, int]) -> dict:
              if any(place != want[item][column] for item, column, place in places)}
     assert wrong == {}, (want, wrong)
     assert sum(map(len, drawn.values())) >= 27  # 3 overlays, and 3 x 2 on hidden, attention, MLP and weight maps
-    # the sentence under the scrambled hidden state says the same places
+    # the sentence under the scrambled hidden state (the view drawn_in_every_block_view ends on) says the same places
     sentence = page.get_by_text(re.compile(r"^The keys moved token 5 to row")).first.inner_text()
     assert sentence == f"The keys moved token 5 to row {want['token'][1]} and channel 9 to column {want['channel'][1]}."
     return want

@@ -6,6 +6,10 @@ reload is the harder case: plotly keeps the margins a chart pushed at the narrow
 plot at a fraction of its height then landed on axis titles. Screenshots of every page at every width go to
 out/screenshots/ for a person to look at.
 
+Explore shows one view of the chosen block at a time (hidden states, attention, MLP neurons or weights, chosen in its
+"Show" control and kept in the link): each view of Explore, on dinov2-s and on random:gpt2, is a page of its own here
+(opened by its link), so that each view's charts are drawn at 1024 px and widened.
+
 The same page loads also check what each application page must show (its proofs, metrics and charts), so that no
 page is loaded twice in Chromium for it."""
 
@@ -16,7 +20,7 @@ import plotly
 import pytest
 
 from serve.local_server import DRAWN
-from tests.e2e.conftest import patiently, wait_for_app
+from tests.e2e.conftest import DENSE_VIEWS, block_views_shown, patiently, wait_for_app, with_block_view
 
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "out" / "screenshots"
 WIDTHS = (1024, 1440)
@@ -35,6 +39,15 @@ PAGES = {
     "walk_heads": "walk?walk_step=3&walk_projector=1",
     "walk_exact": "walk?walk_step=5",
 }
+# Explore's pages above open on the block's hidden states; each other view of the block is a page of its own
+EXPLORE_PAGES = ("explore", "explore_text")
+PAGES |= {f"{name}_{view}": with_block_view(PAGES[name], view) for name in EXPLORE_PAGES for view in DENSE_VIEWS[1:]}
+
+
+def block_view(name: str) -> str | None:
+    """The block view a page of Explore here shows (its name's last part, or the hidden states); None elsewhere."""
+    return next((view for view in DENSE_VIEWS[1:] if name.endswith(f"_{view}")), "hidden") if name.startswith(
+        EXPLORE_PAGES) else None
 
 # Every element whose content is wider than its box, and every chart text outside its chart.
 CLIPPED = """() => {
@@ -335,6 +348,8 @@ def test_every_page_is_readable_at_every_width(app_url, page, name):
         # every chart drawn: an undrawn one has no text to overlap
         patiently(lambda ms: page.wait_for_function(DRAWN, timeout=ms), 120_000)
         assert page.locator('[data-testid="stException"]').count() == 0, (name, width)
+        if block_view(name) is not None:  # the view the link asked for, and no other
+            assert block_views_shown(page) == {block_view(name)}, (name, width)
         if width == WIDTHS[0] and name in SHOWS:
             SHOWS[name](page)
         screenshot = SCREENSHOTS / f"{name}-{width}.png"
@@ -384,6 +399,8 @@ def test_projector_mode_at_1024_by_768_on_every_page(app_url, page, name):
     page.wait_for_timeout(500)
     patiently(lambda ms: page.wait_for_function(DRAWN, timeout=ms), 120_000)
     page.screenshot(path=str(SCREENSHOTS / f"projector_{name}-1024x768.png"))
+    if block_view(name) is not None:
+        assert block_views_shown(page) == {block_view(name)}, name
     assert page.evaluate(UNDER_HEADER) == []
     charts = page.evaluate(PROJECTOR_CHARTS)
     assert [t for t in charts["titles"] if t["lines"] > 2] == []
