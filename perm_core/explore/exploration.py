@@ -42,6 +42,9 @@ class ExploreResult:
     not_holding: dict[str, str] = field(default_factory=dict)  # switched-on symmetries this model lacks -> why
     # MoE block -> (experts each token chose [N, k], their weights [N, k]) as the scrambled run's routers gave them
     routing: dict[int, tuple] = field(default_factory=dict)
+    # What a page derives from this result and keeps with it (the head grid): every session that asks for the same
+    # keys shares the result, so a class opening one link derives it once.
+    derived: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def expected_failure(self) -> bool:
@@ -169,6 +172,8 @@ class Exploration:
         self.original_routing: dict[int, tuple] = routing  # perm_core.explore.routing, as ExploreResult.routing
         # The original model's MLP activations of the blocks viewed so far (perm_core.explore.mlp_view), by module.
         self.mlp_originals: dict[str, torch.Tensor] = {}
+        # The original's attention maps pooled for the head grid, by (layer, tile size): the same for every key.
+        self.pooled_heads: dict[tuple[int, int], torch.Tensor] = {}
 
     @property
     def geometry(self):
@@ -346,6 +351,15 @@ class HeadGrid:
 
 
 def head_grid(explorer: Exploration, result: ExploreResult, max_layers: int = 12, cells: int = 12) -> HeadGrid:
+    """The result's head grid (HeadGrid), derived once per result and kept with it (ExploreResult.derived); two
+    sessions deriving it at once make equal grids, and one of them is kept."""
+    key = ("head_grid", max_layers, cells)
+    grid = result.derived.get(key)
+    return grid if grid is not None else result.derived.setdefault(key, _head_grid(explorer, result, max_layers,
+                                                                                    cells))
+
+
+def _head_grid(explorer: Exploration, result: ExploreResult, max_layers: int, cells: int) -> HeadGrid:
     from perm_core.engine.spec import apply_axes
     from perm_core.engine.transforms import Permutation
 
@@ -365,7 +379,9 @@ def head_grid(explorer: Exploration, result: ExploreResult, max_layers: int = 12
         name = trace_names.attn(layer)
         record = result.scrambled[name]
         in_order = apply_axes(record.tensor, record.axes, only_tokens, record.layer, explorer.geometry.patch_size)
-        original.append(pooled(explorer.original[name].tensor))
+        if (layer, size) not in explorer.pooled_heads:
+            explorer.pooled_heads[(layer, size)] = pooled(explorer.original[name].tensor)
+        original.append(explorer.pooled_heads[(layer, size)])
         scrambled.append(pooled(in_order))
         chain = result.scramble.chain("heads", layer)
         n_heads = record.tensor.shape[1]

@@ -134,3 +134,20 @@ def test_the_followed_patch_ring_is_white_black_white_and_touches_no_other_patch
     assert changed.min(axis=0).tolist() >= [top, left] and changed.max(axis=0).tolist() < [top + step, left + step]
     other = np.argwhere((np.asarray(mosaic_image(pixels, size, 220, patch=10)) != plain).any(axis=-1))
     assert other.min(axis=0)[1] >= left + step  # the control: patch 10's ring is in the next column
+
+
+def test_the_head_grid_is_derived_once_per_result_and_each_result_keeps_its_own(explorer):
+    """A class opening one link shares one result: its head grid is derived once and kept with it. Another key's
+    result keeps its own grid (a grid kept per model instead would show the first key's heads: the control)."""
+    from perm_core.explore.exploration import _head_grid, head_grid
+
+    first, second = explorer.run({"heads": 5}), explorer.run({"heads": 1234})
+    grid = head_grid(explorer, first)
+    assert head_grid(explorer, first) is grid  # derived once
+    fresh = _head_grid(explorer, first, 12, 12)
+    assert torch.equal(grid.original, fresh.original) and torch.equal(grid.scrambled, fresh.scrambled)
+    assert grid.holds == fresh.holds
+    other = head_grid(explorer, second)
+    assert other is not grid and torch.equal(other.original, grid.original)  # the original's maps: one for every key
+    assert other.holds == [key_permutation(explorer, "heads", 1234, layer) for layer in other.layers]
+    assert other.holds != grid.holds and not torch.equal(other.scrambled, grid.scrambled)
