@@ -10,6 +10,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from tests.app.conftest import APP
+from tests.explore_views import BLOCK_VIEWS, block_view_of
 from ui.sidebar import default_model
 
 MAX_PAYLOAD = 2 * 1024 * 1024
@@ -62,14 +63,6 @@ def payload(at) -> int:
     return sum(len(c.proto.spec) for c in at.get("plotly_chart"))
 
 
-# The chosen block shows one view at a time, picked in the segmented control `block_view` (pages/explore.py's
-# BLOCK_VIEWS, in its order; experts only on a mixture of experts), and each view's charts by their titles.
-BLOCK_VIEWS = ("hidden", "attention", "mlp", "experts", "weights")
-VIEW_CHARTS = {"hidden": ("hidden state after block", "|un-scrambled − original|"), "attention": ("attention, block",),
-               "mlp": ("MLP neurons of block",), "experts": ("experts chosen, block", "routing weights, block"),
-               "weights": ("W: as trained", "W′: what the scrambled model holds", "W′ with the inverse applied")}
-
-
 def block_views(at) -> list[str]:
     """The views the block's control offers for this model (the control's options are their labels)."""
     control = at.button_group(key="block_view")
@@ -92,8 +85,7 @@ def in_each_view(at, read, views=None) -> dict:
 
 def drawn_views(at) -> set[str]:
     """The block views whose charts are on the page now."""
-    titles = [title(c).replace("<br>", " ") for c in charts(at)]
-    return {view for view, marks in VIEW_CHARTS.items() if any(mark in t for t in titles for mark in marks)}
+    return {block_view_of(title(c).replace("<br>", " ")) for c in charts(at)} - {None}
 
 
 def test_default_view_is_exact_and_small():

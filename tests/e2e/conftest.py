@@ -26,6 +26,7 @@ from serve.local_server import (
     chromium_executable,
 )
 from tests.e2e.shared_server import shared_app_url
+from tests.explore_views import BLOCK_VIEWS, DENSE_VIEWS, VIEW_CHARTS, block_view_of  # noqa: F401 - the e2e tests' own
 
 ROOT = Path(__file__).resolve().parents[2]
 ACTION_TIMEOUT_MS = 120_000  # each page's default for clicks and waits (see `page`)
@@ -124,15 +125,6 @@ def wait_for_app(page, timeout_ms: int = 120_000) -> None:
     patiently(lambda ms: page.wait_for_function(DRAWN, timeout=ms), timeout_ms)
 
 
-# Explore's block views (pages/explore.py BLOCK_VIEWS): the value in the URL (block_view=...) -> the label of its
-# button in the "Show" segmented control, and the start of each of its charts' titles after the column's name
-BLOCK_VIEWS = {"hidden": "Hidden states", "attention": "Attention", "mlp": "MLP neurons", "experts": "Experts chosen",
-               "weights": "Weights"}
-VIEW_CHARTS = {"hidden": ("hidden state after block", "|un-scrambled − original|"),
-               "attention": ("attention, block",), "mlp": ("MLP neurons of block",),
-               "experts": ("experts chosen, block", "routing weights, block"),
-               "weights": ("as trained", "what the scrambled model holds", "W′ with the inverse applied")}
-DENSE_VIEWS = ("hidden", "attention", "mlp", "weights")  # every view of a model without experts
 # A chart's title as plotly holds it in its layout: its line breaks as spaces, without its bold tags.
 CHART_TITLE = """const title = gd => {
   const t = gd && gd.layout && gd.layout.title;
@@ -147,13 +139,6 @@ CHART_TITLES = "() => {" + CHART_TITLE + """
 def chart_titles(page) -> list[str]:
     """The title of every chart in the page's main area, top to bottom."""
     return page.evaluate(CHART_TITLES)
-
-
-def block_view_of(title: str) -> str | None:
-    """The block view (BLOCK_VIEWS) a chart of Explore belongs to, by its title; None for the page's other charts
-    (the class token's overlays, the head grids, the outputs, the proof, the key)."""
-    whats = (title, title.split(": ", 1)[-1])  # the title, and what follows its column's name
-    return next((view for view, leads in VIEW_CHARTS.items() if any(w.startswith(leads) for w in whats)), None)
 
 
 def block_views_shown(page) -> set[str]:
